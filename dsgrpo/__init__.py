@@ -1,0 +1,17 @@
+"""dsgrpo: GRPO training on DeepSpeed ZeRO-3 with a colocated vLLM engine.
+
+`from dsgrpo import GRPOConfig, GRPOTrainer` mirrors TRL. Heavy modules (deepspeed, vllm) load only when the
+trainer is first touched, so `import dsgrpo` and `import dsgrpo.algorithms` stay light.
+"""
+
+from .config import GRPOConfig
+
+__version__ = "0.1.0"
+__all__ = ["GRPOConfig", "GRPOTrainer", "__version__"]
+
+
+def __getattr__(name):
+    if name == "GRPOTrainer":
+        from .trainer import GRPOTrainer
+        return GRPOTrainer
+    raise AttributeError(f"module 'dsgrpo' has no attribute {name!r}")

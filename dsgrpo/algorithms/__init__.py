@@ -1,0 +1,17 @@
+"""The mathematics of GRPO and its successors as pure torch functions (no DeepSpeed, no vLLM).
+
+Notation in docstrings and shape comments: B completions in a micro-batch, G = num_generations, N completions
+in a generation batch, T completion tokens, V vocabulary, K reward functions.
+"""
+
+from .advantages import compute_advantages, nan_mean, nan_std
+from .dapo import dynamic_sampling_filter, kl_penalized_token_rewards, soft_overlong_penalty
+from .entropy import entropy_from_logits, entropy_mask
+from .kl import KL_ESTIMATORS, kl_divergence
+from .policy_loss import LOSS_TYPES, SAMPLER_CORRECTIONS, masked_mean, policy_loss, sampler_correction
+
+__all__ = [
+    "compute_advantages", "policy_loss", "kl_divergence", "sampler_correction", "masked_mean",
+    "entropy_from_logits", "entropy_mask", "dynamic_sampling_filter", "soft_overlong_penalty",
+    "kl_penalized_token_rewards", "nan_mean", "nan_std", "LOSS_TYPES", "KL_ESTIMATORS", "SAMPLER_CORRECTIONS",
+]

@@ -1,0 +1,161 @@
+"""Tiny local models for tests, demos and benchmarks (nothing can be downloaded at run time).
+
+Each model is built deterministically from a seed, saved with `save_pretrained` into a cache folder, and then
+loaded by the caller through the same code path a hub model takes (`AutoModelForCausalLM.from_pretrained`,
+vLLM's `LLM(model=path)`).
+
+    path = tiny_model("qwen2")          # → ~/.cache/dsgrpo/tiny/qwen2-<hash>/
+    path = tiny_model("llama-tied")
+    path = tiny_model("qwen2-reward")   # sequence classification, num_labels=1
+
+The tokenizer is a byte-level BPE trained here on a small synthetic corpus (vocab ≤ 2k), with ChatML special
+tokens, a ChatML chat template, `<|im_end|>` as eos and `<|endoftext|>` as pad.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from typing import Optional
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# Architecture of each tiny model. head_dim = hidden / heads = 32: vLLM's CPU attention accepts it.
+TINY_SPECS = {
+    "qwen2": dict(arch="Qwen2ForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+    "qwen2-tied": dict(arch="Qwen2ForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "llama": dict(arch="LlamaForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
+    "llama-tied": dict(arch="LlamaForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2-reward": dict(arch="Qwen2ForSequenceClassification", hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=False, num_labels=1),
+}
+VOCAB_SIZE = 1024
+TOKENIZER_VERSION = 1  # bump when the corpus or trainer settings change, so caches are rebuilt
+
+
+def cache_root() -> str:
+    return os.environ.get("DSGRPO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "dsgrpo"))
+
+
+def _spec_hash(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _synthetic_corpus(seed: int, lines: int = 4000) -> list:
+    """Text that covers what the tests and the demo feed the model: English-ish words, digits, arithmetic,
+    chat markup and simple answer tags."""
+    rng = random.Random(seed)
+    words = ("the a of to and in is it you that he was for on are with as his they be at one have this from "
+             "or had by word but what some we can out other were all there when up use your how said an each "
+             "she which do their time if will way about many then them write would like so these her long make "
+             "thing see him two has look more day could go come did number sound no most people my over know "
+             "water than call first who may down side been now find any new work part take get place made live "
+             "where after back little only round man year came show every good me give our under name very "
+             "through just form sentence great think say help low line differ turn cause much mean before move "
+             "right boy old too same tell does set three want air well also play small end put home read hand "
+             "port large spell add even land here must big high such follow act why ask men change went light "
+             "kind off need house picture try us again animal point mother world near build self earth father "
+             "answer question think step total sum plus minus times equals apples pays each cost how many much").split()
+    out = []
+    for _ in range(lines):
+        kind = rng.random()
+        if kind < 0.45:
+            out.append(" ".join(rng.choice(words) for _ in range(rng.randint(4, 16))).capitalize() + ".")
+        elif kind < 0.8:
+            a, b = rng.randint(0, 999), rng.randint(0, 999)
+            op = rng.choice(["+", "-", "*"])
+            val = {"+": a + b, "-": a - b, "*": a * b}[op]
+            out.append(f"What is {a} {op} {b}? {a} {op} {b} = {val}. The answer is {val}. #### {val}")
+        else:
+            out.append(f"<answer>{rng.randint(0, 99)}</answer> <think>{rng.choice(words)}</think> "
+                       f"{''.join(rng.choice('0123456789') for _ in range(rng.randint(1, 6)))}")
+    return out
+
+
+def build_tokenizer(seed: int = 0):
+    """Train a byte-level BPE on the synthetic corpus and wrap it as a `PreTrainedTokenizerFast`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_synthetic_corpus(seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None, padding_side="left",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def tiny_tokenizer(seed: int = 0, cache_dir: Optional[str] = None) -> str:
+    """Path of the cached tiny tokenizer (built on first use)."""
+    root = cache_dir or cache_root()
+    path = os.path.join(root, "tiny", f"tokenizer-v{TOKENIZER_VERSION}-s{seed}")
+    if not os.path.exists(os.path.join(path, "tokenizer.json")):
+        tmp = path + f".tmp{os.getpid()}"
+        build_tokenizer(seed).save_pretrained(tmp)
+        _atomic_publish(tmp, path)
+    return path
+
+
+def build_model(name: str, seed: int = 0):
+    """A randomly initialised model of `TINY_SPECS[name]` with the tiny tokenizer's vocabulary."""
+    import torch
+    import transformers
+
+    spec = dict(TINY_SPECS[name])
+    arch = spec.pop("arch")
+    num_labels = spec.pop("num_labels", None)
+    tokenizer = build_tokenizer(seed)
+    config_cls = transformers.AutoConfig.for_model("qwen2" if arch.startswith("Qwen2") else "llama").__class__
+    config = config_cls(vocab_size=len(tokenizer), max_position_embeddings=2048, rms_norm_eps=1e-6,
+                        bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32", **spec)
+    if num_labels is not None:
+        config.num_labels = num_labels
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(config)
+    return model.float().eval(), tokenizer
+
+
+def tiny_model(name: str = "qwen2", seed: int = 0, cache_dir: Optional[str] = None) -> str:
+    """Path of a cached tiny model (and its tokenizer) in Hugging Face format, built on first use."""
+    if name not in TINY_SPECS:
+        raise ValueError(f"Unknown tiny model {name!r}; known: {sorted(TINY_SPECS)}.")
+    root = cache_dir or cache_root()
+    spec = dict(TINY_SPECS[name], seed=seed, tokenizer=TOKENIZER_VERSION, vocab=VOCAB_SIZE)
+    path = os.path.join(root, "tiny", f"{name}-{_spec_hash(spec)}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        model, tokenizer = build_model(name, seed)
+        tmp = path + f".tmp{os.getpid()}"
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _atomic_publish(tmp, path)
+    return path
+
+
+def _atomic_publish(tmp: str, path: str) -> None:
+    """Rename a finished folder into place; when two ranks race, the loser's copy is dropped."""
+    import shutil
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.rename(tmp, path)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,119 @@
+"""GRPOConfig: TRL 1.16 defaults, YAML/CLI round trips, and the validation errors (message content)."""
+
+import pytest
+import yaml
+
+from dsgrpo import GRPOConfig
+from dsgrpo.config import load_deepspeed_config, parse_cli_overrides
+
+TRL_DEFAULTS = dict(
+    learning_rate=1e-6, num_generations=8, max_completion_length=512, temperature=1.0, top_p=1.0, top_k=None,
+    min_p=None, repetition_penalty=1.0, beta=0.0, epsilon=0.2, epsilon_high=None, delta=None, loss_type="dapo",
+    importance_sampling_level="token", scale_rewards="group", multi_objective_aggregation="sum_then_normalize",
+    reward_weights=None, mask_truncated_completions=False, num_iterations=1, steps_per_generation=None,
+    generation_batch_size=None, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
+    vllm_tensor_parallel_size=1, vllm_enable_sleep_mode=False, vllm_importance_sampling_correction=True,
+    vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=3.0, logging_steps=10,
+    gradient_checkpointing=True, shuffle_dataset=True, log_completions=False, seed=42, max_grad_norm=1.0,
+    weight_decay=0.0, lr_scheduler_type="linear", warmup_ratio=0.0, warmup_steps=0, eval_strategy="no",
+    num_generations_eval=None, max_steps=-1, num_train_epochs=3.0, per_device_train_batch_size=8,
+    gradient_accumulation_steps=1, save_steps=500, save_total_limit=None, resume_from_checkpoint=None,
+)
+
+
+def test_defaults_match_trl():
+    cfg = GRPOConfig()
+    for name, value in TRL_DEFAULTS.items():
+        assert getattr(cfg, name) == value, name
+    assert cfg.effective_epsilon_high == 0.2
+    # steps_per_generation / generation_batch_size default to gradient accumulation
+    cfg = GRPOConfig(gradient_accumulation_steps=4, per_device_train_batch_size=4, num_generations=4)
+    assert cfg.resolved_steps_per_generation(world_size=2) == 4
+    assert cfg.resolved_generation_batch_size(world_size=2) == 32
+
+
+def test_scale_rewards_accepts_booleans_like_trl():
+    assert GRPOConfig(scale_rewards=True).scale_rewards_mode == "group"
+    assert GRPOConfig(scale_rewards=False).scale_rewards_mode == "none"
+    assert GRPOConfig(scale_rewards="batch").scale_rewards_mode == "batch"
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = GRPOConfig(beta=0.04, loss_type="grpo", reward_weights=[1.0, 0.5], top_k=5, report_to=["wandb"],
+                     deepspeed={"zero_optimization": {"stage": 2}}, output_dir=str(tmp_path / "out"))
+    path = tmp_path / "resolved.yaml"
+    cfg.save(str(path))
+    assert GRPOConfig.from_yaml(str(path)) == cfg
+    assert yaml.safe_load(path.read_text())["beta"] == 0.04
+
+
+def test_cli_overrides_win_over_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("beta: 0.1\nnum_generations: 4\nper_device_train_batch_size: 4\n")
+    cfg = GRPOConfig.from_yaml(str(path), ["--beta", "0.02", "--loss_type=bnpo", "--top-k", "null", "--bf16", "true"])
+    assert (cfg.beta, cfg.loss_type, cfg.top_k, cfg.bf16, cfg.num_generations) == (0.02, "bnpo", None, True, 4)
+    assert parse_cli_overrides(["--reward_weights", "[1, 2.5]"]) == {"reward_weights": [1, 2.5]}
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    ({"num_generation": 4}, TypeError, None),  # plain dataclass construction: Python's own error
+    ({"num_generations": 1}, ValueError, ["num_generations=1", "at least 2"]),
+    ({"loss_type": "ppo"}, ValueError, ["loss_type='ppo'", "dapo", "cispo"]),
+    ({"importance_sampling_level": "seq"}, ValueError, ["importance_sampling_level", "sequence"]),
+    ({"scale_rewards": "batchwise"}, ValueError, ["scale_rewards", "group"]),
+    ({"vllm_importance_sampling_mode": "token"}, ValueError, ["vllm_importance_sampling_mode", "token_truncate"]),
+    ({"multi_objective_aggregation": "sum"}, ValueError, ["multi_objective_aggregation", "normalize_then_sum"]),
+    ({"learning_rate": "fast"}, TypeError, ["learning_rate='fast'", "float"]),
+    ({"num_generations": 4.0}, TypeError, ["num_generations=4.0", "int"]),
+    ({"per_device_train_batch_size": 3, "num_generations": 2}, ValueError, ["not divisible by num_generations=2"]),
+    ({"generation_batch_size": 12, "per_device_train_batch_size": 8, "num_generations": 4}, ValueError,
+     ["generation_batch_size=12", "per_device_train_batch_size", "multiple of 8"]),
+    ({"generation_batch_size": 16, "steps_per_generation": 2}, ValueError, ["both set", "only one"]),
+    ({"top_p": 0.0}, ValueError, ["top_p=0.0"]),
+    ({"delta": 1.1}, ValueError, ["delta=1.1", "1 + epsilon_high"]),
+    ({"vllm_tensor_parallel_size": 2}, ValueError, ["vllm_tensor_parallel_size=1"]),
+])
+def test_validation_errors(kwargs, exc, words):
+    with pytest.raises(exc) as info:
+        GRPOConfig(**kwargs)
+    for w in words or []:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_world_size_divisibility_uses_the_launcher_world(monkeypatch):
+    # 4 completions per rank, groups of 8: valid on 2 ranks (8 a step), not on 1 or 3.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = GRPOConfig(per_device_train_batch_size=4, num_generations=8)
+    cfg.validate(world_size=2)
+    for world in (1, 3):
+        with pytest.raises(ValueError, match=f"world size {world}.*not divisible by num_generations=8"):
+            cfg.validate(world_size=world)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ValueError, match="world size 1"):
+        GRPOConfig(per_device_train_batch_size=4, num_generations=8)
+
+
+def test_unknown_keys_get_a_did_you_mean(tmp_path):
+    with pytest.raises(ValueError, match="Unknown config key 'num_generation'. Did you mean 'num_generations'"):
+        GRPOConfig.from_dict({"num_generation": 4})
+    path = tmp_path / "c.yaml"
+    path.write_text("learning_rat: 1e-5\n")
+    with pytest.raises(ValueError, match="Did you mean 'learning_rate'"):
+        GRPOConfig.from_yaml(str(path))
+    with pytest.raises(ValueError, match="Did you mean 'beta'"):
+        parse_cli_overrides(["--betta", "0.1"])
+    with pytest.raises(ValueError, match="has no value"):
+        parse_cli_overrides(["--beta"])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        GRPOConfig.from_yaml(str(tmp_path / "missing.yaml"))
+
+
+def test_deepspeed_config_resolution(tmp_path):
+    assert load_deepspeed_config("zero3.json")["zero_optimization"]["stage"] == 3
+    assert load_deepspeed_config("zero2.json")["zero_optimization"]["stage"] == 2
+    with pytest.raises(FileNotFoundError, match="deepspeed='nope.json'.*zero3.json"):
+        load_deepspeed_config("nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_deepspeed_config(str(bad))
