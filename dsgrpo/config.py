@@ -203,6 +203,13 @@ class GRPOConfig:
         if self.reward_weights is not None and not all(isinstance(w, (int, float)) for w in self.reward_weights):
             raise TypeError(f"reward_weights={self.reward_weights!r} must be a list of numbers, one per reward function.")
         self._check_batch_divisibility(world_size)
+        spg = self.resolved_steps_per_generation(world_size)
+        if spg % self.gradient_accumulation_steps != 0:
+            raise ValueError(
+                f"steps_per_generation={spg} is not a multiple of gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps}: a generation round must feed whole optimizer steps. "
+                "Make steps_per_generation (or generation_batch_size / (per_device_train_batch_size x world size)) "
+                "a multiple of gradient_accumulation_steps.")
 
     def _check_batch_divisibility(self, world_size: int) -> None:
         per_step = self.per_device_train_batch_size * world_size

@@ -1,0 +1,148 @@
+"""Prompt datasets: validation, chat templates, tokenisation, and the deterministic order in which prompts are
+handed to ranks (the same on every rank, derived from the seed and the round number, so resuming needs only
+the round number).
+
+A generation round takes P = generation_batch / G prompts, repeats each G times into "slots", and gives rank r
+the contiguous slots [r·L, (r+1)·L), L = generation_batch / world. A group may straddle two ranks; its
+statistics are still exact because rewards are gathered before advantages are computed."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+
+def load_dataset_spec(spec: Any, split: str = "train"):
+    """A `datasets.Dataset` as is; a local .jsonl/.json/.parquet file; or a hub id (from the local cache)."""
+    import datasets
+
+    if spec is None or isinstance(spec, (datasets.Dataset, list)):
+        return datasets.Dataset.from_list(spec) if isinstance(spec, list) else spec
+    if isinstance(spec, str):
+        ext = os.path.splitext(spec)[1]
+        if ext in (".jsonl", ".json", ".parquet"):
+            if not os.path.exists(spec):
+                raise FileNotFoundError(f"Dataset file {spec!r} does not exist.")
+            return datasets.load_dataset("parquet" if ext == ".parquet" else "json", data_files=spec, split="train")
+        return datasets.load_dataset(spec, split=split)
+    raise TypeError(f"Unsupported dataset {type(spec).__name__}: pass a datasets.Dataset, a list of dicts, or a path.")
+
+
+def is_conversational(prompt: Any) -> bool:
+    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+
+
+@dataclass
+class RoundSlice:
+    """This rank's share of one generation round."""
+    indices: List[int]          # dataset index of each distinct prompt, in slot order
+    counts: List[int]           # how many of this rank's slots each one fills
+    first_slot: int             # global position of this rank's first slot in the round
+
+
+class PromptSource:
+    def __init__(self, dataset, tokenizer, *, max_prompt_length: Optional[int], context_length: Optional[int],
+                 max_completion_length: int, chat_template_kwargs: Optional[dict] = None, field: str = "train_dataset"):
+        if dataset is None:
+            raise ValueError(f"{field} is None: pass a datasets.Dataset with a 'prompt' column.")
+        if "prompt" not in dataset.column_names:
+            raise ValueError(f"{field} has no 'prompt' column (columns: {dataset.column_names}). Rename the column "
+                             "that holds the prompts to 'prompt'.")
+        if len(dataset) == 0:
+            raise ValueError(f"{field} is empty: it needs at least one prompt.")
+        self.dataset = dataset
+        self.field = field
+        self.columns = [c for c in dataset.column_names if c != "prompt"]
+        self.conversational = is_conversational(dataset[0]["prompt"])
+        if self.conversational and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"{field} holds conversational prompts (lists of messages) but the tokenizer has no chat "
+                             "template. Pass a processing_class with a chat_template, or give plain-text prompts.")
+        self.tokenizer = tokenizer
+        self.chat_template_kwargs = chat_template_kwargs or {}
+        self._orders: Dict[tuple, List[int]] = {}  # the permutation of the epoch in use
+        self.prompt_ids = self._tokenize_all()
+        self._check_lengths(max_prompt_length, context_length, max_completion_length)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def text(self, prompt: Any) -> str:
+        if is_conversational(prompt):
+            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
+                                                      **self.chat_template_kwargs)
+        return prompt
+
+    def _tokenize_all(self) -> List[List[int]]:
+        texts = [self.text(p) for p in self.dataset["prompt"]]
+        # chat templates already contain their special tokens; plain text gets the tokenizer's defaults
+        return self.tokenizer(texts, add_special_tokens=not self.conversational)["input_ids"]
+
+    def _check_lengths(self, max_prompt_length, context_length, max_completion_length) -> None:
+        longest = max(range(len(self.prompt_ids)), key=lambda i: len(self.prompt_ids[i]))
+        n = len(self.prompt_ids[longest])
+        if max_prompt_length is not None and n > max_prompt_length:
+            raise ValueError(f"{self.field}[{longest}] has {n} prompt tokens, more than max_prompt_length="
+                             f"{max_prompt_length}. Raise max_prompt_length or filter long prompts out.")
+        if context_length is not None and n + max_completion_length > context_length:
+            raise ValueError(f"{self.field}[{longest}] has {n} prompt tokens; with max_completion_length="
+                             f"{max_completion_length} that exceeds the generation context of {context_length} "
+                             "tokens. Raise vllm_max_model_len, lower max_completion_length, or filter long prompts.")
+
+    # ------------------------------------------------------------------------------------ ordering
+    def order(self, epoch: int, seed: int, shuffle: bool) -> List[int]:
+        if not shuffle:
+            return list(range(len(self)))
+        key = (epoch, seed)
+        if key not in self._orders:
+            self._orders = {key: torch.randperm(len(self), generator=torch.Generator().manual_seed(seed + epoch)).tolist()}
+        return self._orders[key]
+
+    def round_prompts(self, round_index: int, prompts_per_round: int, seed: int, shuffle: bool) -> List[int]:
+        """Dataset indices of round `round_index`'s prompts: consecutive positions in the epoch-wise order."""
+        out = []
+        start = round_index * prompts_per_round
+        for pos in range(start, start + prompts_per_round):
+            epoch, offset = divmod(pos, len(self))
+            out.append(self.order(epoch, seed, shuffle)[offset])
+        return out
+
+    @staticmethod
+    def rank_slice(prompts: Sequence[int], num_generations: int, rank: int, world: int) -> RoundSlice:
+        slots = [i for i in prompts for _ in range(num_generations)]
+        per_rank = len(slots) // world
+        mine = slots[rank * per_rank:(rank + 1) * per_rank]
+        indices: List[int] = []
+        counts: List[int] = []
+        for pos, idx in enumerate(mine):
+            # a new run starts where the prompt changes or a full group has been filled (a prompt may repeat)
+            if indices and indices[-1] == idx and (rank * per_rank + pos) % num_generations != 0:
+                counts[-1] += 1
+            else:
+                indices.append(idx)
+                counts.append(1)
+        return RoundSlice(indices, counts, rank * per_rank)
+
+    def columns_for(self, indices: Sequence[int], counts: Sequence[int]) -> Dict[str, list]:
+        """Dataset columns (other than prompt), one value per completion."""
+        rows = [self.dataset[i] for i in indices]
+        return {c: [r[c] for r, n in zip(rows, counts) for _ in range(n)] for c in self.columns}
+
+    def prompts_for(self, indices: Sequence[int], counts: Sequence[int]) -> list:
+        prompts = [self.dataset[i]["prompt"] for i in indices]
+        return [p for p, n in zip(prompts, counts) for _ in range(n)]
+
+
+def completions_for_rewards(texts: Sequence[str], conversational: bool) -> list:
+    """TRL hands conversational completions to reward functions as message lists."""
+    if conversational:
+        return [[{"role": "assistant", "content": t}] for t in texts]
+    return list(texts)
+
+
+def read_jsonl(path: str) -> List[dict]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]

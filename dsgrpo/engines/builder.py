@@ -1,0 +1,143 @@
+"""Build DeepSpeed engines from the JSON configs in ds_configs/ (or the user's), with "auto" values filled from
+the GRPOConfig the way transformers fills them, and load Hugging Face models so that under ZeRO-3 a large
+model is partitioned as it loads (never whole on one rank)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from typing import Any, Callable, Optional
+
+import torch
+
+from .. import device
+from ..config import GRPOConfig, load_deepspeed_config
+
+
+def is_zero3(ds_config: dict) -> bool:
+    return ds_config.get("zero_optimization", {}).get("stage", 0) == 3
+
+
+def fill_auto_values(ds_config: dict, args: GRPOConfig, *, hidden_size: Optional[int], field: str = "deepspeed",
+                     train: bool = True) -> dict:
+    """Replace every "auto" in a DeepSpeed config with the value the GRPOConfig implies; refuse leftovers."""
+    cfg = copy.deepcopy(ds_config)
+    bf16 = device.use_bf16(args.bf16)
+    fills = {
+        ("train_micro_batch_size_per_gpu",): args.per_device_train_batch_size,
+        ("gradient_accumulation_steps",): args.gradient_accumulation_steps if train else 1,
+        ("gradient_clipping",): args.max_grad_norm,
+        ("bf16", "enabled"): bf16,
+        ("fp16", "enabled"): False,
+        ("optimizer", "params", "lr"): args.learning_rate,
+        ("optimizer", "params", "betas"): [args.adam_beta1, args.adam_beta2],
+        ("optimizer", "params", "eps"): args.adam_epsilon,
+        ("optimizer", "params", "weight_decay"): args.weight_decay,
+    }
+    if hidden_size is not None:  # transformers' heuristics for ZeRO-3 bucket sizes
+        fills[("zero_optimization", "reduce_bucket_size")] = hidden_size * hidden_size
+        fills[("zero_optimization", "stage3_prefetch_bucket_size")] = int(0.9 * hidden_size * hidden_size)
+        fills[("zero_optimization", "stage3_param_persistence_threshold")] = 10 * hidden_size
+    for path, value in fills.items():
+        node = cfg
+        for key in path[:-1]:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict) and node.get(path[-1]) == "auto":
+            node[path[-1]] = value
+    if cfg.get("train_batch_size") == "auto":
+        del cfg["train_batch_size"]  # DeepSpeed derives it from micro batch × accumulation × world
+    leftovers = [k for k, v in _walk(cfg) if v == "auto"]
+    if leftovers:
+        raise ValueError(f"{field}: 'auto' is not supported for {leftovers}; give explicit values in the DeepSpeed config.")
+    return cfg
+
+
+def _walk(node, prefix=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, f"{prefix}{k}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
+def lr_lambda(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the peak learning rate at optimizer step s (TrainingArguments' schedules)."""
+    warmup = args.warmup_steps if args.warmup_steps > 0 else math.ceil(args.warmup_ratio * total_steps)
+
+    def fn(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1) if args.lr_scheduler_type != "constant" else 1.0
+        if args.lr_scheduler_type in ("constant", "constant_with_warmup"):
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        if args.lr_scheduler_type == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return max(0.0, 1.0 - progress)  # linear
+    return fn
+
+
+class ModelLoader:
+    """Loads HF models by hub id or local path. While alive it tells transformers about the ZeRO-3 config, so
+    `from_pretrained` partitions parameters at load time (transformers' HfDeepSpeedConfig contract)."""
+
+    def __init__(self, ds_config: dict, dtype: torch.dtype):
+        self.dtype = dtype
+        self._hf_ds = None
+        if is_zero3(ds_config):
+            from transformers.integrations import HfDeepSpeedConfig
+            self._hf_ds = HfDeepSpeedConfig(ds_config)  # kept referenced: transformers holds only a weakref
+
+    def load(self, name_or_path: str, cls=None, field: str = "model", **kwargs: Any):
+        from transformers import AutoModelForCausalLM
+
+        cls = cls or AutoModelForCausalLM
+        check_model_source(name_or_path, field)
+        try:
+            return cls.from_pretrained(name_or_path, dtype=self.dtype, **kwargs)
+        except OSError as exc:
+            raise OSError(f"{field}={name_or_path!r} could not be loaded ({exc}). Pass a local folder saved with "
+                          "save_pretrained, or a hub id that is in the local cache (no network at run time).") from None
+
+
+def check_model_source(name_or_path: str, field: str = "model") -> None:
+    """Fail early for a local path that is not there (hub ids are left to transformers)."""
+    looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1  # hub ids: "org/name"
+    if looks_local and not os.path.isdir(os.path.expanduser(name_or_path)):
+        raise FileNotFoundError(f"{field}={name_or_path!r}: no such directory. Pass a folder with config.json "
+                                "(saved with save_pretrained) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'.")
+
+
+def build_policy_engine(model, args: GRPOConfig, ds_config: dict, optimizer=None, scheduler=None, total_steps: int = 1):
+    """The trainable policy: a DeepSpeed engine with AdamW (from the config unless the user passed one) and the
+    GRPOConfig's learning-rate schedule."""
+    import deepspeed
+
+    ds_config = copy.deepcopy(ds_config)
+    if optimizer is not None:
+        ds_config.pop("optimizer", None)  # the user's optimizer wins; DeepSpeed refuses two
+    if args.gradient_checkpointing:
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if scheduler is None:
+        schedule = lr_lambda(args, total_steps)
+        scheduler = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule)  # noqa: E731
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           model_parameters=[p for p in model.parameters() if p.requires_grad]
+                                           if optimizer is None else None, config=ds_config)
+    return engine
+
+
+def build_inference_engine(model, ds_config: dict):
+    """A frozen engine (reference or reward model): no optimizer, eval mode, no gradients."""
+    import deepspeed
+
+    model.requires_grad_(False)
+    model.eval()
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+    engine.eval()
+    return engine
+
+
+def resolve(spec, args: GRPOConfig, hidden_size: Optional[int], field: str, train: bool) -> dict:
+    return fill_auto_values(load_deepspeed_config(spec, field), args, hidden_size=hidden_size, field=field, train=train)

@@ -1,0 +1,73 @@
+"""Metric sinks, fed only on rank 0 with metrics already reduced over ranks: the console (a progress bar),
+`metrics.jsonl` in output_dir, and wandb when `report_to` names it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Dict, List, Optional
+
+
+class MetricSinks:
+    def __init__(self, args, total_steps: int, enabled: bool):
+        self.enabled = enabled
+        self.jsonl = None
+        self.wandb = None
+        self.bar = None
+        if not enabled:
+            return
+        os.makedirs(args.output_dir, exist_ok=True)
+        self.jsonl = open(os.path.join(args.output_dir, "metrics.jsonl"), "a")
+        report = args.report_to if isinstance(args.report_to, list) else [args.report_to]
+        if "wandb" in report:
+            import wandb
+            self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "dsgrpo"), name=args.run_name,
+                                    config=args.to_dict(), dir=args.output_dir)
+        try:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total_steps, desc="GRPO", dynamic_ncols=True, file=sys.stderr)
+        except ImportError:
+            self.bar = None
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+        if self.bar is not None:
+            self.bar.set_postfix({k: f"{metrics[k]:.3g}" for k in ("reward", "loss", "kl") if k in metrics})
+
+    def advance(self, steps: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+
+    def log_completions(self, step: int, rows: List[dict]) -> None:
+        if not self.enabled:
+            return
+        path = os.path.join(os.path.dirname(self.jsonl.name), "completions.jsonl")
+        with open(path, "a") as fh:
+            for row in rows:
+                fh.write(json.dumps({"step": step, **row}) + "\n")
+        if self.wandb is not None:
+            import wandb
+            cols = list(rows[0]) if rows else []
+            self.wandb.log({"completions": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])}, step=step)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _plain(v) -> Optional[float]:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,62 @@
+"""Generation with the policy engine's own Hugging Face `generate` (use_vllm=False).
+
+Under ZeRO-3 every forward gathers parameters collectively, so all ranks must run the same number of decoding
+steps: `synced_gpus=True` keeps finished ranks stepping until every rank is done."""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Tuple
+
+import torch
+
+from .. import dist
+from .base import Rollout, SamplingConfig
+
+
+class HFGenerator:
+    def __init__(self, engine, tokenizer, *, zero3: bool):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.synced = zero3 and dist.world_size() > 1
+
+    def needs_weight_sync(self) -> bool:
+        return False  # generation reads the policy's own parameters
+
+    def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        for _ in named_tensors:
+            pass
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig) -> Rollout:
+        rows = [ids for ids, n in zip(prompt_ids, counts) for _ in range(n)]
+        model = self.engine.module
+        was_training = model.training
+        model.eval()
+        pad = self.tokenizer.pad_token_id
+        eos = self.tokenizer.eos_token_id
+        P = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), P), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), P), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, P - len(r):] = torch.tensor(r)
+            attention[i, P - len(r):] = 1
+        device = next(model.parameters()).device
+        out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
+                             max_new_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                             top_k=sampling.top_k or 0, min_p=sampling.min_p, repetition_penalty=sampling.repetition_penalty,
+                             pad_token_id=pad, eos_token_id=eos, use_cache=True, synced_gpus=self.synced,
+                             output_scores=True, return_dict_in_generate=True, **sampling.extra)
+        if was_training:
+            model.train()
+        new = out.sequences[:, P:].cpu()                                               # [B, T']
+        scores = torch.stack(out.scores, dim=1).float().cpu()                          # [B, T', V] processed
+        logps = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        rollout = Rollout([], [], [], [])
+        for i, r in enumerate(rows):
+            tokens = new[i].tolist()
+            stop = tokens.index(eos) + 1 if eos in tokens else len(tokens)
+            rollout.prompt_ids.append(list(r))
+            rollout.completion_ids.append(tokens[:stop])
+            rollout.sampler_logprobs.append(logps[i, :stop].tolist())
+            rollout.truncated.append(eos not in tokens[:stop])
+        return rollout

@@ -1,0 +1,90 @@
+"""A vLLM engine colocated in the trainer's process, one per rank.
+
+With more than one rank, every rank runs its own engine (tensor parallel 1) under vLLM's "external_launcher"
+executor, which reuses the process group the trainer created; so torch.distributed must be initialised
+first. Weights are replaced in place through the worker's public `reload_weights` (the CPU backend repacks
+linear weights, so `load_weights` on the live model does not work there), after which the prefix cache must
+be reset: cached KV blocks were computed with the old weights."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, List, Optional, Tuple
+
+import torch
+
+from .. import device, dist
+from .base import Rollout, SamplingConfig
+
+CPU_KV_CACHE_CAP = 1 << 30  # 1 GiB per engine unless the config says otherwise
+
+
+def default_kv_cache_bytes() -> int:
+    """On CPU vLLM would otherwise claim a large share of RAM: take 5% of memory per local rank, at most 1 GiB."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(min(CPU_KV_CACHE_CAP, 0.05 * total / max(1, dist.local_world_size())))
+
+
+class VLLMGenerator:
+    def __init__(self, model_path: str, args, *, dtype: torch.dtype):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
+        from vllm import LLM
+
+        kwargs = dict(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
+                      seed=args.seed + dist.rank(),  # ranks must sample different completions
+                      max_model_len=args.vllm_max_model_len or _default_max_model_len(args),
+                      logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
+                      enable_sleep_mode=args.vllm_enable_sleep_mode and device.on_gpu(),
+                      tensor_parallel_size=1)
+        if dist.world_size() > 1:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        if device.on_gpu():
+            kwargs["gpu_memory_utilization"] = args.vllm_gpu_memory_utilization
+            if args.vllm_kv_cache_bytes:
+                kwargs["kv_cache_memory_bytes"] = args.vllm_kv_cache_bytes
+        else:
+            kwargs["kv_cache_memory_bytes"] = args.vllm_kv_cache_bytes or default_kv_cache_bytes()
+            kwargs["enforce_eager"] = True  # compiling costs ~25 s at start-up and buys nothing on CPU
+        self.llm = LLM(**kwargs)
+        self.sleep_mode = kwargs["enable_sleep_mode"]
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+
+    def needs_weight_sync(self) -> bool:
+        return True
+
+    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig) -> Rollout:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(n=n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                                 top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p or 0.0,
+                                 repetition_penalty=sampling.repetition_penalty, logprobs=0, **sampling.extra)
+                  for n in counts]
+        todo = [(ids, p) for ids, p in zip(prompt_ids, params) if p.n > 0]
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in todo], [p for _, p in todo],
+                                    use_tqdm=False) if todo else []
+        rollout = Rollout([], [], [], [])
+        for (ids, _), request in zip(todo, outputs):
+            for out in request.outputs:
+                tokens = list(out.token_ids)
+                rollout.prompt_ids.append(list(ids))
+                rollout.completion_ids.append(tokens)
+                rollout.sampler_logprobs.append([step[tok].logprob for step, tok in zip(out.logprobs, tokens)])
+                rollout.truncated.append(out.finish_reason == "length")
+        if self.sleep_mode:
+            self.llm.sleep(level=2)  # weights are reloaded before the next generation anyway
+        return rollout
+
+    def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors),
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # stale KV blocks from the old weights would be reused otherwise
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["kv_cache"])
+
+
+def _default_max_model_len(args) -> Optional[int]:
+    if args.max_prompt_length is not None:
+        return args.max_prompt_length + args.max_completion_length
+    return None  # the model's own context length

@@ -1,0 +1,335 @@
+"""`GRPOTrainer`: TRL's signature over a hand-written loop on DeepSpeed engines and a colocated generator.
+
+One generation round (`_grpo_step`) is the story of the product:
+
+    rollout → rewards → advantages → reference / old log-probs → policy update → weight sync → metrics
+
+Everything it calls is a module named after its stage: rollout/, rewards/, algorithms/, engines/.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from . import device, dist
+from .algorithms import compute_advantages, entropy_mask, nan_std, policy_loss
+from .callbacks import CallbackHandler, TrainerControl, TrainerState
+from .config import GRPOConfig
+from .data import PromptSource, completions_for_rewards, load_dataset_spec
+from .engines import ModelLoader, build_inference_engine, build_policy_engine, completion_logprobs, is_zero3, resolve
+from .engines.gather import named_full_parameters
+from .logging import MetricSinks
+from .metrics import MetricAccumulator
+from .rewards import RewardStack
+from .rollout import Rollout, SamplingConfig, check_against_checkpoint, make_generator, sync_weights
+from .timing import PhaseTimer
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a NaN/inf loss or gradient norm; the run stops instead of training on."""
+
+
+@dataclass
+class Batch:
+    """This rank's share of one generation round, ready for the update."""
+    rollout: Rollout
+    prompts: list                  # dataset prompts, one per completion
+    completions: list              # decoded completions (message lists for conversational data)
+    columns: Dict[str, list]       # other dataset columns, one value per completion
+    micro: List[dict]              # padded tensors of each micro-batch (Rollout.tensors)
+
+
+class GRPOTrainer:
+    def __init__(self, model, reward_funcs, args: Optional[GRPOConfig] = None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
+                 peft_config=None, tools=None, rollout_func=None):
+        for name, value in (("peft_config", peft_config), ("tools", tools), ("rollout_func", rollout_func),
+                            ("reward_processing_classes", reward_processing_classes)):
+            if value is not None:
+                raise NotImplementedError(f"{name} is not supported yet in dsgrpo; leave it as None.")
+        self.args = args = args or GRPOConfig()
+        # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
+        device.prepare_process(dist.local_world_size(), args.num_threads)
+        dist.init()
+        self.world = dist.world_size()
+        args.validate(world_size=self.world)
+        self.model_path, model_config = self._model_source(model)
+        self.tokenizer = self._tokenizer(processing_class)
+        self.rewards = RewardStack(reward_funcs, args.reward_weights)
+        context = args.vllm_max_model_len or getattr(model_config, "max_position_embeddings", None)
+        lengths = dict(max_prompt_length=args.max_prompt_length, context_length=context,
+                       max_completion_length=args.max_completion_length, chat_template_kwargs=args.chat_template_kwargs)
+        self.train_prompts = PromptSource(load_dataset_spec(train_dataset), self.tokenizer, **lengths)
+        self.eval_prompts = (PromptSource(load_dataset_spec(eval_dataset), self.tokenizer, field="eval_dataset", **lengths)
+                             if eval_dataset is not None else None)
+        hidden = getattr(model_config, "hidden_size", None)
+        self.ds_config = resolve(args.deepspeed, args, hidden, "deepspeed", train=True)
+        if self.ds_config.get("gradient_accumulation_steps", args.gradient_accumulation_steps) != args.gradient_accumulation_steps:
+            raise ValueError(f"deepspeed config sets gradient_accumulation_steps={self.ds_config['gradient_accumulation_steps']} "
+                             f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
+        self.ref_ds_config = resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False) if args.beta else None
+        self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
+        self.spg = args.resolved_steps_per_generation(self.world)
+        self.prompts_per_round = args.resolved_generation_batch_size(self.world) // args.num_generations
+        self.state = TrainerState(max_steps=self._total_steps(), is_world_process_zero=dist.is_main())
+        self.control = TrainerControl()
+        self.callbacks = CallbackHandler(callbacks)
+        self.timer = PhaseTimer()
+        self.sampling = SamplingConfig.from_args(args)
+        self.dtype = torch.bfloat16 if device.use_bf16(args.bf16) else torch.float32
+        if dist.is_main():
+            args.save(os.path.join(args.output_dir, "resolved_config.yaml"))
+        # --- engines: policy (ZeRO-3 partitioned at load), frozen reference, colocated generator -----------------
+        self.loader = ModelLoader(self.ds_config, self.dtype)
+        policy_model = self.loader.load(self.model_path, **(args.model_init_kwargs or {})) if isinstance(model, str) else model
+        self.policy = build_policy_engine(policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps)
+        self.zero3 = is_zero3(self.ds_config)
+        self.reference = (build_inference_engine(ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path),
+                                                 self.ref_ds_config) if args.beta else None)
+        if args.use_vllm:
+            check_against_checkpoint(self.policy.module, self.model_path, self.tied)
+        self.generator = make_generator(args, model_path=self.model_path, policy_engine=self.policy,
+                                        tokenizer=self.tokenizer, dtype=self.dtype, zero3=self.zero3)
+        self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
+        self.last_checkpoint: Optional[str] = None
+
+    # ================================================================================================ the loop
+    def train(self) -> TrainerState:
+        args, state = self.args, self.state
+        self.control = self.callbacks.fire("on_train_begin", args, state, self.control)
+        while state.global_step < state.max_steps and not self.control.should_training_stop:
+            metrics = self._grpo_step()
+            state.log_history.append({"step": state.global_step, **metrics})
+            if state.global_step % args.logging_steps == 0 or state.global_step >= state.max_steps or state.generation_round == 1:
+                self.sinks.log(state.global_step, metrics)
+                self.control = self.callbacks.fire("on_log", args, state, self.control, logs=metrics)
+            if self._eval_due():
+                self.evaluate()
+        self.save_model(args.output_dir)
+        self.control = self.callbacks.fire("on_train_end", args, state, self.control)
+        self.sinks.close()
+        return state
+
+    def _grpo_step(self) -> Dict[str, float]:
+        """One generation round: sample, score, update (num_iterations × the round's optimizer steps), sync."""
+        args, timer = self.args, self.timer
+        with timer("generate"):
+            batch = self._sample(self.train_prompts, self.state.generation_round, args.num_generations)
+        with timer("reward"):
+            advantages, reward_metrics = self._score(batch, args.num_generations)
+        with timer("reference"):
+            ref_logps = self._logprobs(self.reference, batch) if args.beta != 0 else None
+            # π_old differs from π_θ only when one round feeds several optimizer steps
+            several = args.num_iterations > 1 or self.spg > args.gradient_accumulation_steps
+            old_logps = self._logprobs(self.policy, batch) if several else None
+        with timer("train"):
+            train_metrics = self._update(batch, advantages, old_logps, ref_logps)
+        with timer("sync"):
+            if self.state.global_step < self.state.max_steps:  # the last round's weights are never sampled from
+                sync_weights(self.policy.module, self.generator, args.weight_sync_bucket_bytes, self.tied)
+        self.state.generation_round += 1
+        times = self.timer.pop()
+        times["completion_tok_per_s"] = reward_metrics.pop("_completion_tokens") / max(1e-9, sum(times.values()))
+        return {**reward_metrics, **train_metrics, **times}
+
+    # ============================================================================================ the stages
+    def _sample(self, source: PromptSource, round_index: int, group: int) -> Batch:
+        """Rollout: this rank's slots of the round, generated by the colocated engine."""
+        args = self.args
+        if source is self.train_prompts:
+            prompts = source.round_prompts(round_index, self.prompts_per_round, args.seed, args.shuffle_dataset)
+        else:  # evaluation: every prompt once, wrapped round to a multiple of the world size
+            prompts = [i % len(source) for i in range(math.ceil(len(source) / self.world) * self.world)]
+        share = source.rank_slice(prompts, group, dist.rank(), self.world)
+        rollout = self.generator.generate([source.prompt_ids[i] for i in share.indices], share.counts, self.sampling)
+        texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+        B = args.per_device_train_batch_size
+        micro = [rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B)) for s in range(0, len(rollout), B)]
+        return Batch(rollout, source.prompts_for(share.indices, share.counts),
+                     completions_for_rewards(texts, source.conversational), source.columns_for(share.indices, share.counts), micro)
+
+    def _score(self, batch: Batch, group: int):
+        """Rewards → advantages. Rewards are gathered from every rank so each group's statistics are exact."""
+        args = self.args
+        local = self.rewards(batch.prompts, batch.completions, batch.rollout.completion_ids, batch.columns)   # [L, K]
+        r = batch.rollout
+        extra = torch.stack([r.lengths(), torch.tensor(r.truncated, dtype=torch.float32),
+                             torch.tensor([len(p) for p in r.prompt_ids], dtype=torch.float32)], dim=1)  # [L, 3]
+        gathered = dist.all_gather(torch.cat([local, extra], dim=1))                                       # [N, K+3]
+        rewards, lengths, truncated, prompt_lens = gathered[:, :-3], gathered[:, -3], gathered[:, -2], gathered[:, -1]
+        adv, stats = compute_advantages(rewards, group, reward_weights=args.reward_weights,
+                                        scale_rewards=args.scale_rewards_mode,
+                                        multi_objective_aggregation=args.multi_objective_aggregation)
+        L = len(r)
+        mine = adv[dist.rank() * L:(dist.rank() + 1) * L]
+        self.state.num_input_tokens_seen += int(lengths.sum() + prompt_lens.sum())
+        metrics = {"reward": torch.nanmean(stats["rewards"]).item(), "reward_std": stats["std_per_group"].mean().item(),
+                   "frac_reward_zero_std": stats["frac_reward_zero_std"].item(),
+                   "completions/mean_length": lengths.mean().item(), "completions/min_length": lengths.min().item(),
+                   "completions/max_length": lengths.max().item(), "completions/clipped_ratio": truncated.mean().item(),
+                   "num_tokens": float(self.state.num_input_tokens_seen), "_completion_tokens": lengths.sum().item()}
+        for k, name in enumerate(self.rewards.names):
+            metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards[:, k]).item()
+            metrics[f"rewards/{name}/std"] = nan_std(rewards[:, k], dim=0).item()
+        if args.log_completions and dist.is_main():
+            self.sinks.log_completions(self.state.global_step, [
+                {"prompt": str(p), "completion": str(c), "reward": float(stats["rewards"][i]), "advantage": float(mine[i])}
+                for i, (p, c) in enumerate(zip(batch.prompts, batch.completions))])
+        return mine, metrics
+
+    @torch.no_grad()
+    def _logprobs(self, engine, batch: Batch) -> List[torch.Tensor]:
+        """Per-token log-probs of every micro-batch under a frozen view of `engine` (reference or π_old)."""
+        return [completion_logprobs(engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"].shape[1],
+                                    self.args.temperature)[0] for mb in batch.micro]
+
+    def _update(self, batch: Batch, advantages: torch.Tensor, old_logps, ref_logps) -> Dict[str, float]:
+        """num_iterations passes over the round's micro-batches, GA micro-batches per optimizer step."""
+        args, GA, B = self.args, self.args.gradient_accumulation_steps, self.args.per_device_train_batch_size
+        masks = [self._loss_mask(mb, batch.rollout.truncated[j * B:(j + 1) * B]) for j, mb in enumerate(batch.micro)]
+        # dapo/cispo normalise by the active tokens of each optimizer step over all ranks: one collective per round
+        step_tokens = dist.all_reduce_sum(torch.stack([sum(masks[j].sum() for j in range(s, s + GA))
+                                                       for s in range(0, len(masks), GA)]))
+        acc, steps = MetricAccumulator(), MetricAccumulator()
+        for _ in range(args.num_iterations):
+            for step, first in enumerate(range(0, len(batch.micro), GA)):
+                if self.state.global_step >= self.state.max_steps:
+                    break
+                loss = sum(self._micro_step(batch.micro[j], masks[j], advantages[j * B:(j + 1) * B],
+                                            old_logps[j] if old_logps else None, ref_logps[j] if ref_logps else None,
+                                            step_tokens[step], acc) for j in range(first, first + GA))
+                self._end_optimizer_step(loss, steps)
+        metrics = {**acc.reduce(), **steps.reduce(), "learning_rate": self.policy.get_lr()[0]}
+        self._check_finite(metrics)
+        return metrics
+
+    def _micro_step(self, mb: dict, mask: torch.Tensor, advantages, old_logps, ref_logps, step_tokens, acc) -> float:
+        """Forward, loss and backward of one micro-batch; returns its share of the optimizer step's loss."""
+        args = self.args
+        logps, entropy = completion_logprobs(self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1],
+                                             args.temperature, with_entropy=True)
+        if args.top_entropy_quantile < 1.0:
+            mask = entropy_mask(entropy, mask, args.top_entropy_quantile).float()
+        loss, metrics = policy_loss(
+            logps, old_logps, advantages, mask, loss_type=args.loss_type, epsilon_low=args.epsilon,
+            epsilon_high=args.effective_epsilon_high, delta=args.delta,
+            importance_sampling_level=args.importance_sampling_level, beta=args.beta, ref_per_token_logps=ref_logps,
+            kl_estimator=args.kl_estimator, sampler_per_token_logps=mb["sampler_logps"], vllm_is_mode=self._is_mode(),
+            vllm_is_clip_max=args.vllm_importance_sampling_clip_max, max_completion_length=args.max_completion_length,
+            num_items_in_batch=step_tokens, num_processes=self.world,
+            gradient_accumulation_steps=args.gradient_accumulation_steps)
+        self.policy.backward(loss, scale_wrt_gas=False)  # the loss already carries its share of the step
+        self.policy.step()                               # DeepSpeed only steps at the accumulation boundary
+        tokens = float(mb["completion_mask"].sum())
+        acc.add("entropy", (entropy * mb["completion_mask"]).sum() / max(tokens, 1.0), tokens)
+        for name, value in metrics.items():
+            acc.add(name, value, float(mask.sum()))
+        return loss.item()
+
+    # ================================================================================================ helpers
+    def _loss_mask(self, mb: dict, truncated: List[bool]) -> torch.Tensor:
+        mask = mb["completion_mask"]
+        if self.args.mask_truncated_completions:
+            mask = mask * (1.0 - torch.tensor(truncated, dtype=mask.dtype)).unsqueeze(1)
+        return mask
+
+    def _is_mode(self) -> Optional[str]:
+        a = self.args
+        return a.vllm_importance_sampling_mode if (a.use_vllm and a.vllm_importance_sampling_correction) else None
+
+    def _end_optimizer_step(self, step_loss: float, steps: MetricAccumulator) -> None:
+        grad_norm = self.policy.get_global_grad_norm()  # global over ranks: every rank sees the same value
+        grad_norm = float(grad_norm) if grad_norm is not None else 0.0
+        if not math.isfinite(grad_norm):
+            self._check_finite({"grad_norm": grad_norm, "loss": step_loss})
+        steps.add("loss", step_loss)
+        steps.add("grad_norm", grad_norm)
+        self.state.global_step += 1
+        self.sinks.advance()
+        self.control = self.callbacks.fire("on_step_end", self.args, self.state, self.control)
+
+    def _check_finite(self, metrics: Dict[str, float]) -> None:
+        bad = {k: v for k, v in metrics.items() if k in ("loss", "grad_norm") and not math.isfinite(v)}
+        if bad:
+            raise NonFiniteError(f"Non-finite training values at optimizer step {self.state.global_step}: {bad}. "
+                                 f"Last checkpoint: {self.last_checkpoint or 'none saved yet'}. Lower learning_rate, "
+                                 "check the rewards for NaN/inf, or use fp32; the run was stopped rather than continued.")
+
+    def _eval_due(self) -> bool:
+        a = self.args
+        return (self.eval_prompts is not None and a.eval_strategy == "steps"
+                and self.state.global_step % (a.eval_steps or a.logging_steps) == 0)
+
+    def evaluate(self) -> Dict[str, float]:
+        """Generate on the whole eval set (split across ranks) and log eval_reward and per-function means."""
+        group = self.args.num_generations_eval or self.args.num_generations
+        batch = self._sample(self.eval_prompts, 0, group)
+        _, metrics = self._score(batch, group)
+        metrics.pop("_completion_tokens")
+        out = {"eval_reward": metrics["reward"],
+               **{f"eval_{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
+        self.sinks.log(self.state.global_step, out)
+        self.control = self.callbacks.fire("on_evaluate", self.args, self.state, self.control, metrics=out)
+        return out
+
+    def save_model(self, output_dir: str) -> None:
+        """Hugging Face format (config, safetensors, tokenizer), loadable by AutoModelForCausalLM and vLLM. Every
+        rank takes part in the gathers; rank 0 writes."""
+        state_dict = {}
+        for name, tensor in named_full_parameters(self.policy.module, self.args.weight_sync_bucket_bytes):
+            if dist.is_main():
+                state_dict[name] = tensor
+        if dist.is_main():
+            module = self.policy.module
+            module.config.use_cache = True  # gradient checkpointing turned it off for training only
+            module.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+            self.tokenizer.save_pretrained(output_dir)
+        dist.barrier("model saved before anyone reads it")
+        self.control = self.callbacks.fire("on_save", self.args, self.state, self.control)
+
+    # ================================================================================================ set-up
+    def _model_source(self, model):
+        """(path vLLM can load, model config). A PreTrainedModel instance is saved once so vLLM can load it."""
+        from transformers import AutoConfig, PreTrainedModel
+
+        from .engines.builder import check_model_source
+        if isinstance(model, str):
+            check_model_source(model)
+            try:
+                return model, AutoConfig.from_pretrained(model)
+            except (OSError, ValueError) as exc:
+                raise OSError(f"model={model!r}: cannot read its config ({exc}). Pass a folder saved with "
+                              "save_pretrained or a cached hub id.") from None
+        if not isinstance(model, PreTrainedModel):
+            raise TypeError(f"model must be a hub id, a local path or a PreTrainedModel, not {type(model).__name__}.")
+        path = os.path.join(self.args.output_dir, "initial_model")
+        if dist.is_main():
+            model.save_pretrained(path, safe_serialization=True)
+        dist.barrier("initial model on disk before vLLM loads it")
+        return path, model.config
+
+    def _tokenizer(self, processing_class):
+        from transformers import AutoTokenizer
+
+        tok = processing_class or AutoTokenizer.from_pretrained(self.model_path)
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            warnings.warn(f"The tokenizer has no pad token; using eos ({tok.eos_token!r}) for padding.")
+            tok.pad_token = tok.eos_token
+        if tok.eos_token_id is None:
+            raise ValueError("The tokenizer has no eos token: completions could never end. Set tokenizer.eos_token.")
+        return tok
+
+    def _total_steps(self) -> int:
+        a = self.args
+        steps_per_round = a.num_iterations * self.spg // a.gradient_accumulation_steps
+        if a.max_steps > 0:
+            return a.max_steps
+        rounds = math.ceil(a.num_train_epochs * len(self.train_prompts) / self.prompts_per_round)
+        return rounds * steps_per_round
