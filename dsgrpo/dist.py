@@ -35,8 +35,12 @@ def init() -> None:
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+    import warnings
+
     import deepspeed
 
+    # DeepSpeed 0.19 calls torch.distributed APIs that torch 2.13 deprecates, once per collective
+    warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.distributed\..* is deprecated")
     timeout = datetime.timedelta(minutes=float(os.environ.get("DEEPSPEED_TIMEOUT", "30")))
     deepspeed.init_distributed(dist_backend=device.dist_backend(), timeout=timeout)
     if device.on_gpu():
@@ -60,7 +64,8 @@ def local_rank() -> int:
 
 
 def local_world_size() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    # torchrun exports LOCAL_WORLD_SIZE, the deepspeed launcher LOCAL_SIZE
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", os.environ.get("WORLD_SIZE", 1))))
 
 
 def is_main() -> bool:
@@ -114,22 +119,21 @@ def all_gather_object(obj) -> List:
 
 
 def reduce_metrics(metrics: Dict[str, float], weights: Optional[Dict[str, float]] = None) -> Dict[str, float]:
-    """Weighted mean of each metric over ranks in ONE collective. `weights[name]` is how many items this
-    rank's value averages (default 1); a metric a rank lacks must be given weight 0 there by the caller, so
-    every rank sends the same keys. min/max metrics (names ending in /min, /max, _min, _max) reduce as such."""
-    names = sorted(metrics)
+    """Weighted mean of each metric over ranks. `weights[name]` is how many items this rank's value averages
+    (default 1). Names ending in /min or /max reduce as such. A rank may lack a metric (say, no active token in
+    its micro-batches): the names are agreed first, and a missing value counts with weight 0."""
+    names = sorted(set().union(*all_gather_object(sorted(metrics))))
     if not names:
         return {}
-    w = torch.tensor([float((weights or {}).get(n, 1.0)) for n in names], dtype=torch.float64)
-    v = torch.tensor([float(metrics[n]) for n in names], dtype=torch.float64)
-    is_min = torch.tensor([n.endswith(("/min", "_min")) for n in names])
-    is_max = torch.tensor([n.endswith(("/max", "_max")) for n in names])
-    # pack: weighted sums and weights (SUM), and ±value for min/max (MAX), in one tensor
-    packed = torch.cat([torch.where(is_min | is_max, 0.0, v * w), w,
-                        torch.where(is_max, v, torch.where(is_min, -v, -torch.inf))])
+    have = torch.tensor([n in metrics for n in names])
+    w = torch.tensor([float((weights or {}).get(n, 1.0)) if n in metrics else 0.0 for n in names], dtype=torch.float64)
+    v = torch.tensor([float(metrics.get(n, 0.0)) for n in names], dtype=torch.float64)
+    is_min = torch.tensor([n.endswith("/min") for n in names])
+    is_max = torch.tensor([n.endswith("/max") for n in names])
     n = len(names)
-    summed = all_reduce_sum(packed[: 2 * n])
-    maxed = all_reduce_max(packed[2 * n:])
+    # one SUM collective for weighted sums and weights, one MAX collective for extremes (min as max of -v)
+    summed = all_reduce_sum(torch.cat([torch.where(is_min | is_max, 0.0, v * w), w]))
+    extremes = all_reduce_max(torch.where(have, torch.where(is_min, -v, v), -torch.inf))
     mean = summed[:n] / summed[n:].clamp(min=1e-12)
-    out = torch.where(is_max, maxed, torch.where(is_min, -maxed, mean))
+    out = torch.where(is_max, extremes, torch.where(is_min, -extremes, mean))
     return {name: out[i].item() for i, name in enumerate(names)}

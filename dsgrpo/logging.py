@@ -71,3 +71,23 @@ def _plain(v) -> Optional[float]:
         return float(v)
     except (TypeError, ValueError):
         return None
+
+
+def learning_curve_summary(history: List[Dict[str, float]], rows: int = 8, window: int = 5) -> str:
+    """A short text learning curve: mean reward over a few evenly spaced windows of steps, and the ratio of
+    the last window to the first."""
+    if not history:
+        return "no steps were run"
+    rewards = [h["reward"] for h in history]
+    window = max(1, min(window, len(rewards) // 2 or 1))
+    starts = sorted({round(i * (len(rewards) - window) / max(1, rows - 1)) for i in range(rows)})
+    lines = ["learning curve (mean reward over windows of %d generation rounds):" % window]
+    for s in starts:
+        chunk = rewards[s:s + window]
+        value = sum(chunk) / len(chunk)
+        lines.append(f"  step {history[s]['step']:>5d}  reward {value:6.3f}  " + "#" * int(round(40 * max(0.0, min(1.0, value)))))
+    first = sum(rewards[:window]) / window
+    last = sum(rewards[-window:]) / window
+    lines.append(f"first {window} rounds: {first:.3f}   last {window} rounds: {last:.3f}   "
+                 f"ratio: {last / first:.2f}x" if first > 0 else f"first: {first:.3f}  last: {last:.3f}")
+    return "\n".join(lines)

@@ -196,7 +196,7 @@ class GRPOTrainer:
         # dapo/cispo normalise by the active tokens of each optimizer step over all ranks: one collective per round
         step_tokens = dist.all_reduce_sum(torch.stack([sum(masks[j].sum() for j in range(s, s + GA))
                                                        for s in range(0, len(masks), GA)]))
-        acc, steps = MetricAccumulator(), MetricAccumulator()
+        acc = MetricAccumulator()
         for _ in range(args.num_iterations):
             for step, first in enumerate(range(0, len(batch.micro), GA)):
                 if self.state.global_step >= self.state.max_steps:
@@ -204,8 +204,8 @@ class GRPOTrainer:
                 loss = sum(self._micro_step(batch.micro[j], masks[j], advantages[j * B:(j + 1) * B],
                                             old_logps[j] if old_logps else None, ref_logps[j] if ref_logps else None,
                                             step_tokens[step], acc) for j in range(first, first + GA))
-                self._end_optimizer_step(loss, steps)
-        metrics = {**acc.reduce(), **steps.reduce(), "learning_rate": self.policy.get_lr()[0]}
+                self._end_optimizer_step(loss, acc)
+        metrics = {**acc.reduce(), "learning_rate": self.policy.get_lr()[0]}
         self._check_finite(metrics)
         return metrics
 
@@ -228,6 +228,12 @@ class GRPOTrainer:
         self.policy.step()                               # DeepSpeed only steps at the accumulation boundary
         tokens = float(mb["completion_mask"].sum())
         acc.add("entropy", (entropy * mb["completion_mask"]).sum() / max(tokens, 1.0), tokens)
+        # how far the generator's log-probs are from the trainer's for the same tokens (TRL's names): a weight
+        # sync that went wrong shows up here first
+        gap = ((logps.detach() if old_logps is None else old_logps) - mb["sampler_logps"]).abs()[mb["completion_mask"].bool()]
+        if gap.numel():
+            acc.add("sampling/sampling_logp_difference/mean", gap.mean(), gap.numel())
+            acc.add("sampling/sampling_logp_difference/max", gap.max())
         for name, value in metrics.items():
             acc.add(name, value, float(mask.sum()))
         return loss.item()
@@ -243,13 +249,13 @@ class GRPOTrainer:
         a = self.args
         return a.vllm_importance_sampling_mode if (a.use_vllm and a.vllm_importance_sampling_correction) else None
 
-    def _end_optimizer_step(self, step_loss: float, steps: MetricAccumulator) -> None:
+    def _end_optimizer_step(self, step_loss: float, acc: MetricAccumulator) -> None:
         grad_norm = self.policy.get_global_grad_norm()  # global over ranks: every rank sees the same value
         grad_norm = float(grad_norm) if grad_norm is not None else 0.0
         if not math.isfinite(grad_norm):
             self._check_finite({"grad_norm": grad_norm, "loss": step_loss})
-        steps.add("loss", step_loss)
-        steps.add("grad_norm", grad_norm)
+        acc.add("loss", step_loss)
+        acc.add("grad_norm", grad_norm)
         self.state.global_step += 1
         self.sinks.advance()
         self.control = self.callbacks.fire("on_step_end", self.args, self.state, self.control)

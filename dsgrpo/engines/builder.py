@@ -78,26 +78,29 @@ def lr_lambda(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
 
 
 class ModelLoader:
-    """Loads HF models by hub id or local path. While alive it tells transformers about the ZeRO-3 config, so
-    `from_pretrained` partitions parameters at load time (transformers' HfDeepSpeedConfig contract)."""
+    """Loads HF models by hub id or local path. Under ZeRO-3 it tells transformers about the DeepSpeed config
+    for the duration of `load` only, so `from_pretrained` partitions parameters as it loads (transformers'
+    HfDeepSpeedConfig contract) without changing how the user's own later `from_pretrained` calls behave."""
 
     def __init__(self, ds_config: dict, dtype: torch.dtype):
+        self.ds_config = ds_config
         self.dtype = dtype
-        self._hf_ds = None
-        if is_zero3(ds_config):
-            from transformers.integrations import HfDeepSpeedConfig
-            self._hf_ds = HfDeepSpeedConfig(ds_config)  # kept referenced: transformers holds only a weakref
 
     def load(self, name_or_path: str, cls=None, field: str = "model", **kwargs: Any):
         from transformers import AutoModelForCausalLM
+        from transformers.integrations import HfDeepSpeedConfig
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         cls = cls or AutoModelForCausalLM
         check_model_source(name_or_path, field)
+        hf_ds = HfDeepSpeedConfig(self.ds_config) if is_zero3(self.ds_config) else None  # noqa: F841 (kept alive)
         try:
             return cls.from_pretrained(name_or_path, dtype=self.dtype, **kwargs)
         except OSError as exc:
             raise OSError(f"{field}={name_or_path!r} could not be loaded ({exc}). Pass a local folder saved with "
                           "save_pretrained, or a hub id that is in the local cache (no network at run time).") from None
+        finally:
+            unset_hf_deepspeed_config()
 
 
 def check_model_source(name_or_path: str, field: str = "model") -> None:
@@ -122,9 +125,10 @@ def build_policy_engine(model, args: GRPOConfig, ds_config: dict, optimizer=None
     if scheduler is None:
         schedule = lr_lambda(args, total_steps)
         scheduler = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule)  # noqa: E731
+    # `optimizer` may be an instance or a callable params -> optimizer (DeepSpeed calls it with model_parameters)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           model_parameters=[p for p in model.parameters() if p.requires_grad]
-                                           if optimizer is None else None, config=ds_config)
+                                           model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                           config=ds_config)
     return engine
 
 

@@ -1,0 +1,120 @@
+"""`dsgrpo train CONFIG.yaml [--key value ...]`.
+
+The YAML holds GRPOConfig fields plus the run's inputs (RUN_KEYS): the model, the datasets and the reward
+functions. `--key value` overrides either kind. Under `deepspeed` (which appends --local_rank=N) or torchrun
+every rank runs the same command; plain `dsgrpo train` runs a world of one."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Dict, List, Tuple
+
+import yaml
+
+from .config import GRPOConfig, check_known_keys, parse_cli_overrides
+
+RUN_KEYS = {
+    "model": "Hub id or local path of the policy.",
+    "train_dataset": "A .jsonl/.json/.parquet file, a hub id (cached), or 'task:NAME' for a built-in task.",
+    "eval_dataset": "Same forms as train_dataset (optional).",
+    "reward_funcs": "List of reward functions as 'package.module:function'.",
+    "dataset_split": "Split to read when a dataset is a hub id (default 'train').",
+}
+
+
+def split_config(values: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    run = {k: values[k] for k in values if k in RUN_KEYS}
+    rest = {k: v for k, v in values.items() if k not in RUN_KEYS}
+    return run, rest
+
+
+def load_run_config(path: str, overrides: List[str]) -> Tuple[Dict[str, Any], GRPOConfig]:
+    with open(path) as fh:
+        values = yaml.safe_load(fh) or {}
+    run_over = {}
+    rest_argv: List[str] = []
+    i = 0
+    while i < len(overrides):  # run keys may be overridden too
+        key = overrides[i][2:].split("=", 1)[0].replace("-", "_")
+        has_eq = "=" in overrides[i]
+        if key in RUN_KEYS:
+            raw = overrides[i].split("=", 1)[1] if has_eq else overrides[i + 1]
+            run_over[key] = yaml.safe_load(raw)
+        else:
+            rest_argv.extend(overrides[i:i + (1 if has_eq else 2)])
+        i += 1 if has_eq else 2
+    run, rest = split_config(values)
+    run.update(run_over)
+    rest.update(parse_cli_overrides(rest_argv))
+    check_known_keys(rest)
+    for key in ("model", "train_dataset", "reward_funcs"):
+        if key not in run:
+            raise ValueError(f"{path}: missing '{key}' ({RUN_KEYS[key]})")
+    return run, GRPOConfig(**rest)
+
+
+def import_object(spec: str):
+    module, _, attr = spec.partition(":")
+    if not attr:
+        raise ValueError(f"reward function {spec!r}: write it as 'package.module:function'.")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"reward function {spec!r} cannot be imported ({exc}).") from None
+
+
+def build_dataset(spec, split: str):
+    if spec is None:
+        return None
+    if isinstance(spec, str) and spec.startswith("task:"):
+        from .tasks import TASKS
+        name = spec[len("task:"):]
+        if name not in TASKS:
+            raise ValueError(f"Unknown task {name!r}; known: {sorted(TASKS)}.")
+        return TASKS[name]()
+    from .data import load_dataset_spec
+    return load_dataset_spec(spec, split)
+
+
+def train(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(prog="dsgrpo train", description="Train with GRPO from a YAML config.")
+    parser.add_argument("config")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    known, overrides = parser.parse_known_args(argv)
+    run, args = load_run_config(known.config, overrides)
+    from . import GRPOTrainer, dist
+    from .logging import learning_curve_summary
+
+    split = run.get("dataset_split", "train")
+    funcs = run["reward_funcs"] if isinstance(run["reward_funcs"], list) else [run["reward_funcs"]]
+    trainer = GRPOTrainer(run["model"], [import_object(f) for f in funcs], args=args,
+                          train_dataset=build_dataset(run["train_dataset"], split),
+                          eval_dataset=build_dataset(run.get("eval_dataset"), split))
+    state = trainer.train()
+    if dist.is_main():
+        print(learning_curve_summary(state.log_history))
+        print(f"Model saved to {args.output_dir}")
+    return 0
+
+
+def main(argv: List[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n\nRun keys:")
+        for k, v in RUN_KEYS.items():
+            print(f"  {k:16s} {v}")
+        print("\nGRPOConfig fields:")
+        import dataclasses
+        for f in dataclasses.fields(GRPOConfig):
+            print(f"  {f.name:36s} {f.metadata.get('help', '')} (default {f.default!r})")
+        return 0
+    if argv[0] == "train":
+        return train(argv[1:])
+    print(f"unknown command {argv[0]!r}; try `dsgrpo train CONFIG.yaml`", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""`python -m dsgrpo.train CONFIG.yaml [--key value ...]`: the entry point for launchers
+(`deepspeed --num_gpus N --module dsgrpo.train ...`, `torchrun -m dsgrpo.train ...`)."""
+
+import sys
+
+from .cli import train
+
+if __name__ == "__main__":
+    sys.exit(train(sys.argv[1:]))
