@@ -85,7 +85,7 @@ def _synthetic_corpus(seed: int, lines: int = 4000) -> list:
     return out
 
 
-def build_tokenizer(seed: int = 0):
+def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE):
     """Train a byte-level BPE on the synthetic corpus and wrap it as a `PreTrainedTokenizerFast`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -93,7 +93,7 @@ def build_tokenizer(seed: int = 0):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_synthetic_corpus(seed), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
@@ -114,15 +114,15 @@ def tiny_tokenizer(seed: int = 0, cache_dir: Optional[str] = None) -> str:
     return path
 
 
-def build_model(name: str, seed: int = 0):
-    """A randomly initialised model of `TINY_SPECS[name]` with the tiny tokenizer's vocabulary."""
+def build_model(name: str, seed: int = 0, spec: Optional[dict] = None, vocab_size: int = VOCAB_SIZE):
+    """A randomly initialised model of `TINY_SPECS[name]` (or of `spec`) with the tiny tokenizer's vocabulary."""
     import torch
     import transformers
 
-    spec = dict(TINY_SPECS[name])
+    spec = dict(spec or TINY_SPECS[name])
     arch = spec.pop("arch")
     num_labels = spec.pop("num_labels", None)
-    tokenizer = build_tokenizer(seed)
+    tokenizer = build_tokenizer(seed, vocab_size)
     config_cls = transformers.AutoConfig.for_model("qwen2" if arch.startswith("Qwen2") else "llama").__class__
     config = config_cls(vocab_size=len(tokenizer), max_position_embeddings=2048, rms_norm_eps=1e-6,
                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
@@ -159,3 +159,38 @@ def _atomic_publish(tmp: str, path: str) -> None:
         os.rename(tmp, path)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_custom_model(out_dir: str, *, hidden_size: int, num_hidden_layers: int, num_attention_heads: int,
+                      vocab_size: int = VOCAB_SIZE, arch: str = "Qwen2ForCausalLM", seed: int = 0) -> str:
+    """A random-init causal LM of any size on a locally trained tokenizer (benchmarks use this)."""
+    spec = dict(arch=arch, hidden_size=hidden_size, intermediate_size=4 * hidden_size, num_hidden_layers=num_hidden_layers,
+                num_attention_heads=num_attention_heads, num_key_value_heads=num_attention_heads,
+                tie_word_embeddings=False)
+    model, tokenizer = build_model("custom", seed, spec=spec, vocab_size=vocab_size)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def main(argv=None) -> int:
+    """`python -m dsgrpo.testing make --hidden 512 --layers 8 --heads 8 --vocab 1000 --out DIR`"""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dsgrpo.testing")
+    parser.add_argument("command", choices=["make"])
+    parser.add_argument("--hidden", type=int, required=True)
+    parser.add_argument("--layers", type=int, required=True)
+    parser.add_argument("--heads", type=int, required=True)
+    parser.add_argument("--vocab", type=int, default=VOCAB_SIZE)
+    parser.add_argument("--out", required=True)
+    a = parser.parse_args(argv)
+    save_custom_model(a.out, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                      vocab_size=a.vocab)
+    n = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(a.out).parameters())
+    print(f"saved {a.out}: {n / 1e6:.1f}M parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

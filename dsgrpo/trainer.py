@@ -206,7 +206,7 @@ class GRPOTrainer:
                                             step_tokens[step], acc) for j in range(first, first + GA))
                 self._end_optimizer_step(loss, acc)
         metrics = {**acc.reduce(), "learning_rate": self.policy.get_lr()[0]}
-        self._check_finite(metrics)
+        self._check_finite(metrics, step=self.state.global_step)
         return metrics
 
     def _micro_step(self, mb: dict, mask: torch.Tensor, advantages, old_logps, ref_logps, step_tokens, acc) -> float:
@@ -253,17 +253,17 @@ class GRPOTrainer:
         grad_norm = self.policy.get_global_grad_norm()  # global over ranks: every rank sees the same value
         grad_norm = float(grad_norm) if grad_norm is not None else 0.0
         if not math.isfinite(grad_norm):
-            self._check_finite({"grad_norm": grad_norm, "loss": step_loss})
+            self._check_finite({"grad_norm": grad_norm, "loss": step_loss}, step=self.state.global_step + 1)
         acc.add("loss", step_loss)
         acc.add("grad_norm", grad_norm)
         self.state.global_step += 1
         self.sinks.advance()
         self.control = self.callbacks.fire("on_step_end", self.args, self.state, self.control)
 
-    def _check_finite(self, metrics: Dict[str, float]) -> None:
+    def _check_finite(self, metrics: Dict[str, float], step: int) -> None:
         bad = {k: v for k, v in metrics.items() if k in ("loss", "grad_norm") and not math.isfinite(v)}
         if bad:
-            raise NonFiniteError(f"Non-finite training values at optimizer step {self.state.global_step}: {bad}. "
+            raise NonFiniteError(f"Non-finite training values at optimizer step {step}: {bad}. "
                                  f"Last checkpoint: {self.last_checkpoint or 'none saved yet'}. Lower learning_rate, "
                                  "check the rewards for NaN/inf, or use fp32; the run was stopped rather than continued.")
 

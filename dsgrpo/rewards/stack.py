@@ -61,6 +61,11 @@ class RewardStack:
                 raise ValueError(f"Reward function {self.names[k]!r} returned {len(values)} values for "
                                  f"{len(completions)} completions; return one float (or None) per completion.")
             for i, v in enumerate(values):
-                if v is not None:
-                    matrix[i, k] = float(v)
+                if v is None:
+                    continue  # no opinion: NaN, excluded from this function's statistics
+                v = float(v)
+                if math.isinf(v):
+                    raise ValueError(f"Reward function {self.names[k]!r} returned {v} for completion {i}; return a "
+                                     "finite float, or None to abstain.")
+                matrix[i, k] = v
         return matrix

@@ -28,7 +28,10 @@ def default_kv_cache_bytes() -> int:
 class VLLMGenerator:
     def __init__(self, model_path: str, args, *, dtype: torch.dtype):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")       # its INFO lines would print every sync
         from vllm import LLM
+
+        _quiet_rotary_reload_warning()
 
         kwargs = dict(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
                       seed=args.seed + dist.rank(),  # ranks must sample different completions
@@ -88,3 +91,16 @@ def _default_max_model_len(args) -> Optional[int]:
     if args.max_prompt_length is not None:
         return args.max_prompt_length + args.max_completion_length
     return None  # the model's own context length
+
+
+def _quiet_rotary_reload_warning() -> None:
+    """Every in-place reload warns that RotaryEmbedding 'failed to load weights': it has none (its cos/sin
+    cache is computed, not loaded). Drop exactly that record so real reload warnings stay visible."""
+    import logging
+
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(getattr(f, "_dsgrpo", False) for f in logger.filters):
+        def keep(record: logging.LogRecord) -> bool:
+            return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+        keep._dsgrpo = True
+        logger.addFilter(keep)

@@ -1,0 +1,115 @@
+"""Bad input gets a clear error naming the problem and the fix, before any model is loaded; a run that goes
+non-finite stops with the step and the metrics named. Single process (a world of one)."""
+
+import json
+import math
+
+import pytest
+from datasets import Dataset
+
+from dsgrpo import GRPOConfig, GRPOTrainer
+from dsgrpo.testing import tiny_model
+
+
+def reward(prompts, completions, **kw):
+    return [float(len(c)) for c in completions]
+
+
+def args(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, num_generations=2,
+                max_completion_length=4, use_vllm=False, gradient_checkpointing=False)
+    return GRPOConfig(**{**base, **kw})
+
+
+PROMPTS = Dataset.from_list([{"prompt": "count: 1 2 3"}, {"prompt": "write a number"}])
+
+
+@pytest.mark.parametrize("dataset, words", [
+    (Dataset.from_list([{"question": "hi"}]), ["no 'prompt' column", "question", "Rename"]),
+    (Dataset.from_list([{"prompt": "x"}]).select([]), ["empty"]),
+])
+def test_dataset_errors(tmp_path, dataset, words):
+    with pytest.raises(ValueError) as info:
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=dataset)
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_conversational_prompts_need_a_chat_template(tmp_path):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
+    tok.chat_template = None
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]}])
+    with pytest.raises(ValueError, match="no chat template"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=data, processing_class=tok)
+
+
+def test_prompt_longer_than_the_limits(tmp_path):
+    long = Dataset.from_list([{"prompt": "word " * 50}])
+    with pytest.raises(ValueError, match=r"train_dataset\[0\] has \d+ prompt tokens, more than max_prompt_length=8"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path, max_prompt_length=8), train_dataset=long)
+    with pytest.raises(ValueError, match="exceeds the generation context of 40 tokens"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path, vllm_max_model_len=40), train_dataset=long)
+
+
+def test_model_and_deepspeed_config_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        GRPOTrainer(str(tmp_path / "missing_model"), reward, args=args(tmp_path), train_dataset=PROMPTS)
+    with pytest.raises(FileNotFoundError, match="deepspeed='nope.json'"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path, deepspeed="nope.json"), train_dataset=PROMPTS)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path, deepspeed=str(bad)), train_dataset=PROMPTS)
+
+
+def test_unsupported_arguments_and_reward_kinds_are_refused(tmp_path):
+    with pytest.raises(NotImplementedError, match="peft_config is not supported yet"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, peft_config={"r": 8})
+    with pytest.raises(TypeError, match=r"reward_funcs\[1\]"):
+        GRPOTrainer(tiny_model("qwen2"), [reward, 3], args=args(tmp_path), train_dataset=PROMPTS)
+
+
+def test_missing_pad_token_falls_back_to_eos_with_a_warning(tmp_path):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
+    tok.pad_token = None
+    with pytest.warns(UserWarning, match="no pad token; using eos"), pytest.raises(ValueError, match="prompt"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), processing_class=tok,
+                    train_dataset=Dataset.from_list([{"text": "x"}]))
+    assert tok.pad_token == tok.eos_token
+
+
+@pytest.mark.slow
+def test_non_finite_training_stops_with_the_step_named(tmp_path):
+    import torch
+    cfg = args(tmp_path, max_steps=4)
+    trainer = GRPOTrainer(tiny_model("qwen2"), reward, args=cfg, train_dataset=PROMPTS)
+    # from the second optimizer step on, the training forward (the only one with autograd on) yields NaN logits
+    def poison(module, inputs, output):
+        if torch.is_grad_enabled() and trainer.state.global_step >= 1:
+            output.logits = output.logits * float("nan")
+        return output
+    trainer.policy.module.register_forward_hook(poison)
+    with pytest.raises(RuntimeError, match=r"Non-finite training values at optimizer step 2: \{'grad_norm': (nan|inf).*Last checkpoint: none saved yet"):
+        trainer.train()
+    assert trainer.state.global_step == 1  # the failed step is not counted
+    assert [json.loads(l)["step"] for l in open(tmp_path / "out" / "metrics.jsonl")] == [1]  # written so far: kept
+
+
+def test_rewards_must_be_finite_numbers_or_none(tmp_path):
+    from dsgrpo.rewards import RewardStack
+    def bad(prompts, completions, **kw):
+        return [math.inf] * len(completions)
+    def declines(prompts, completions, **kw):
+        return [None, float("nan")]
+    stack = RewardStack([bad])
+    with pytest.raises(ValueError, match="Reward function 'bad' returned inf for completion 0"):
+        stack(["p", "q"], ["a", "b"], [[1], [2]], {})
+    m = RewardStack([declines])(["p", "q"], ["a", "b"], [[1], [2]], {})
+    assert bool(torch_isnan_all(m))
+
+
+def torch_isnan_all(m):
+    import torch
+    return torch.isnan(m).all()
