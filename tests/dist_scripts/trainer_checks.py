@@ -44,7 +44,7 @@ def digit_fraction(prompts, completions, **kwargs):
 
 class StepCounter:
     def __init__(self):
-        self.steps, self.logs, self.began, self.ended = [], 0, 0, 0
+        self.steps, self.logs, self.began, self.ended, self.evals = [], 0, 0, 0, []
 
     def on_train_begin(self, args, state, control, **kw):
         self.began += 1
@@ -57,6 +57,9 @@ class StepCounter:
 
     def on_train_end(self, args, state, control, **kw):
         self.ended += 1
+
+    def on_evaluate(self, args, state, control, metrics=None, **kw):
+        self.evals.append(metrics)
 
 
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:", "idx": i} for i in range(64)])
@@ -80,9 +83,11 @@ vllm_args = GRPOConfig(
                "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
                "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                "gradient_clipping": "auto"},
-    vllm_kv_cache_bytes=64 * 2**20, weight_sync_bucket_bytes=64 * 1024)  # small buckets: many gathers
+    vllm_kv_cache_bytes=64 * 2**20, weight_sync_bucket_bytes=64 * 1024,  # small buckets: many gathers
+    report_to=["wandb"], eval_strategy="steps", eval_steps=20, num_generations_eval=2)
+os.environ["WANDB_MODE"] = "offline"
 trainer = GRPOTrainer(tiny_model("qwen2-tied"), digit_fraction_with_column, args=vllm_args, train_dataset=prompts,
-                      callbacks=[counter])
+                      eval_dataset=prompts.select(range(6)), callbacks=[counter])
 rank, world = dist.rank(), dist.world_size()
 
 
@@ -116,7 +121,8 @@ def _():
         lp, _ = completion_logprobs(trainer.policy, t["input_ids"], t["attention_mask"], 4)
     return {"history": trainer.state.log_history, "final_logps": lp[0].tolist(), "callback_steps": counter.steps,
             "callback_logs": counter.logs, "began": counter.began, "ended": counter.ended,
-            "max_steps": trainer.state.max_steps, "columns_ok": all(seen_columns) and bool(seen_columns)}
+            "max_steps": trainer.state.max_steps, "columns_ok": all(seen_columns) and bool(seen_columns),
+            "evals": counter.evals}
 
 
 # ------------------------------------------------------------------ 2. the HF-generate trainer: gradients

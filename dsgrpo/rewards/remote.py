@@ -1,0 +1,144 @@
+"""Remote scorers: `RemoteReward` posts a batch as JSON to an HTTP endpoint; `serve_reward` serves any reward
+function or reward model over HTTP, so a heavy reward model can live on other machines.
+
+Wire format (JSON both ways, nothing else is ever evaluated or unpickled):
+    POST /score  {"prompts": [...], "completions": [...], "completion_ids": [[int]], "columns": {name: [...]}}
+    200          {"rewards": [float | null, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, List, Optional
+from urllib.parse import urlparse
+
+
+class RemoteRewardError(RuntimeError):
+    """The scorer could not be reached or answered nonsense; the step fails rather than train on made-up rewards."""
+
+
+class RemoteReward:
+    def __init__(self, url: str, timeout: float = 30.0, retries: int = 2, backoff: float = 0.5,
+                 token: Optional[str] = None, name: Optional[str] = None):
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"RemoteReward url={url!r}: expected http(s)://host:port/path.")
+        self.url, self.timeout, self.retries, self.backoff, self.token = url, timeout, retries, backoff, token
+        self.__name__ = name or f"remote_{parsed.hostname}_{parsed.port or ''}".rstrip("_")
+
+    def __call__(self, prompts, completions, completion_ids=None, **columns) -> List[Optional[float]]:
+        body = json.dumps({"prompts": prompts, "completions": completions,
+                           "completion_ids": completion_ids or [], "columns": columns}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        last_error: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    rewards = json.loads(resp.read())["rewards"]
+                if not isinstance(rewards, list) or len(rewards) != len(completions):
+                    raise RemoteRewardError(f"{self.url} returned {type(rewards).__name__} of length "
+                                            f"{len(rewards) if isinstance(rewards, list) else '?'} for {len(completions)} completions.")
+                return rewards
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500:  # the request itself is wrong: retrying cannot help
+                    raise RemoteRewardError(f"{self.url} refused the request: HTTP {exc.code} {exc.read()[:200]!r}") from None
+                last_error = exc
+            except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError, KeyError) as exc:
+                last_error = exc
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2 ** attempt)
+        raise RemoteRewardError(f"Remote reward {self.__name__} at {self.url} failed after {self.retries + 1} "
+                                f"attempts (timeout {self.timeout} s): {last_error}. Is `dsgrpo serve-reward` running "
+                                "there? Training stops rather than use made-up rewards.")
+
+
+def _handler(score: Callable, token: Optional[str], max_request_bytes: int, max_batch: int):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, fmt, *args):  # quiet by default
+            pass
+
+        def _reply(self, code: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):
+            if self.path.rstrip("/") != "/score":
+                return self._reply(404, {"error": "POST /score"})
+            if token and self.headers.get("Authorization") != f"Bearer {token}":
+                return self._reply(401, {"error": "missing or wrong bearer token"})
+            length = int(self.headers.get("Content-Length") or 0)
+            if length <= 0 or length > max_request_bytes:
+                return self._reply(413, {"error": f"request body must be 1..{max_request_bytes} bytes"})
+            try:
+                req = json.loads(self.rfile.read(length))
+                prompts, completions = req["prompts"], req["completions"]
+                ids, columns = req.get("completion_ids") or [], req.get("columns") or {}
+                if not (isinstance(prompts, list) and isinstance(completions, list) and isinstance(columns, dict)
+                        and len(prompts) == len(completions)):
+                    raise ValueError("prompts and completions must be lists of equal length; columns a mapping")
+            except (ValueError, KeyError, TypeError) as exc:
+                return self._reply(400, {"error": f"bad request: {exc}"})
+            if len(completions) > max_batch:
+                return self._reply(413, {"error": f"at most {max_batch} completions per request"})
+            try:
+                rewards = [None if r is None or (isinstance(r, float) and math.isnan(r)) else float(r)
+                           for r in score(prompts=prompts, completions=completions, completion_ids=ids, **columns)]
+            except Exception as exc:  # the scorer's own failure: report it, keep serving
+                return self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
+            return self._reply(200, {"rewards": rewards})
+
+        def do_GET(self):
+            return self._reply(200, {"ok": True}) if self.path == "/health" else self._reply(404, {"error": "GET /health"})
+    return Handler
+
+
+def make_server(score: Callable, host: str = "127.0.0.1", port: int = 8000, token: Optional[str] = None,
+                max_request_bytes: int = 16 << 20, max_batch: int = 4096) -> ThreadingHTTPServer:
+    """An HTTP server for `score` (not started). Binds to loopback unless told otherwise."""
+    return ThreadingHTTPServer((host, port), _handler(score, token, max_request_bytes, max_batch))
+
+
+def serve_reward(argv: List[str]) -> int:
+    """`dsgrpo serve-reward (--func module:function | --builtin NAME | --model PATH) [--host] [--port] [--token]`"""
+    import argparse
+    import os
+
+    p = argparse.ArgumentParser(prog="dsgrpo serve-reward")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--func", help="a reward function as package.module:function")
+    src.add_argument("--builtin", help="a built-in reward name, e.g. accuracy_reward")
+    src.add_argument("--model", help="a sequence-classification reward model (path or cached hub id)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--token", default=os.environ.get("DSGRPO_REWARD_TOKEN"), help="require this bearer token")
+    p.add_argument("--max-request-bytes", type=int, default=16 << 20)
+    p.add_argument("--max-batch", type=int, default=4096)
+    a = p.parse_args(argv)
+    if a.func:
+        from ..cli import import_object
+        score = import_object(a.func)
+    elif a.builtin:
+        from .builtins import BUILTIN_REWARDS
+        score = BUILTIN_REWARDS.get(a.builtin)
+    else:
+        from .models import LocalRewardModel
+        score = LocalRewardModel(a.model)
+    server = make_server(score, a.host, a.port, a.token, a.max_request_bytes, a.max_batch)
+    print(f"serving reward on http://{a.host}:{server.server_address[1]}/score", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
