@@ -88,6 +88,7 @@ def time_parts(trainer, a, reps: int = 2):
     from dsgrpo import dist
     from dsgrpo.rollout import sync_weights
 
+    trainer.state.max_steps = trainer.state.global_step + 2 * reps  # room for the updates timed below
     source = trainer.train_prompts
     share = source.rank_slice(source.round_prompts(0, trainer.prompts_per_round, 0, False), a.num_generations,
                               dist.rank(), dist.world_size())

@@ -17,7 +17,8 @@ from .config import GRPOConfig, parse_cli_overrides
 
 RUN_KEYS = {
     "model": "Hub id or local path of the policy.",
-    "train_dataset": "A .jsonl/.json/.parquet file, a hub id (cached), or 'task:NAME' for a built-in task.",
+    "train_dataset": "A .jsonl/.json/.parquet file, a hub id (cached), or 'task:NAME[:ARG]' for a built-in task "
+                     "(task:copy_digits, task:gsm8k, task:gsm8k:path/to/train.jsonl).",
     "eval_dataset": "Same forms as train_dataset (optional).",
     "reward_funcs": "List of reward sources: 'package.module:function', a built-in name (accuracy_reward, ...), "
                     "a reward-model path / hub id, or {remote: URL, timeout: S, retries: N, token: T}.",
@@ -78,12 +79,12 @@ def import_object(spec: str):
 def build_dataset(spec, split: str):
     if spec is None:
         return None
-    if isinstance(spec, str) and spec.startswith("task:"):
+    if isinstance(spec, str) and spec.startswith("task:"):  # task:NAME or task:NAME:ARGUMENT
         from .tasks import TASKS
-        name = spec[len("task:"):]
+        name, _, argument = spec[len("task:"):].partition(":")
         if name not in TASKS:
             raise ValueError(f"Unknown task {name!r}; known: {sorted(TASKS)}.")
-        return TASKS[name]()
+        return TASKS[name](argument) if argument else TASKS[name]()
     from .data import load_dataset_spec
     return load_dataset_spec(spec, split)
 

@@ -88,7 +88,25 @@ def format_warmup(model_path: str, out_dir: str, steps: int = 150, batch_size: i
     return out_dir
 
 
-TASKS = {"copy_digits": copy_digits_dataset}
+GSM8K_SYSTEM = ("Solve the math problem step by step. End your answer with a line '#### <number>' holding only "
+                "the final number.")
+
+
+def gsm8k_dataset(source: str = "openai/gsm8k", split: str = "train"):
+    """GSM8K as conversational prompts with a `solution` column for `accuracy_reward`. `source` is a local
+    .jsonl with question/answer rows (e.g. shared/data/gsm8k/train.jsonl) or a cached hub id."""
+    import datasets
+
+    if source.endswith(".jsonl"):
+        raw = datasets.load_dataset("json", data_files=source, split="train")
+    else:
+        raw = datasets.load_dataset(source, "main", split=split)
+    return raw.map(lambda row: {"prompt": [{"role": "system", "content": GSM8K_SYSTEM},
+                                           {"role": "user", "content": row["question"]}],
+                                "solution": row["answer"]}, remove_columns=raw.column_names)
+
+
+TASKS = {"copy_digits": copy_digits_dataset, "gsm8k": gsm8k_dataset}
 
 
 def main(argv=None) -> int:

@@ -114,3 +114,10 @@ def test_eval_and_wandb_offline(results):
     assert [r["step"] for r in records if "eval_reward" in r] == [20 * (i + 1) for i in range(len(evals))]
     runs = list((results["out"] / "vllm_run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb")), runs
+
+
+def test_zero2_trains_too(results):
+    for r in results["ranks"]:
+        z = r["zero2"]
+        assert z["stage"] == 2 and z["steps"] == 2
+        assert z["moved"] > 1e-4 and all(abs(x) < 1e3 for x in z["loss"])

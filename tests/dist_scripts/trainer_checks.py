@@ -198,6 +198,20 @@ def _():
             "ref_loss": loss.item()}
 
 
+@check("zero2")
+def _():
+    """ZeRO-2 works too (HF generation; optimizer states sharded, parameters whole on every rank)."""
+    z2_args = GRPOConfig(output_dir=os.path.join(OUT, "zero2_run"), max_steps=2, per_device_train_batch_size=4,
+                         num_generations=2, max_completion_length=6, use_vllm=False, gradient_checkpointing=False,
+                         learning_rate=1e-2, logging_steps=1, deepspeed="zero2.json")
+    z2 = GRPOTrainer(tiny_model("qwen2"), digit_fraction, args=z2_args, train_dataset=prompts)
+    before = [p.detach().clone() for p in z2.policy.module.parameters()]
+    z2.train()
+    moved = max((p.detach() - b).abs().max().item() for p, b in zip(z2.policy.module.parameters(), before))
+    return {"steps": z2.state.global_step, "moved": moved, "loss": [h["loss"] for h in z2.state.log_history],
+            "stage": z2.policy.zero_optimization_stage()}
+
+
 with open(os.path.join(OUT, f"result-{rank}.json"), "w") as fh:
     json.dump(results, fh)
 dist.barrier("results written")
