@@ -114,6 +114,7 @@ def main(argv: List[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n"
+              "       dsgrpo export CHECKPOINT_DIR OUT_DIR\n"
               "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n\nRun keys:")
         for k, v in RUN_KEYS.items():
             print(f"  {k:16s} {v}")
@@ -124,6 +125,13 @@ def main(argv: List[str] | None = None) -> int:
         return 0
     if argv[0] == "train":
         return train(argv[1:])
+    if argv[0] == "export":
+        if len(argv) != 3:
+            print("usage: dsgrpo export CHECKPOINT_DIR OUT_DIR", file=sys.stderr)
+            return 2
+        from .checkpoint import export
+        print(f"exported {export(argv[1], argv[2])}")
+        return 0
     if argv[0] == "serve-reward":
         from .rewards.remote import serve_reward
         return serve_reward(argv[1:])

@@ -41,6 +41,21 @@ class MetricSinks:
         if self.bar is not None:
             self.bar.set_postfix({k: f"{metrics[k]:.3g}" for k in ("reward", "loss", "kl") if k in metrics})
 
+    def resumed(self, path: str, step: int) -> None:
+        """Drop records the interrupted run wrote after its checkpoint: they are about to be redone."""
+        if not self.enabled:
+            return
+        name = self.jsonl.name
+        self.jsonl.close()
+        with open(name) as fh:
+            kept = [line for line in fh if line.strip() and json.loads(line).get("step", 0) <= step]
+        with open(name, "w") as fh:
+            fh.writelines(kept)
+        self.jsonl = open(name, "a")
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+        print(f"dsgrpo: resumed from {path} at step {step}", file=sys.stderr, flush=True)
+
     def advance(self, steps: int = 1) -> None:
         if self.bar is not None:
             self.bar.update(steps)

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import device, dist
+from . import checkpoint, device, dist
 from .algorithms import compute_advantages, entropy_mask, nan_std, policy_loss
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
@@ -28,6 +28,8 @@ from .logging import MetricSinks
 from .metrics import MetricAccumulator
 from .rewards import RewardStack
 from .rollout import Rollout, SamplingConfig, check_against_checkpoint, make_generator, sync_weights
+from .preemption import Preemption
+from .rollout.base import round_seed
 from .timing import PhaseTimer
 
 
@@ -74,6 +76,9 @@ class GRPOTrainer:
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
         self.ref_ds_config = resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False) if args.beta else None
         self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
+        self.resume_path = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
+        if self.resume_path:  # refuse a checkpoint this run cannot continue before anything is written
+            checkpoint.check_resume(self.resume_path, args, self.world, model_config)
         self.spg = args.resolved_steps_per_generation(self.world)
         self.prompts_per_round = args.resolved_generation_batch_size(self.world) // args.num_generations
         self.state = TrainerState(max_steps=self._total_steps(), is_world_process_zero=dist.is_main())
@@ -102,19 +107,42 @@ class GRPOTrainer:
     # ================================================================================================ the loop
     def train(self) -> TrainerState:
         args, state = self.args, self.state
+        if self.resume_path:
+            self._resume(self.resume_path)
         self.control = self.callbacks.fire("on_train_begin", args, state, self.control)
-        while state.global_step < state.max_steps and not self.control.should_training_stop:
-            metrics = self._grpo_step()
-            state.log_history.append({"step": state.global_step, **metrics})
-            if state.global_step % args.logging_steps == 0 or state.global_step >= state.max_steps or state.generation_round == 1:
-                self.sinks.log(state.global_step, metrics)
-                self.control = self.callbacks.fire("on_log", args, state, self.control, logs=metrics)
-            if self._eval_due():
-                self.evaluate()
+        with Preemption() as preemption:
+            while state.global_step < state.max_steps and not self.control.should_training_stop:
+                step_before = state.global_step
+                metrics = self._grpo_step()
+                state.log_history.append({"step": state.global_step, **metrics})
+                if state.global_step % args.logging_steps == 0 or state.global_step >= state.max_steps or state.generation_round == 1:
+                    self.sinks.log(state.global_step, metrics)
+                    self.control = self.callbacks.fire("on_log", args, state, self.control, logs=metrics)
+                if self._eval_due():
+                    self.evaluate()
+                if state.global_step // args.save_steps > step_before // args.save_steps:
+                    self.save_checkpoint()
+                if preemption.requested_anywhere():  # a collective: every rank agrees to stop together
+                    self.save_checkpoint()
+                    self.sinks.close()
+                    raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
         self.save_model(args.output_dir)
         self.control = self.callbacks.fire("on_train_end", args, state, self.control)
         self.sinks.close()
         return state
+
+    def save_checkpoint(self) -> str:
+        """checkpoint-<step>/ with engine, trainer and RNG states (every rank calls it)."""
+        path = checkpoint.save(self)
+        self.last_checkpoint = path
+        self.control = self.callbacks.fire("on_save", self.args, self.state, self.control, checkpoint=path)
+        return path
+
+    def _resume(self, path: str) -> None:
+        checkpoint.load(self, path)
+        # vLLM was built from the initial weights: give it the resumed ones before it generates
+        sync_weights(self.policy.module, self.generator, self.args.weight_sync_bucket_bytes, self.tied)
+        self.sinks.resumed(path, self.state.global_step)
 
     def _grpo_step(self) -> Dict[str, float]:
         """One generation round: sample, score, update (num_iterations × the round's optimizer steps), sync."""
@@ -148,7 +176,11 @@ class GRPOTrainer:
         else:  # evaluation: every prompt once, wrapped round to a multiple of the world size
             prompts = [i % len(source) for i in range(math.ceil(len(source) / self.world) * self.world)]
         share = source.rank_slice(prompts, group, dist.rank(), self.world)
-        rollout = self.generator.generate([source.prompt_ids[i] for i in share.indices], share.counts, self.sampling)
+        # one seed per prompt run, from (seed, round, slot): a resumed run samples exactly what the original would
+        seeds = [round_seed(args.seed, round_index, share.first_slot + sum(share.counts[:j]))
+                 for j in range(len(share.counts))]
+        rollout = self.generator.generate([source.prompt_ids[i] for i in share.indices], share.counts, self.sampling,
+                                          seeds=seeds)
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         B = args.per_device_train_batch_size
         micro = [rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B)) for s in range(0, len(rollout), B)]

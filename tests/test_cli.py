@@ -56,3 +56,26 @@ def test_help_lists_fields(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "num_generations" in out and "serve-reward" in out
+
+
+@pytest.mark.slow
+def test_dsgrpo_train_runs_a_world_of_one(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from dsgrpo.testing import tiny_model
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model: {tiny_model('qwen2')}\ntrain_dataset: task:copy_digits\n"
+                   "reward_funcs: [dsgrpo.tasks:copy_digits_reward]\nmax_steps: 2\nper_device_train_batch_size: 4\n"
+                   "num_generations: 2\nmax_completion_length: 4\nuse_vllm: false\ngradient_checkpointing: false\n"
+                   "logging_steps: 1\n")
+    script = os.path.join(os.path.dirname(sys.executable), "dsgrpo")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    proc = subprocess.run([script, "train", str(cfg), "--output_dir", str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "learning curve" in proc.stdout and "Model saved to" in proc.stdout
+    lines = [json.loads(l) for l in open(tmp_path / "out" / "metrics.jsonl")]
+    assert [l["step"] for l in lines] == [1, 2]
+    assert (tmp_path / "out" / "model.safetensors").exists() and (tmp_path / "out" / "resolved_config.yaml").exists()

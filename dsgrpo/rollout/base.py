@@ -64,9 +64,16 @@ class Rollout:
         return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.float32)
 
 
+def round_seed(seed: int, round_index: int, slot: int) -> int:
+    """A sampling seed for the prompt run starting at `slot` of generation round `round_index`."""
+    return (seed * 1_000_003 + round_index * 100_003 + slot) % (2 ** 31 - 1)
+
+
 class Generator(Protocol):
-    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig) -> Rollout:
-        """Generate counts[j] completions for prompt j; rows come out prompt by prompt, in order."""
+    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
+                 seeds: Optional[List[int]] = None) -> Rollout:
+        """Generate counts[j] completions for prompt j (sampled from seeds[j] when given); rows come out prompt
+        by prompt, in order."""
 
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights with these HF-named full tensors (a no-op for backends that share the

@@ -5,7 +5,7 @@ steps: `synced_gpus=True` keeps finished ranks stepping until every rank is done
 
 from __future__ import annotations
 
-from typing import Iterable, List, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import torch
 
@@ -27,8 +27,11 @@ class HFGenerator:
             pass
 
     @torch.no_grad()
-    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
+                 seeds: Optional[List[int]] = None) -> Rollout:
         rows = [ids for ids, n in zip(prompt_ids, counts) for _ in range(n)]
+        if seeds:  # one batch, one generator: seeded by the round's first seed
+            torch.manual_seed(seeds[0])
         model = self.engine.module
         was_training = model.training
         model.eval()

@@ -55,13 +55,15 @@ class VLLMGenerator:
     def needs_weight_sync(self) -> bool:
         return True
 
-    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig) -> Rollout:
+    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
+                 seeds: Optional[List[int]] = None) -> Rollout:
         from vllm import SamplingParams
 
+        seeds = seeds or [None] * len(counts)
         params = [SamplingParams(n=n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p or 0.0,
-                                 repetition_penalty=sampling.repetition_penalty, logprobs=0, **sampling.extra)
-                  for n in counts]
+                                 repetition_penalty=sampling.repetition_penalty, logprobs=0, seed=seed, **sampling.extra)
+                  for n, seed in zip(counts, seeds)]
         todo = [(ids, p) for ids, p in zip(prompt_ids, params) if p.n > 0]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in todo], [p for _, p in todo],
                                     use_tqdm=False) if todo else []

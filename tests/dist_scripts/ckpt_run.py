@@ -1,0 +1,94 @@
+"""One run of the checkpoint tests, under `torchrun --nproc_per_node 2`.
+
+    ckpt_run.py OUTPUT_DIR [FAULT]     FAULT: gen@R | backward@S | save@S | usr1@S | (none)
+
+The run trains a tiny model with real ZeRO-3 + in-process vLLM for 3 epochs of 8 prompts (6 optimizer steps,
+a checkpoint every 2 = every epoch boundary), resuming from the latest checkpoint when there is one. A fault
+is injected on BOTH ranks at the same logical point (so the whole job dies as a node failure would):
+gen@R SIGKILLs during generation round R, backward@S during the backward of step S, save@S after the shards
+of checkpoint S are written but before it is published, usr1@S sends SIGUSR1 after step S (preemption).
+At the end rank 0 writes the policy's log-probs of a fixed sequence to OUTPUT_DIR/final_logps.json.
+"""
+
+import json
+import os
+import signal
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from datasets import Dataset  # noqa: E402
+
+from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo.engines import completion_logprobs  # noqa: E402
+from dsgrpo.rollout import Rollout  # noqa: E402
+from dsgrpo.testing import tiny_model  # noqa: E402
+
+OUT = sys.argv[1]
+FAULT = sys.argv[2] if len(sys.argv) > 2 else ""
+kind, _, at = FAULT.partition("@")
+at = int(at or 0)
+
+
+def digit_fraction(prompts, completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Usr1:
+    def on_step_end(self, args, state, control, **kw):
+        if kind == "usr1" and state.global_step == at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+args = GRPOConfig(output_dir=OUT, num_train_epochs=3, per_device_train_batch_size=4, num_generations=2,
+                  max_completion_length=8, learning_rate=5e-3, lr_scheduler_type="linear", warmup_steps=1,
+                  gradient_checkpointing=False, logging_steps=1, save_steps=2, save_total_limit=2, seed=3,
+                  resume_from_checkpoint="latest", vllm_kv_cache_bytes=32 * 2**20,
+                  deepspeed={"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+                             "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+                             "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                             "gradient_clipping": "auto"})
+data = Dataset.from_list([{"prompt": f"Numbers please, {i}:"} for i in range(8)])
+trainer = GRPOTrainer(tiny_model("qwen2"), digit_fraction, args=args, train_dataset=data, callbacks=[Usr1()])
+
+if kind == "gen":
+    original_generate = trainer.generator.generate
+
+    def generate(*a, **k):
+        if trainer.state.generation_round == at - 1:  # rounds count from 0; round R produces step R
+            die()
+        return original_generate(*a, **k)
+    trainer.generator.generate = generate
+elif kind == "backward":
+    def hook(module, inputs, output):
+        if torch.is_grad_enabled() and trainer.state.global_step == at - 1:
+            die()
+    trainer.policy.module.register_forward_hook(hook)
+elif kind == "save":
+    original_save = trainer.policy.save_checkpoint
+
+    def save_checkpoint(*a, **k):
+        result = original_save(*a, **k)
+        if trainer.state.global_step == at:
+            die()  # the shards are on disk, the checkpoint is not yet published
+        return result
+    trainer.policy.save_checkpoint = save_checkpoint
+
+resumed_from = trainer.resume_path
+trainer.train()
+
+r = Rollout([[1, 5, 9, 12]], [[30, 31, 32, 33, 34]], [[0.0] * 5], [True])
+t = r.tensors(trainer.tokenizer.pad_token_id)
+with torch.no_grad():
+    lp, _ = completion_logprobs(trainer.policy, t["input_ids"], t["attention_mask"], 5)
+if dist.is_main():
+    with open(os.path.join(OUT, "final_logps.json"), "w") as fh:
+        json.dump({"logps": lp[0].tolist(), "resumed_from": resumed_from, "steps": trainer.state.global_step,
+                   "history_steps": [h["step"] for h in trainer.state.log_history]}, fh)
+dist.barrier("final log-probs written")

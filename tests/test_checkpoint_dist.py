@@ -1,0 +1,146 @@
+"""Exact resume, proven by killing 2-rank runs (real ZeRO-3 + vLLM) at several points and comparing the final
+weights with an uninterrupted run; preemption by SIGUSR1; export; refused resumes. One chain of launches:
+
+    reference: 6 steps, never interrupted
+    chain:     gen@3 (SIGKILL while generating step 3)   → resumes checkpoint-2 (an epoch boundary)
+               backward@4 (SIGKILL in step 4's backward) → resumes checkpoint-2
+               save@4 (SIGKILL while checkpoint-4 is being written) → latest must still be checkpoint-2
+               usr1@5 (SIGUSR1 after step 5: checkpoint-5, exit 75)
+               (no fault) → resumes checkpoint-5 and finishes
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from launch import REPO, torchrun
+
+pytestmark = pytest.mark.dist
+SCRIPT = "tests/dist_scripts/ckpt_run.py"
+
+
+def weights(path):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(path, "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    ref, chain = root / "reference", root / "chain"
+    torchrun(SCRIPT, str(ref), timeout=600)
+    seen = {}
+    for fault in ("gen@3", "backward@4", "save@4", "usr1@5"):
+        proc = torchrun(SCRIPT, str(chain), fault, timeout=600, check=False)
+        assert proc.returncode != 0, f"{fault}: the injected fault did not stop the run"
+        seen[fault] = {"stderr": proc.stderr, "latest": (chain / "latest").read_text().strip(),
+                       "listing": sorted(os.listdir(chain))}
+    torchrun(SCRIPT, str(chain), timeout=600)
+    return {"ref": ref, "chain": chain, "seen": seen}
+
+
+def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(runs):
+    a, b = weights(runs["ref"]), weights(runs["chain"])
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= 1e-6, worst
+    moved = max((a[k] - v).abs().max().item() for k, v in weights(os.path.join(REPO, ".cache", "dsgrpo", "tiny", _tiny_dir())).items())
+    assert moved > 1e-3  # training really changed the weights
+    ref = json.load(open(runs["ref"] / "final_logps.json"))
+    got = json.load(open(runs["chain"] / "final_logps.json"))
+    assert max(abs(x - y) for x, y in zip(ref["logps"], got["logps"])) <= 1e-6
+    assert got["resumed_from"].endswith("checkpoint-5") and got["steps"] == 6
+
+
+def _tiny_dir():
+    from dsgrpo.testing import tiny_model
+    return os.path.basename(tiny_model("qwen2"))
+
+
+def test_kills_leave_a_valid_latest(runs):
+    seen = runs["seen"]
+    assert seen["gen@3"]["latest"] == "checkpoint-2"
+    assert seen["backward@4"]["latest"] == "checkpoint-2"
+    # killed during the save of checkpoint-4: the partial folder is there, unpublished; latest unchanged
+    assert seen["save@4"]["latest"] == "checkpoint-2"
+    assert ".checkpoint-4.partial" in seen["save@4"]["listing"] and "checkpoint-4" not in seen["save@4"]["listing"]
+
+
+def test_sigusr1_checkpoints_and_exits_75(runs):
+    usr1 = runs["seen"]["usr1@5"]
+    assert usr1["latest"] == "checkpoint-5"
+    assert "exitcode  : 75" in usr1["stderr"] or "exitcode: 75" in usr1["stderr"], usr1["stderr"][-2000:]
+    assert "checkpoint-4" in usr1["listing"]  # it saved on schedule before the signal, then pruned to 2
+
+
+def test_resume_at_an_epoch_boundary_trains_the_remaining_steps(runs):
+    # 8 prompts, 4 per round: checkpoint-2 and checkpoint-4 sit on epoch boundaries; every step 1..6 was trained
+    records = [json.loads(l) for l in open(runs["chain"] / "metrics.jsonl")]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    kept = sorted(p for p in os.listdir(runs["chain"]) if p.startswith("checkpoint-"))
+    assert kept == ["checkpoint-5", "checkpoint-6"]  # save_total_limit=2, pruned after each complete save
+
+
+def test_export_loads_in_vllm_with_the_policys_logprobs(runs, tmp_path):
+    out = tmp_path / "exported"
+    proc = subprocess.run([sys.executable, "-m", "dsgrpo.cli", "export", str(runs["chain"] / "checkpoint-6"), str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    exported = weights(out)
+    final = weights(runs["chain"])
+    assert max((exported[k] - final[k]).abs().max().item() for k in final) == 0.0
+    code = f"""
+import os, json
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, SamplingParams
+llm = LLM(model={str(out)!r}, dtype="float32", enforce_eager=True, kv_cache_memory_bytes=32 * 2**20, max_model_len=128)
+ids = [1, 5, 9, 12, 30, 31, 32, 33, 34]
+res = llm.generate([{{"prompt_token_ids": ids}}], SamplingParams(max_tokens=1, prompt_logprobs=0))
+print("LOGPS", json.dumps([res[0].prompt_logprobs[i][ids[i]].logprob for i in range(4, 9)]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, OMP_NUM_THREADS="2"))
+    line = [l for l in proc.stdout.splitlines() if l.startswith("LOGPS")]
+    assert line, proc.stderr[-3000:]
+    vllm_logps = json.loads(line[0][len("LOGPS "):])
+    policy = json.load(open(runs["chain"] / "final_logps.json"))["logps"]
+    assert max(abs(a - b) for a, b in zip(vllm_logps, policy)) <= 1e-4
+
+
+def test_bad_resumes_are_refused_and_touch_nothing(runs, tmp_path):
+    from datasets import Dataset
+
+    from dsgrpo import GRPOConfig, GRPOTrainer
+    from dsgrpo.checkpoint import CheckpointError
+    from dsgrpo.testing import tiny_model
+    chain = runs["chain"]
+    before = {p: os.path.getmtime(chain / p) for p in os.listdir(chain)}
+    data = Dataset.from_list([{"prompt": "x"}])
+
+    def trainer(**kw):
+        base = dict(output_dir=str(chain), per_device_train_batch_size=4, num_generations=2, seed=3, max_steps=8,
+                    use_vllm=False, gradient_checkpointing=False)
+        return GRPOTrainer(tiny_model("qwen2"), lambda prompts, completions, **k: [0.0] * len(completions),
+                           args=GRPOConfig(**{**base, **kw}), train_dataset=data)
+
+    with pytest.raises(CheckpointError, match=r"num_generations: checkpoint 2, this run 4"):
+        trainer(num_generations=4, resume_from_checkpoint="latest")
+    with pytest.raises(CheckpointError, match=r"world_size: checkpoint 2, this run 1"):
+        trainer(resume_from_checkpoint=str(chain / "checkpoint-6"))
+    with pytest.raises(CheckpointError, match="model_config"):
+        GRPOTrainer(tiny_model("llama"), lambda prompts, completions, **k: [0.0] * len(completions),
+                    args=GRPOConfig(output_dir=str(chain), per_device_train_batch_size=4, num_generations=2, seed=3,
+                                    use_vllm=False, resume_from_checkpoint="latest"), train_dataset=data)
+    with pytest.raises(CheckpointError, match="no such directory"):
+        trainer(resume_from_checkpoint=str(tmp_path / "checkpoint-99"))
+    partial = tmp_path / "checkpoint-6"
+    shutil.copytree(chain / "checkpoint-6", partial)
+    os.remove(partial / "COMPLETE")
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        trainer(resume_from_checkpoint=str(partial))
+    assert {p: os.path.getmtime(chain / p) for p in os.listdir(chain)} == before
