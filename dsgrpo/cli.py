@@ -94,8 +94,9 @@ def train(argv: List[str]) -> int:
     parser.add_argument("config")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     known, overrides = parser.parse_known_args(argv)
-    run, args = load_run_config(known.config, overrides)
     from . import GRPOTrainer, dist
+    dist.adopt_slurm_env()  # the config validates against the world size, known from Slurm before any init
+    run, args = load_run_config(known.config, overrides)
     from .logging import learning_curve_summary
 
     split = run.get("dataset_split", "train")

@@ -27,9 +27,7 @@ def init() -> None:
     """Initialise the default process group (idempotent). Must run BEFORE the vLLM engine is created."""
     if dist.is_available() and dist.is_initialized():
         return
-    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
-        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"],
-                          LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
+    adopt_slurm_env()
     if "RANK" not in os.environ:  # plain `python script.py` or a notebook: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
@@ -45,6 +43,16 @@ def init() -> None:
     deepspeed.init_distributed(dist_backend=device.dist_backend(), timeout=timeout)
     if device.on_gpu():
         torch.cuda.set_device(local_rank())
+
+
+def adopt_slurm_env() -> None:
+    """An `srun` task per rank (launch_scripts/slurm/train.sbatch): take rank and world from Slurm's variables.
+    MASTER_ADDR/MASTER_PORT come from the batch script."""
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
+        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"],
+                          LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
+        if "SLURM_NTASKS_PER_NODE" in os.environ:
+            os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["SLURM_NTASKS_PER_NODE"].split("(")[0])
 
 
 def is_initialized() -> bool:
@@ -64,6 +72,7 @@ def local_rank() -> int:
 
 
 def local_world_size() -> int:
+    adopt_slurm_env()
     # torchrun exports LOCAL_WORLD_SIZE, the deepspeed launcher LOCAL_SIZE
     return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", os.environ.get("WORLD_SIZE", 1))))
 

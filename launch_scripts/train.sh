@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# One node, N ranks, with the deepspeed launcher.
+# One node (or a hostfile's nodes over ssh) with the deepspeed launcher.
 #   launch_scripts/train.sh CONFIG.yaml [--key value ...]
 #   NUM_PROCS=4 launch_scripts/train.sh examples/gsm8k_qwen2.5_0.5b.yaml --learning_rate 5e-7
-# NUM_PROCS defaults to the GPUs on this node, or 2 CPU ranks on a machine without one.
-# Assumes a prepared environment (`make setup`, or the GPU install in README.md) with `deepspeed` on PATH.
+#   HOSTFILE=hosts.txt launch_scripts/train.sh CONFIG.yaml       # "host slots=N" lines; needs passwordless ssh
+# Knobs (environment, with defaults; printed at start):
+#   NUM_PROCS    ranks on this node: the GPUs found, or 2 CPU ranks on a machine without one
+#   MASTER_PORT  29500
+#   HOSTFILE     (none: this node only)
+#   PYTHON       python (the interpreter whose deepspeed and dsgrpo are used)
+# Assumes a prepared environment (`make setup`, or the GPU install in README.md). For Slurm use
+# launch_scripts/slurm/train.sbatch instead.
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -14,14 +20,21 @@ config=$1
 shift
 [[ -f "$config" ]] || { echo "$0: config file '$config' not found" >&2; exit 2; }
 
-if python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  nprocs=${NUM_PROCS:-$(python -c 'import torch; print(torch.cuda.device_count())')}
+PYTHON=${PYTHON:-python}
+if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  NUM_PROCS=${NUM_PROCS:-$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')}
 else
   export DS_ACCELERATOR=cpu
-  nprocs=${NUM_PROCS:-2}
+  NUM_PROCS=${NUM_PROCS:-2}
 fi
+MASTER_PORT=${MASTER_PORT:-29500}
+HOSTFILE=${HOSTFILE:-}
 # vLLM runs inside each training process (colocated), not as a separate server.
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 
-exec deepspeed --num_gpus "$nprocs" --master_port "${MASTER_PORT:-29500}" --module dsgrpo.train "$config" "$@"
+launcher=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NUM_PROCS" --master_port "$MASTER_PORT")
+[[ -n "$HOSTFILE" ]] && launcher+=(--hostfile "$HOSTFILE")
+echo "dsgrpo train.sh: NUM_PROCS=$NUM_PROCS MASTER_PORT=$MASTER_PORT HOSTFILE=${HOSTFILE:-none} PYTHON=$PYTHON"
+echo "dsgrpo train.sh: ${launcher[*]} --module dsgrpo.train $config $*"
+exec "${launcher[@]}" --module dsgrpo.train "$config" "$@"

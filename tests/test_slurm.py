@@ -1,0 +1,141 @@
+"""The launch scripts against a real Slurm (Debian's slurm-wlm, two slurmd on this host) and the deepspeed
+launcher. Marked `slurm` (and `dist`): the quick suite skips them; `make test` and CI run them. The cluster is
+started by the fixture and always torn down, taking any job process with it."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch import REPO
+
+pytestmark = [pytest.mark.slurm, pytest.mark.dist]
+CLUSTER = os.path.join(REPO, "tests", "slurm", "local_cluster.sh")
+SBATCH = os.path.join(REPO, "launch_scripts", "slurm", "train.sbatch")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    state = tmp_path_factory.mktemp("slurm")
+    if os.getuid() != 0:
+        pytest.skip("the local Slurm cluster needs root (munged, slurmd)")
+    subprocess.run(["bash", CLUSTER, "start", str(state)], check=True, timeout=300)
+    env = dict(os.environ, SLURM_CONF=str(state / "slurm.conf"),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], PYTHONPATH=REPO,
+               OMP_NUM_THREADS="1", DEEPSPEED_TIMEOUT="3")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        env.pop(key, None)
+    try:
+        yield env
+    finally:
+        subprocess.run(["bash", CLUSTER, "stop", str(state)], timeout=120)
+        for _ in range(40):  # SIGKILLed processes take a moment to be reaped
+            left = subprocess.run(["pgrep", "-af", "slurmctld|slurmd|slurmstepd|munged|dsgrpo.train"],
+                                  capture_output=True, text=True).stdout.strip()
+            if not left:
+                break
+            time.sleep(0.25)
+        assert not left, f"processes outlived the cluster: {left}"
+
+
+def config(tmp_path, **over):
+    from dsgrpo.testing import tiny_model
+    values = dict(model=tiny_model("qwen2"), train_dataset="task:copy_digits",
+                  reward_funcs=["dsgrpo.tasks:copy_digits_reward"], output_dir=str(tmp_path / "run"), max_steps=4,
+                  per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
+                  gradient_checkpointing=False, logging_steps=1, save_steps=2, vllm_kv_cache_bytes=32 * 2**20)
+    values.update(over)
+    path = tmp_path / "job.yaml"
+    path.write_text("# test job\n" + "".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items()))
+    return path
+
+
+def submit(env, tmp_path, cfg, *sbatch_args, ranks_per_node=2):
+    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", *sbatch_args, SBATCH, str(cfg)],
+                         env=dict(env, RANKS_PER_NODE=str(ranks_per_node)), capture_output=True, text=True, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+def job_field(env, job, field):
+    out = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+    for token in out.split():
+        if token.startswith(field + "="):
+            return token.split("=", 1)[1]
+    return None
+
+
+def wait_state(env, job, states, timeout=400):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        state = job_field(env, job, "JobState")
+        if state in states:
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} not in {states} after {timeout} s (now {job_field(env, job, 'JobState')})")
+
+
+def job_log(tmp_path, job):
+    path = tmp_path / f"dsgrpo-{job}.out"
+    return path.read_text() if path.exists() else f"(no log {path})"
+
+
+def steps(run_dir):
+    return [json.loads(l)["step"] for l in open(run_dir / "metrics.jsonl") if l.strip()]
+
+
+def test_one_node_job_trains_and_exports(slurm, tmp_path):
+    job = submit(slurm, tmp_path, config(tmp_path), "--nodes=1")
+    assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED", job_log(tmp_path, job)[-3000:]
+    log = job_log(tmp_path, job)
+    assert "=== command: srun --ntasks-per-node=2" in log and "=== config" in log and "max_steps: 4" in log
+    assert steps(tmp_path / "run") == [1, 2, 3, 4]
+    assert (tmp_path / "run" / "model.safetensors").exists() and (tmp_path / "run" / "config.json").exists()
+
+
+def test_two_node_job_forms_one_world(slurm, tmp_path):
+    job = submit(slurm, tmp_path, config(tmp_path), "--nodes=2", ranks_per_node=1)
+    assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED", job_log(tmp_path, job)[-3000:]
+    state = json.load(open(tmp_path / "run" / "checkpoint-4" / "trainer_state.json"))
+    assert state["identity"]["world_size"] == 2
+    assert job_field(slurm, job, "NodeList") == "node[1-2]"
+    assert steps(tmp_path / "run") == [1, 2, 3, 4]
+
+
+def test_preempted_job_checkpoints_requeues_and_resumes(slurm, tmp_path):
+    cfg = config(tmp_path, max_steps=10, save_steps=100)
+    job = submit(slurm, tmp_path, cfg, "--nodes=1")
+    run = tmp_path / "run"
+    deadline = time.time() + 300
+    while not ((run / "metrics.jsonl").exists() and len(steps(run)) >= 2):
+        assert time.time() < deadline, "the job never started training"
+        time.sleep(0.5)
+    # what Slurm's --signal=B:USR1@T does before the time limit
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm, check=True)
+    deadline = time.time() + 300
+    while job_field(slurm, job, "Restarts") in (None, "0"):
+        assert time.time() < deadline, f"never requeued: {job_log(tmp_path, job)[-3000:]}"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm)  # skip the 120 s hold
+    assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED", job_log(tmp_path, job)[-3000:]
+    log = job_log(tmp_path, job)
+    assert "USR1 received" in log and "requeueing job" in log and "(restart 1/3)" in log
+    assert "resumed from" in log  # the second run continued, it did not restart
+    assert steps(run) == list(range(1, 11))  # the configured step count, each step once
+
+
+def test_train_sh_runs_the_demo_config_on_two_cpu_ranks(tmp_path):
+    from dsgrpo.testing import tiny_model
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], PYTHONPATH=REPO,
+               MASTER_PORT=str(29700 + os.getpid() % 200), DEEPSPEED_TIMEOUT="3")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    proc = subprocess.run(["bash", os.path.join(REPO, "launch_scripts", "train.sh"), "examples/cpu_demo.yaml",
+                           "--model", tiny_model("qwen2"), "--max_steps", "3", "--output_dir", str(tmp_path / "demo")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "NUM_PROCS=2" in proc.stdout + proc.stderr
+    assert steps(tmp_path / "demo") == [1, 2, 3]
+    assert "learning curve" in proc.stdout
