@@ -133,7 +133,8 @@ def test_train_sh_runs_the_demo_config_on_two_cpu_ranks(tmp_path):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
     proc = subprocess.run(["bash", os.path.join(REPO, "launch_scripts", "train.sh"), "examples/cpu_demo.yaml",
-                           "--model", tiny_model("qwen2"), "--max_steps", "3", "--output_dir", str(tmp_path / "demo")],
+                           "--model", tiny_model("qwen2"), "--max_steps", "3", "--logging_steps", "1",
+                           "--output_dir", str(tmp_path / "demo")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "NUM_PROCS=2" in proc.stdout + proc.stderr
