@@ -108,9 +108,12 @@ def tiny_tokenizer(seed: int = 0, cache_dir: Optional[str] = None) -> str:
     root = cache_dir or cache_root()
     path = os.path.join(root, "tiny", f"tokenizer-v{TOKENIZER_VERSION}-s{seed}")
     if not os.path.exists(os.path.join(path, "tokenizer.json")):
-        tmp = path + f".tmp{os.getpid()}"
-        build_tokenizer(seed).save_pretrained(tmp)
-        _atomic_publish(tmp, path)
+        from . import dist
+        if not dist.is_initialized() or dist.is_main():
+            tmp = path + f".tmp{os.getpid()}"
+            build_tokenizer(seed).save_pretrained(tmp)
+            _atomic_publish(tmp, path)
+        dist.barrier("tiny tokenizer built by rank 0")
     return path
 
 
@@ -141,20 +144,35 @@ def tiny_model(name: str = "qwen2", seed: int = 0, cache_dir: Optional[str] = No
     root = cache_dir or cache_root()
     spec = dict(TINY_SPECS[name], seed=seed, tokenizer=TOKENIZER_VERSION, vocab=VOCAB_SIZE)
     path = os.path.join(root, "tiny", f"{name}-{_spec_hash(spec)}")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        model, tokenizer = build_model(name, seed)
-        tmp = path + f".tmp{os.getpid()}"
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        _atomic_publish(tmp, path)
+    if not _complete(path):
+        # in a process group only rank 0 builds and the others wait (a non-main rank's save_pretrained may skip
+        # the weights); before one exists, each process builds its own copy and the first to publish wins
+        from . import dist
+        if not dist.is_initialized() or dist.is_main():
+            model, tokenizer = build_model(name, seed)
+            tmp = path + f".tmp{os.getpid()}"
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            _atomic_publish(tmp, path)
+        dist.barrier("tiny model built by rank 0")
+        if not _complete(path):
+            raise RuntimeError(f"tiny model {name!r} at {path} is incomplete (no config.json or weights); delete it.")
     return path
 
 
+def _complete(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors"))
+
+
 def _atomic_publish(tmp: str, path: str) -> None:
-    """Rename a finished folder into place; when two ranks race, the loser's copy is dropped."""
+    """Rename a finished folder into place (replacing an incomplete one); if another process published
+    first, its copy wins and ours is dropped."""
     import shutil
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")) \
+            and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        shutil.rmtree(path, ignore_errors=True)
     try:
         os.rename(tmp, path)
     except OSError:
