@@ -100,9 +100,8 @@ def _():
     return {"params": rows, "has_reference": trainer.reference is not None}
 
 
-@check("initial_logps")
-def _():
-    """Policy log-probs of a fixed sequence before training (to show the weights then change)."""
+def fixed_logps():
+    """Policy log-probs of a fixed sequence (to show the weights change during training)."""
     r = Rollout([[1, 5, 9, 12]], [[30, 31, 32, 33]], [[0.0] * 4], [True])
     t = r.tensors(trainer.tokenizer.pad_token_id)
     with torch.no_grad():
@@ -110,16 +109,15 @@ def _():
     return lp[0].tolist()
 
 
+check("initial_logps")(fixed_logps)
+
+
 trainer.train()
 
 
 @check("vllm_run")
 def _():
-    r = Rollout([[1, 5, 9, 12]], [[30, 31, 32, 33]], [[0.0] * 4], [True])
-    t = r.tensors(trainer.tokenizer.pad_token_id)
-    with torch.no_grad():
-        lp, _ = completion_logprobs(trainer.policy, t["input_ids"], t["attention_mask"], 4)
-    return {"history": trainer.state.log_history, "final_logps": lp[0].tolist(), "callback_steps": counter.steps,
+    return {"history": trainer.state.log_history, "final_logps": fixed_logps(), "callback_steps": counter.steps,
             "callback_logs": counter.logs, "began": counter.began, "ended": counter.ended,
             "max_steps": trainer.state.max_steps, "columns_ok": all(seen_columns) and bool(seen_columns),
             "evals": counter.evals}
