@@ -16,6 +16,8 @@ import random
 import re
 from typing import List, Optional
 
+from .rewards.builtins import completion_text
+
 PROMPT = "Repeat this number: {number}"
 
 
@@ -31,16 +33,12 @@ def copy_digits_dataset(n: int = 512, digits: int = 3, seed: int = 0):
     return Dataset.from_list(rows)
 
 
-def _text(completion) -> str:
-    return completion[-1]["content"] if isinstance(completion, list) else completion
-
-
 def copy_digits_reward(completions, answer, **kwargs) -> List[Optional[float]]:
     """Fraction of the answer's digit positions matched by the first number in the completion; a number of
     the wrong length is scored against the longer of the two, so padding with digits never pays."""
     out = []
     for completion, target in zip(completions, answer):
-        found = re.search(r"\d+", _text(completion))
+        found = re.search(r"\d+", completion_text(completion))
         if not found:
             out.append(0.0)
             continue
