@@ -8,7 +8,6 @@ statistics are still exact because rewards are gathered before advantages are co
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
@@ -141,8 +140,3 @@ def completions_for_rewards(texts: Sequence[str], conversational: bool) -> list:
     if conversational:
         return [[{"role": "assistant", "content": t}] for t in texts]
     return list(texts)
-
-
-def read_jsonl(path: str) -> List[dict]:
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]

@@ -90,8 +90,8 @@ class GRPOTrainer:
         if dist.is_main():
             args.save(os.path.join(args.output_dir, "resolved_config.yaml"))
         # --- engines: policy (ZeRO-3 partitioned at load), frozen reference, colocated generator -----------------
-        self.loader = ModelLoader(self.ds_config, self.dtype)
-        policy_model = self.loader.load(self.model_path, **(args.model_init_kwargs or {})) if isinstance(model, str) else model
+        policy_model = (ModelLoader(self.ds_config, self.dtype).load(self.model_path, **(args.model_init_kwargs or {}))
+                        if isinstance(model, str) else model)
         self.policy = build_policy_engine(policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps)
         self.zero3 = is_zero3(self.ds_config)
         self.reference = (build_inference_engine(ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path),
