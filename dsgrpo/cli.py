@@ -35,21 +35,8 @@ def split_config(values: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]
 def load_run_config(path: str, overrides: List[str]) -> Tuple[Dict[str, Any], GRPOConfig]:
     with open(path) as fh:
         values = yaml.safe_load(fh) or {}
-    run_over = {}
-    rest_argv: List[str] = []
-    i = 0
-    while i < len(overrides):  # run keys may be overridden too
-        key = overrides[i][2:].split("=", 1)[0].replace("-", "_")
-        has_eq = "=" in overrides[i]
-        if key in RUN_KEYS:
-            raw = overrides[i].split("=", 1)[1] if has_eq else overrides[i + 1]
-            run_over[key] = yaml.safe_load(raw)
-        else:
-            rest_argv.extend(overrides[i:i + (1 if has_eq else 2)])
-        i += 1 if has_eq else 2
+    values.update(parse_cli_overrides(overrides, extra_keys=tuple(RUN_KEYS)))
     run, rest = split_config(values)
-    run.update(run_over)
-    rest.update(parse_cli_overrides(rest_argv))
     for key in ("model", "train_dataset", "reward_funcs"):
         if key not in run:
             raise ValueError(f"{path}: missing '{key}' ({RUN_KEYS[key]})")

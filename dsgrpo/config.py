@@ -280,9 +280,10 @@ def check_known_keys(values: dict) -> None:
             raise ValueError(f"Unknown config key {key!r}.{hint}")
 
 
-def parse_cli_overrides(argv: list) -> dict:
+def parse_cli_overrides(argv: list, extra_keys: tuple = ()) -> dict:
     """`--key value` / `--key=value` pairs → {key: typed value}. Values are parsed as YAML scalars, so
-    `--beta 0.04`, `--top_k null`, `--report_to [wandb]` and `--bf16 true` all work."""
+    `--beta 0.04`, `--top_k null`, `--report_to [wandb]` and `--bf16 true` all work. `extra_keys` are accepted
+    besides the GRPOConfig fields (the CLI's run keys)."""
     out: dict = {}
     i = 0
     while i < len(argv):
@@ -296,7 +297,8 @@ def parse_cli_overrides(argv: list) -> dict:
             raw = argv[i + 1]
             i += 1
         key = key.replace("-", "_")
-        check_known_keys({key: None})
+        if key not in extra_keys:
+            check_known_keys({key: None})
         out[key] = yaml.safe_load(raw)
         i += 1
     return out

@@ -125,14 +125,11 @@ class PromptSource:
                 counts.append(1)
         return RoundSlice(indices, counts, rank * per_rank)
 
-    def columns_for(self, indices: Sequence[int], counts: Sequence[int]) -> Dict[str, list]:
-        """Dataset columns (other than prompt), one value per completion."""
+    def rows_for(self, indices: Sequence[int], counts: Sequence[int]):
+        """(prompts, {column: values}) with one entry per completion; each dataset row is read once."""
         rows = [self.dataset[i] for i in indices]
-        return {c: [r[c] for r, n in zip(rows, counts) for _ in range(n)] for c in self.columns}
-
-    def prompts_for(self, indices: Sequence[int], counts: Sequence[int]) -> list:
-        prompts = [self.dataset[i]["prompt"] for i in indices]
-        return [p for p, n in zip(prompts, counts) for _ in range(n)]
+        prompts = [r["prompt"] for r, n in zip(rows, counts) for _ in range(n)]
+        return prompts, {c: [r[c] for r, n in zip(rows, counts) for _ in range(n)] for c in self.columns}
 
 
 def completions_for_rewards(texts: Sequence[str], conversational: bool) -> list:

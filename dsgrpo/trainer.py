@@ -184,8 +184,8 @@ class GRPOTrainer:
         texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         B = args.per_device_train_batch_size
         micro = [rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B)) for s in range(0, len(rollout), B)]
-        return Batch(rollout, source.prompts_for(share.indices, share.counts),
-                     completions_for_rewards(texts, source.conversational), source.columns_for(share.indices, share.counts), micro)
+        prompts, columns = source.rows_for(share.indices, share.counts)
+        return Batch(rollout, prompts, completions_for_rewards(texts, source.conversational), columns, micro)
 
     def _score(self, batch: Batch, group: int):
         """Rewards → advantages. Rewards are gathered from every rank so each group's statistics are exact."""

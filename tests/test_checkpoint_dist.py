@@ -49,17 +49,13 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(runs):
     assert a.keys() == b.keys()
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst <= 1e-6, worst
-    moved = max((a[k] - v).abs().max().item() for k, v in weights(os.path.join(REPO, ".cache", "dsgrpo", "tiny", _tiny_dir())).items())
+    from dsgrpo.testing import tiny_model
+    moved = max((a[k] - v).abs().max().item() for k, v in weights(tiny_model("qwen2")).items())
     assert moved > 1e-3  # training really changed the weights
     ref = json.load(open(runs["ref"] / "final_logps.json"))
     got = json.load(open(runs["chain"] / "final_logps.json"))
     assert max(abs(x - y) for x, y in zip(ref["logps"], got["logps"])) <= 1e-6
     assert got["resumed_from"].endswith("checkpoint-5") and got["steps"] == 6
-
-
-def _tiny_dir():
-    from dsgrpo.testing import tiny_model
-    return os.path.basename(tiny_model("qwen2"))
 
 
 def test_kills_leave_a_valid_latest(runs):
