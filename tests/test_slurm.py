@@ -79,7 +79,8 @@ def wait_state(env, job, states, timeout=400):
 
 def job_log(tmp_path, job):
     path = tmp_path / f"dsgrpo-{job}.out"
-    return path.read_text() if path.exists() else f"(no log {path})"
+    # both ranks write progress bars (multi-byte block characters) into one file: bytes can interleave
+    return path.read_text(errors="replace") if path.exists() else f"(no log {path})"
 
 
 def steps(run_dir):
