@@ -20,9 +20,38 @@ import os
 import random
 from typing import Optional
 
+# ChatML with Qwen2.5's tool conventions: with `tools`, the system turn lists their schemas; a `tool` message is
+# a <tool_response> block in a user turn (consecutive ones share it); an assistant's tool_calls are <tool_call>
+# blocks. Without tools the rendering is plain ChatML, byte for byte what it was before tools existed.
 CHATML_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\n' }}{% endif %}"
+    "{% elif message['role'] == 'assistant' and message.tool_calls %}"
+    "{{ '<|im_start|>assistant' }}"
+    "{% if message['content'] %}{{ '\n' + message['content'] }}{% endif %}"
+    "{% for call in message.tool_calls %}"
+    "{% if call.function is defined %}{% set call = call.function %}{% endif %}"
+    "{{ '\n<tool_call>\n{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments | tojson) "
+    "+ '}\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -43,7 +72,7 @@ TINY_SPECS = {
                          tie_word_embeddings=False, num_labels=1),
 }
 VOCAB_SIZE = 1024
-TOKENIZER_VERSION = 1  # bump when the corpus or trainer settings change, so caches are rebuilt
+TOKENIZER_VERSION = 2  # bump when the corpus, trainer settings or chat template change, so caches are rebuilt
 
 
 def cache_root() -> str:

@@ -33,16 +33,19 @@ class SamplingConfig:
 class Rollout:
     """Completions of one rank, in slot order. Row i answers `prompt_ids[i]` (prompts repeat within a group)."""
     prompt_ids: List[List[int]]
-    completion_ids: List[List[int]]        # sampled tokens, eos included when the model stopped
+    completion_ids: List[List[int]]        # sampled tokens (and inserted ones: tool_mask), eos included if it stopped
     sampler_logprobs: List[List[float]]    # the sampler's log-prob of each sampled token
     truncated: List[bool]                  # True when max_tokens cut the completion
+    # 1 = sampled token, 0 = token the trainer inserted (a tool result, see rollout/tools.py): inserted tokens stay
+    # in input_ids as context but leave the loss; their sampler_logprobs are 0.0. None: every token was sampled.
+    tool_mask: Optional[List[List[int]]] = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
 
     def tensors(self, pad_id: int, rows: Optional[slice] = None) -> dict:
         """Padded tensors for rows: input_ids [B, P+T] (prompts left-padded, completions right-padded),
-        attention_mask [B, P+T], completion_mask [B, T], sampler_logps [B, T]."""
+        attention_mask [B, P+T], completion_mask [B, T] (0 at padding and tool-result tokens), sampler_logps [B, T]."""
         idx = range(len(self))[rows or slice(None)]
         P = max(len(self.prompt_ids[i]) for i in idx)
         T = max(1, max(len(self.completion_ids[i]) for i in idx))
@@ -50,6 +53,7 @@ class Rollout:
         input_ids = torch.full((B, P + T), pad_id, dtype=torch.long)
         attention = torch.zeros((B, P + T), dtype=torch.long)
         sampler = torch.zeros((B, T), dtype=torch.float32)
+        sampled = torch.ones((B, T), dtype=torch.float32)
         for row, i in enumerate(idx):
             p, c = self.prompt_ids[i], self.completion_ids[i]
             input_ids[row, P - len(p):P] = torch.tensor(p)
@@ -57,7 +61,10 @@ class Rollout:
             if c:
                 input_ids[row, P:P + len(c)] = torch.tensor(c)
                 sampler[row, :len(c)] = torch.tensor(self.sampler_logprobs[i], dtype=torch.float32)
-        return {"input_ids": input_ids, "attention_mask": attention, "completion_mask": attention[:, P:].float(),
+                if self.tool_mask is not None:
+                    sampled[row, :len(c)] = torch.tensor(self.tool_mask[i], dtype=torch.float32)
+        completion_mask = attention[:, P:].float() * sampled
+        return {"input_ids": input_ids, "attention_mask": attention, "completion_mask": completion_mask,
                 "sampler_logps": sampler}
 
     def lengths(self) -> torch.Tensor:
