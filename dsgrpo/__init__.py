@@ -7,11 +7,14 @@ trainer is first touched, so `import dsgrpo` and `import dsgrpo.algorithms` stay
 from .config import GRPOConfig
 
 __version__ = "0.1.0"
-__all__ = ["GRPOConfig", "GRPOTrainer", "__version__"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "AsyncGRPOTrainer", "AsyncRLGRPOTrainer", "__version__"]
 
 
 def __getattr__(name):
     if name == "GRPOTrainer":
         from .trainer import GRPOTrainer
         return GRPOTrainer
+    if name in ("AsyncGRPOTrainer", "AsyncRLGRPOTrainer"):  # the second name is the seed's
+        from .async_trainer import AsyncGRPOTrainer
+        return AsyncGRPOTrainer
     raise AttributeError(f"module 'dsgrpo' has no attribute {name!r}")

@@ -143,6 +143,9 @@ def save(trainer) -> str:
     trainer.policy.save_checkpoint(partial, tag=ENGINE_TAG, save_latest=False)
     with open(os.path.join(partial, f"rng_state_{dist.rank()}.json"), "w") as fh:
         json.dump(rng_state(), fh)
+    if hasattr(trainer, "rank_extra_state"):  # e.g. the async trainer's rollout pool
+        with open(os.path.join(partial, f"extra_state_{dist.rank()}.json"), "w") as fh:
+            json.dump(trainer.rank_extra_state(), fh)
     dist.barrier("every rank's shards and RNG state are on disk")
     if dist.is_main():
         state = {"global_step": step, "generation_round": trainer.state.generation_round,
@@ -195,6 +198,13 @@ def load(trainer, path: str) -> None:
         raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
     with open(rng_file) as fh:
         set_rng_state(json.load(fh))
+    if hasattr(trainer, "load_rank_extra_state"):
+        extra = os.path.join(path, f"extra_state_{dist.rank()}.json")
+        if not os.path.isfile(extra):
+            raise CheckpointError(f"{path} has no {os.path.basename(extra)}: it was written by a trainer without an "
+                                  f"async rollout pool. Resume it with the trainer that wrote it.")
+        with open(extra) as fh:
+            trainer.load_rank_extra_state(json.load(fh))
     trainer.state.global_step = state["global_step"]
     trainer.state.generation_round = state["generation_round"]
     trainer.state.num_input_tokens_seen = state["num_input_tokens_seen"]

@@ -27,6 +27,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 VLLM_MODES = ("colocate",)
+ASYNC_PLACEMENTS = ("colocate", "split")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 EVAL_STRATEGIES = ("no", "steps")
 LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
@@ -124,6 +125,14 @@ class GRPOConfig:
     weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket."))
     num_threads: Optional[int] = field(default=None, metadata=_help("CPU threads per rank (None: cores / local ranks)."))
 
+    # ------------------------------------------------------------------ AsyncGRPOTrainer only
+    async_placement: str = field(default="colocate", metadata=_help("'colocate': every rank trains and, in a background thread, generates the next batch; 'split': some ranks only generate, the others only train.", choices=ASYNC_PLACEMENTS))
+    async_generator_ranks: Optional[int] = field(default=None, metadata=_help("'split' only: how many ranks (the highest-numbered) only generate (None: half the world)."))
+    max_staleness: int = field(default=1, metadata=_help("Train on a group at most this many policy versions (weight syncs) after the one that generated it; older groups are dropped. 0 means on-policy."))
+    async_load_balancing: bool = field(default=True, metadata=_help("Ranks claim prompt groups from one shared queue, so a fast rank takes work a slow one has not started; False gives each rank a fixed share."))
+    async_chunk_groups: Optional[int] = field(default=None, metadata=_help("Prompt groups a rank claims and generates at once (None: a quarter of its share of a round, at least 1). Smaller balances better, larger batches vLLM better."))
+    drop_zero_std_groups: bool = field(default=False, metadata=_help("DAPO dynamic sampling: discard groups whose rewards all agree and keep sampling until the batch is full of useful groups (AsyncGRPOTrainer)."))
+
     # ------------------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
         # Under a launcher (torchrun, deepspeed, srun wrappers) WORLD_SIZE is known before any process group
@@ -203,6 +212,13 @@ class GRPOConfig:
                              "per rank; set vllm_tensor_parallel_size=1.")
         if self.reward_weights is not None and not all(isinstance(w, (int, float)) for w in self.reward_weights):
             raise TypeError(f"reward_weights={self.reward_weights!r} must be a list of numbers, one per reward function.")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness={self.max_staleness} must be >= 0 (0 trains only on groups of the current policy).")
+        if self.async_chunk_groups is not None and self.async_chunk_groups < 1:
+            raise ValueError(f"async_chunk_groups={self.async_chunk_groups} must be >= 1 (or None).")
+        if self.async_generator_ranks is not None and not 1 <= self.async_generator_ranks < max(2, world_size):
+            raise ValueError(f"async_generator_ranks={self.async_generator_ranks} must leave at least one training rank "
+                             f"and one generating rank in a world of {world_size}: set it between 1 and {world_size - 1}.")
         self._check_batch_divisibility(world_size)
         spg = self.resolved_steps_per_generation(world_size)
         if spg % self.gradient_accumulation_steps != 0:

@@ -44,6 +44,7 @@ class RewardStack:
         for i, (src, tok) in enumerate(zip(sources, tokenizers)):
             self.funcs.append(self._resolve(src, tok, i))
         self.names = [self._name(i, f) for i, f in enumerate(self.funcs)]
+        self.model_indices = sorted(self.pending_models)
         self.errors_as_none = errors_as_none
         if reward_weights is not None and len(reward_weights) != len(self.funcs):
             raise ValueError(f"reward_weights has {len(reward_weights)} entries but there are {len(self.funcs)} "
@@ -82,6 +83,11 @@ class RewardStack:
             return str(spec).rstrip("/").split("/")[-1] if isinstance(spec, str) else \
                 str(spec.config._name_or_path or type(spec).__name__).rstrip("/").split("/")[-1]
         return reward_name(f)
+
+    @property
+    def has_models(self) -> bool:
+        """Reward models are sharded engines: scoring them is collective, so every rank must score in step."""
+        return bool(self.model_indices)
 
     def load_models(self, *, args, ds_spec, dtype: torch.dtype) -> None:
         """Build the reward-model engines (every rank, same order)."""
