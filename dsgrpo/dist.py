@@ -59,12 +59,137 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def rank() -> int:
-    return dist.get_rank() if is_initialized() else int(os.environ.get("RANK", 0))
+# ---------------------------------------------------------------------------------------------- split roles
+# In the async trainer's "split" placement the lowest ranks train and the others only generate. On training
+# ranks every collective here (and every group-less collective inside DeepSpeed) then means "the training
+# ranks"; `EVERYONE` names the whole world for the few exchanges between trainers and generators.
+EVERYONE = "everyone"
+_split: Dict[str, object] = {}
 
 
-def world_size() -> int:
-    return dist.get_world_size() if is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+def split_roles(num_trainers: int) -> bool:
+    """Every rank calls this once: make the training group, the weight-broadcast group (training rank 0 + the
+    generators) and size-one groups for DeepSpeed's model-parallel view. Returns True on a training rank."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    trainers = list(range(num_trainers))
+    train_group = dist.new_group(trainers)
+    broadcast_group = dist.new_group([0] + list(range(num_trainers, world)))
+    singles = [dist.new_group([r]) for r in range(world)]
+    trains = me < num_trainers
+    _split.update(trainers=num_trainers, broadcast=broadcast_group, trains=trains)
+    if trains:
+        _split.update(train=train_group, single=singles[me])
+        _confine_deepspeed(train_group)
+    return trains
+
+
+def is_split() -> bool:
+    return bool(_split)
+
+
+def num_trainers() -> int:
+    return int(_split.get("trainers", world_size()))
+
+
+def broadcast_group():
+    return _split["broadcast"]
+
+
+def _group(group):
+    """None: the training ranks (the world unless split); EVERYONE: the world."""
+    return None if group == EVERYONE else _split.get("train")
+
+
+class TrainingGroupMPU:
+    """DeepSpeed's `mpu` view in split placement: data parallel over the training ranks, no model parallelism."""
+
+    def get_data_parallel_group(self):
+        return _split["train"]
+
+    def get_data_parallel_rank(self):
+        return dist.get_rank(_split["train"])
+
+    def get_data_parallel_world_size(self):
+        return dist.get_world_size(_split["train"])
+
+    def get_data_parallel_group_ranks(self):
+        return dist.get_process_group_ranks(_split["train"])
+
+    def get_model_parallel_group(self):
+        return _split["single"]
+
+    def get_model_parallel_rank(self):
+        return 0
+
+    def get_model_parallel_world_size(self):
+        return 1
+
+    get_tensor_model_parallel_group = get_model_parallel_group
+    get_tensor_model_parallel_rank = get_model_parallel_rank
+    get_tensor_model_parallel_world_size = get_model_parallel_world_size
+
+    def get_tensor_model_parallel_src_rank(self):
+        return dist.get_rank()
+
+
+def deepspeed_mpu():
+    return TrainingGroupMPU() if "train" in _split else None
+
+
+def _confine_deepspeed(group) -> None:
+    """DeepSpeed calls some collectives without a group (barriers in initialize and save_checkpoint, ZeRO-3's
+    consistency checks), meaning the whole world; in split placement the generating ranks never join them.
+    Its torch backend reaches torch.distributed through its module global `torch`: give it a view in which a
+    missing or WORLD group means the training group. Nothing outside DeepSpeed's comm backend is affected."""
+    import functools
+    import inspect
+    import sys
+    import types
+
+    import deepspeed.comm.torch  # noqa: F401 (the attribute path resolves to torch itself; use sys.modules)
+    backend = sys.modules["deepspeed.comm.torch"]
+    real = torch.distributed
+
+    class TrainingDist:
+        def __getattr__(self, name):
+            attr = getattr(real, name)
+            if not callable(attr) or isinstance(attr, type):
+                return attr
+            try:
+                signature = inspect.signature(attr)
+            except (TypeError, ValueError):
+                return attr
+            if "group" not in signature.parameters:
+                return attr
+
+            @functools.wraps(attr)
+            def confined(*args, **kwargs):
+                bound = signature.bind_partial(*args, **kwargs)
+                if bound.arguments.get("group") in (None, real.GroupMember.WORLD):
+                    bound.arguments["group"] = group
+                return attr(*bound.args, **bound.kwargs)
+            return confined
+
+    class TorchView(types.ModuleType):
+        distributed = TrainingDist()
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    backend.torch = TorchView("torch")
+
+
+# ---------------------------------------------------------------------------------------------- queries
+def rank(group=None) -> int:
+    if not is_initialized():
+        return int(os.environ.get("RANK", 0))
+    return dist.get_rank(_group(group))
+
+
+def world_size(group=None) -> int:
+    if not is_initialized():
+        return int(os.environ.get("WORLD_SIZE", 1))
+    return dist.get_world_size(_group(group))
 
 
 def local_rank() -> int:
@@ -78,52 +203,56 @@ def local_world_size() -> int:
 
 
 def is_main() -> bool:
-    """Safe without a process group."""
-    return rank() == 0
+    """Safe without a process group. (Global rank 0 is also training rank 0 in split placement.)"""
+    return (dist.get_rank() if is_initialized() else int(os.environ.get("RANK", 0))) == 0
 
 
-def barrier(reason: str) -> None:
+def _many(group) -> bool:
+    return is_initialized() and world_size(group) > 1
+
+
+def barrier(reason: str, group=None) -> None:
     """A barrier with a reason, so a hang in a log points at its cause."""
-    if is_initialized() and world_size() > 1:
-        dist.barrier()
+    if _many(group):
+        dist.barrier(group=_group(group))
 
 
-def all_gather(tensor: torch.Tensor) -> torch.Tensor:
+def all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Concatenate an equally shaped tensor from every rank along dim 0, in rank order."""
-    if not is_initialized() or world_size() == 1:
+    if not _many(group):
         return tensor
-    parts = [torch.empty_like(tensor) for _ in range(world_size())]
-    dist.all_gather(parts, tensor.contiguous())
+    parts = [torch.empty_like(tensor) for _ in range(world_size(group))]
+    dist.all_gather(parts, tensor.contiguous(), group=_group(group))
     return torch.cat(parts, dim=0)
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    if is_initialized() and world_size() > 1:
+def all_reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    if _many(group):
         tensor = tensor.clone()
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=_group(group))
     return tensor
 
 
-def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
-    if is_initialized() and world_size() > 1:
+def all_reduce_max(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    if _many(group):
         tensor = tensor.clone()
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_group(group))
     return tensor
 
 
-def broadcast_object(obj, src: int = 0):
-    if not is_initialized() or world_size() == 1:
+def broadcast_object(obj, src: int = 0, group=None):
+    if not _many(group):
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=_group(group))
     return box[0]
 
 
-def all_gather_object(obj) -> List:
-    if not is_initialized() or world_size() == 1:
+def all_gather_object(obj, group=None) -> List:
+    if not _many(group):
         return [obj]
-    out: List = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    out: List = [None] * world_size(group)
+    dist.all_gather_object(out, obj, group=_group(group))
     return out
 
 

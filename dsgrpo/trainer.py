@@ -59,7 +59,8 @@ class GRPOTrainer:
         # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
         device.prepare_process(dist.local_world_size(), args.num_threads)
         dist.init()
-        self.world = dist.world_size()
+        self._set_up_roles()
+        self.world = dist.num_trainers()
         args.validate(world_size=self.world)
         self.model_path, model_config = self._model_source(model)
         self.tokenizer = self._tokenizer(processing_class)
@@ -91,7 +92,13 @@ class GRPOTrainer:
         self._check_before_loading()
         if dist.is_main():
             args.save(os.path.join(args.output_dir, "resolved_config.yaml"))
-        # --- engines: policy (ZeRO-3 partitioned at load), frozen reference, colocated generator -----------------
+        self._build_engines(model, optimizers)
+        self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
+        self.last_checkpoint: Optional[str] = None
+
+    def _build_engines(self, model, optimizers) -> None:
+        """Policy (ZeRO-3 partitioned at load), frozen reference, reward models, colocated generator."""
+        args = self.args
         policy_model = (ModelLoader(self.ds_config, self.dtype).load(self.model_path, **(args.model_init_kwargs or {}))
                         if isinstance(model, str) else model)
         self.policy = build_policy_engine(policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps)
@@ -101,10 +108,11 @@ class GRPOTrainer:
         self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype)
         if args.use_vllm:
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
-        self.generator = make_generator(args, model_path=self.model_path, policy_engine=self.policy,
-                                        tokenizer=self.tokenizer, dtype=self.dtype, zero3=self.zero3)
-        self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
-        self.last_checkpoint: Optional[str] = None
+        self.generator = self._make_generator()
+
+    def _make_generator(self):
+        return make_generator(self.args, model_path=self.model_path, policy_engine=self.policy, tokenizer=self.tokenizer,
+                              dtype=self.dtype, zero3=self.zero3)
 
     # ================================================================================================ the loop
     def train(self) -> TrainerState:
@@ -122,16 +130,22 @@ class GRPOTrainer:
                     self.control = self.callbacks.fire("on_log", args, state, self.control, logs=metrics)
                 if self._eval_due():
                     self.evaluate()
-                if state.global_step // args.save_steps > step_before // args.save_steps:
-                    self.save_checkpoint()
-                if preemption.requested_anywhere():  # a collective: every rank agrees to stop together
-                    self.save_checkpoint()
+                preempted = preemption.requested_anywhere()  # a collective: every rank agrees to stop together
+                self._end_round(save=preempted or state.global_step // args.save_steps > step_before // args.save_steps,
+                                stop=preempted or state.global_step >= state.max_steps or self.control.should_training_stop,
+                                preempted=preempted)
+                if preempted:
                     self.sinks.close()
                     raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
         self.save_model(args.output_dir)
         self.control = self.callbacks.fire("on_train_end", args, state, self.control)
         self.sinks.close()
         return state
+
+    def _end_round(self, save: bool, stop: bool, preempted: bool) -> None:
+        """After a round's logging and evaluation: checkpoint when due (or preempted)."""
+        if save:
+            self.save_checkpoint()
 
     def save_checkpoint(self) -> str:
         """checkpoint-<step>/ with engine, trainer and RNG states (every rank calls it)."""
@@ -143,7 +157,7 @@ class GRPOTrainer:
     def _resume(self, path: str) -> None:
         checkpoint.load(self, path)
         # vLLM was built from the initial weights: give it the resumed ones before it generates
-        sync_weights(self.policy.module, self.generator, self.args.weight_sync_bucket_bytes, self.tied)
+        self._sync_generator()
         self.sinks.resumed(path, self.state.global_step)
 
     def _grpo_step(self) -> Dict[str, float]:
@@ -162,8 +176,8 @@ class GRPOTrainer:
         with timer("train"):
             train_metrics = self._update(batch, advantages, old_logps, ref_logps)
         with timer("sync"):
-            if self.state.global_step < self.state.max_steps:  # the last round's weights are never sampled from
-                self._sync_generator()
+            self._sync_generator(needed=self.state.global_step < self.state.max_steps)  # the last round's weights
+                                                                                       # are never sampled from
         self.state.generation_round += 1
         times = self.timer.pop()
         times["completion_tok_per_s"] = reward_metrics.pop("_completion_tokens") / max(1e-9, time.perf_counter() - step_start)
@@ -177,8 +191,9 @@ class GRPOTrainer:
         trainer generates the round now; `AsyncGRPOTrainer` cuts it from groups generated in the background."""
         return self._sample(self.train_prompts, self.state.generation_round, self.args.num_generations), None, {}
 
-    def _sync_generator(self) -> None:
-        sync_weights(self.policy.module, self.generator, self.args.weight_sync_bucket_bytes, self.tied)
+    def _sync_generator(self, needed: bool = True) -> None:
+        if needed:
+            sync_weights(self.policy.module, self.generator, self.args.weight_sync_bucket_bytes, self.tied)
 
     def _sample(self, source: PromptSource, round_index: int, group: int) -> Batch:
         """Rollout: this rank's slots of the round, generated by the colocated engine."""
@@ -352,6 +367,9 @@ class GRPOTrainer:
         self.control = self.callbacks.fire("on_save", self.args, self.state, self.control)
 
     # ================================================================================================ set-up
+    def _set_up_roles(self) -> None:
+        """Which ranks train and which generate (all of them do both here)."""
+
     def _check_before_loading(self) -> None:
         """Checks of a subclass that must fail before any model is loaded."""
 
@@ -372,7 +390,7 @@ class GRPOTrainer:
         path = os.path.join(self.args.output_dir, "initial_model")
         if dist.is_main():
             model.save_pretrained(path, safe_serialization=True)
-        dist.barrier("initial model on disk before vLLM loads it")
+        dist.barrier("initial model on disk before vLLM loads it", group=dist.EVERYONE)
         return path, model.config
 
     def _tokenizer(self, processing_class):

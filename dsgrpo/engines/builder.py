@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .. import device
+from .. import device, dist
 from ..config import GRPOConfig, load_deepspeed_config
 
 
@@ -93,7 +93,10 @@ class ModelLoader:
 
         cls = cls or AutoModelForCausalLM
         check_model_source(name_or_path, field)
-        hf_ds = HfDeepSpeedConfig(self.ds_config) if is_zero3(self.ds_config) else None  # noqa: F841 (kept alive)
+        # zero.Init partitions over the whole world; in split placement only the training ranks hold the model,
+        # so there it loads whole and deepspeed.initialize partitions it over the training group
+        partition_at_load = is_zero3(self.ds_config) and not dist.is_split()
+        hf_ds = HfDeepSpeedConfig(self.ds_config) if partition_at_load else None  # noqa: F841 (kept alive)
         try:
             return cls.from_pretrained(name_or_path, dtype=self.dtype, **kwargs)
         except OSError as exc:
@@ -128,7 +131,7 @@ def build_policy_engine(model, args: GRPOConfig, ds_config: dict, optimizer=None
     # `optimizer` may be an instance or a callable params -> optimizer (DeepSpeed calls it with model_parameters)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                           config=ds_config)
+                                           config=ds_config, mpu=dist.deepspeed_mpu())
     return engine
 
 
@@ -138,7 +141,7 @@ def build_inference_engine(model, ds_config: dict):
 
     model.requires_grad_(False)
     model.eval()
-    engine, *_ = deepspeed.initialize(model=model, config=ds_config)
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config, mpu=dist.deepspeed_mpu())
     engine.eval()
     return engine
 

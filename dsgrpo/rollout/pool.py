@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..algorithms.advantages import nan_std, weighted_sum
 from .base import Rollout, round_seed
 
 
@@ -34,12 +35,14 @@ class Group:
         r = self.rollout
         return {"position": self.position, "prompt_index": self.prompt_index, "version": self.version,
                 "rank": self.rank, "prompt_ids": r.prompt_ids, "completion_ids": r.completion_ids,
-                "sampler_logprobs": r.sampler_logprobs, "truncated": r.truncated,
+                "sampler_logprobs": r.sampler_logprobs, "truncated": r.truncated, "tool_mask": r.tool_mask,
                 "rewards": None if self.rewards is None else self.rewards.tolist()}
 
     @classmethod
     def from_json(cls, d: dict) -> "Group":
-        rollout = Rollout(d["prompt_ids"], d["completion_ids"], d["sampler_logprobs"], d["truncated"])
+        # .get: pools checkpointed before Rollout had tool_mask have no such key (None: every token was sampled)
+        rollout = Rollout(d["prompt_ids"], d["completion_ids"], d["sampler_logprobs"], d["truncated"],
+                          d.get("tool_mask"))
         rewards = None if d["rewards"] is None else torch.tensor(d["rewards"], dtype=torch.float32)
         return cls(d["position"], d["prompt_index"], d["version"], d["rank"], rollout, rewards)
 
@@ -163,38 +166,42 @@ class BatchPlan:
         return sorted(p for p, d in self.destination.items() if d == rank)
 
 
-def plan_batch(held: Sequence[Sequence[Tuple[int, int]]], groups_per_batch: int) -> BatchPlan:
+def plan_batch(held: Sequence[Sequence[Tuple[int, int]]], groups_per_batch: int,
+               trainers: Optional[int] = None) -> BatchPlan:
     """Cut a batch from the groups every rank holds (`held[r]` = rank r's (version, position) pairs).
 
     The oldest groups are taken first (by version, then stream position), so nothing waits long enough to go
-    stale while fresher groups train. Every rank then trains the same number of groups: a rank keeps what it
-    chose up to its share, and the surplus of busy ranks moves to ranks short of their share."""
-    world = len(held)
-    if groups_per_batch % world:
-        raise ValueError(f"{groups_per_batch} groups cannot be split evenly over {world} ranks.")
-    share = groups_per_batch // world
+    stale while fresher groups train. The first `trainers` ranks (all by default; fewer in split placement,
+    where the others only generate) then train the same number of groups each: a training rank keeps what it
+    chose up to its share, and everything else moves to training ranks short of their share."""
+    trainers = len(held) if trainers is None else trainers
+    if groups_per_batch % trainers:
+        raise ValueError(f"{groups_per_batch} groups cannot be split evenly over {trainers} ranks.")
+    share = groups_per_batch // trainers
     everything = sorted((v, p, r) for r, pairs in enumerate(held) for v, p in pairs)
     if len(everything) < groups_per_batch:
         raise ValueError(f"only {len(everything)} groups held; a batch needs {groups_per_batch}.")
     chosen = everything[:groups_per_batch]
     plan = BatchPlan(chosen)
-    load = [0] * world
+    load = [0] * trainers
     surplus = []
     for v, p, r in sorted(chosen, key=lambda c: c[1]):  # stream order: a rank keeps its earliest groups
-        if load[r] < share:
+        if r < trainers and load[r] < share:
             plan.destination[p] = r
             load[r] += 1
         else:
             surplus.append(p)
     for p in surplus:
-        r = min(range(world), key=lambda q: (load[q], q))
+        r = min(range(trainers), key=lambda q: (load[q], q))
         plan.destination[p] = r
         load[r] += 1
     return plan
 
 
 def zero_std_groups(rewards: torch.Tensor, group_size: int, weights: Optional[Sequence[float]] = None) -> List[bool]:
-    """For each group of `rewards` [n·G, K]: do all G weighted total rewards agree (no learning signal)?"""
+    """For each group of `rewards` [n·G, K]: is its weighted reward's std 0 (no learning signal)? The trainer's own
+    test (compute_advantages' frac_reward_zero_std): an all-NaN row is unknown, not 0, and a group with fewer than
+    two known rewards has no spread."""
     w = torch.tensor(weights if weights is not None else [1.0] * rewards.shape[1], dtype=rewards.dtype)
-    total = torch.nansum(rewards * w, dim=1).view(-1, group_size)
-    return (total.max(dim=1).values - total.min(dim=1).values).abs().le(1e-12).tolist()
+    std = nan_std(weighted_sum(rewards, w).view(-1, group_size), dim=1)  # [n]
+    return torch.isclose(std, torch.zeros_like(std)).tolist()

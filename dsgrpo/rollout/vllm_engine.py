@@ -89,6 +89,31 @@ class VLLMGenerator:
             self.llm.wake_up(tags=["kv_cache"])
 
 
+def join_engine_setup_without_engine(model_path: str, args, *, dtype: torch.dtype) -> None:
+    """Split placement, on a training rank: take part in the world-wide collectives the generating ranks' vLLM
+    engines run while they start (under "external_launcher" vLLM builds its process groups over the whole
+    torch world, and agrees on KV-cache memory with a MIN all-reduce over it) without building an engine.
+    Mirrors vLLM 0.32's start-up sequence; the version is pinned in requirements/cpu-lock.txt."""
+    import torch.distributed as tdist
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+    from vllm.engine.arg_utils import EngineArgs
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    engine_args = EngineArgs(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
+                             max_model_len=args.vllm_max_model_len or _default_max_model_len(args),
+                             distributed_executor_backend="external_launcher", tensor_parallel_size=1,
+                             enforce_eager=not device.on_gpu(),
+                             kv_cache_memory_bytes=args.vllm_kv_cache_bytes or default_kv_cache_bytes())
+    with set_current_vllm_config(engine_args.create_engine_config()):
+        parallel_state.init_distributed_environment(world_size=dist.world_size(dist.EVERYONE),
+                                                    rank=dist.rank(dist.EVERYONE), distributed_init_method="env://",
+                                                    local_rank=dist.local_rank(), backend=device.dist_backend())
+        parallel_state.ensure_model_parallel_initialized(1, 1)
+        memory = torch.tensor([2 ** 62], dtype=torch.int64)  # no opinion: the generators' minimum wins
+        tdist.all_reduce(memory, group=parallel_state.get_world_group().cpu_group, op=tdist.ReduceOp.MIN)
+
+
 def _default_max_model_len(args) -> Optional[int]:
     if args.max_prompt_length is not None:
         return args.max_prompt_length + args.max_completion_length

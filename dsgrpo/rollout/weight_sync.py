@@ -48,3 +48,55 @@ def sync_weights(policy_module, generator, bucket_bytes: int, tied_lm_head: bool
     if not generator.needs_weight_sync():
         return
     generator.load_weights(named_full_parameters(policy_module, bucket_bytes, tied_lm_head))
+
+
+# ------------------------------------------------------------------------------ split placement: trainers → generators
+def broadcast_weights(named_tensors, group, bucket_bytes: int, sending: bool) -> None:
+    """Training side of a split-placement sync. Every training rank iterates `named_tensors` (its ZeRO-3 gathers
+    are collective over the training ranks); training rank 0 (`sending`) packs the full tensors into buckets of
+    about `bucket_bytes` and broadcasts each over `group` (training rank 0 + the generators): first the bucket's
+    manifest, then one flat buffer. An empty manifest ends the stream."""
+    import torch
+    import torch.distributed as tdist
+
+    bucket, size = [], 0
+
+    def flush():
+        manifest = [(n, tuple(t.shape), str(t.dtype)) for n, t in bucket]
+        tdist.broadcast_object_list([manifest], src=0, group=group)
+        flat = torch.cat([t.reshape(-1).to(bucket[0][1].dtype) for _, t in bucket])
+        tdist.broadcast(flat, src=0, group=group)
+
+    for name, tensor in named_tensors:
+        if not sending:
+            continue
+        if bucket and (size + tensor.numel() * tensor.element_size() > bucket_bytes or tensor.dtype != bucket[0][1].dtype):
+            flush()
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+    if sending:
+        if bucket:
+            flush()
+        tdist.broadcast_object_list([[]], src=0, group=group)
+
+
+def received_weights(group):
+    """Generator side: yield (name, tensor) as broadcast buckets arrive, until the empty manifest."""
+    import torch
+    import torch.distributed as tdist
+
+    while True:
+        box = [None]
+        tdist.broadcast_object_list(box, src=0, group=group)
+        manifest = box[0]
+        if not manifest:
+            return
+        dtype = getattr(torch, manifest[0][2].replace("torch.", ""))
+        flat = torch.empty(sum(int(torch.Size(shape).numel()) for _, shape, _ in manifest), dtype=dtype)
+        tdist.broadcast(flat, src=0, group=group)
+        offset = 0
+        for name, shape, _ in manifest:
+            n = int(torch.Size(shape).numel())
+            yield name, flat[offset:offset + n].view(shape)
+            offset += n

@@ -19,17 +19,20 @@ from typing import Callable, List, Optional
 
 import torch
 
+from .base import Rollout
 from .pool import ClaimCounter, Group, GroupPool, PromptStream, zero_std_groups
 
 
 class RolloutWorker:
     def __init__(self, *, generator, stream: PromptStream, counter: ClaimCounter, pool: GroupPool, sampling,
                  prompt_ids: List[List[int]], score: Optional[Callable], balanced: bool, chunk_groups: int,
-                 max_staleness: int, drop_zero_std: bool, reward_weights, rank: int, version: int):
+                 max_staleness: int, drop_zero_std: bool, reward_weights, rank: int, version: int,
+                 slot: Optional[int] = None):
         self.generator, self.stream, self.counter, self.pool = generator, stream, counter, pool
         self.sampling, self.prompt_ids, self.score = sampling, prompt_ids, score
         self.balanced, self.chunk, self.max_staleness = balanced, chunk_groups, max_staleness
         self.drop_zero_std, self.reward_weights, self.rank = drop_zero_std, reward_weights, rank
+        self.slot = rank if slot is None else slot  # this rank's index among the generating ranks
         self.version = version              # weight syncs the engine has seen
         self.completions_generated = 0
         self.zero_std_dropped = 0
@@ -100,7 +103,7 @@ class RolloutWorker:
         end = self.counter.add("claimed", k)
         if self.balanced:
             return list(range(end - k, end))
-        return [self.stream.owned_position(self.rank, i) for i in range(end - k, end)]
+        return [self.stream.owned_position(self.slot, i) for i in range(end - k, end)]
 
     def _produce(self, positions: List[int]) -> None:
         G = self.stream.G
@@ -117,8 +120,8 @@ class RolloutWorker:
         for j, (position, index) in enumerate(zip(positions, indices)):
             if keep[j]:
                 rows = slice(j * G, (j + 1) * G)
-                part = type(rollout)(rollout.prompt_ids[rows], rollout.completion_ids[rows],
-                                     rollout.sampler_logprobs[rows], rollout.truncated[rows])
+                part = Rollout(rollout.prompt_ids[rows], rollout.completion_ids[rows], rollout.sampler_logprobs[rows],
+                               rollout.truncated[rows], None if rollout.tool_mask is None else rollout.tool_mask[rows])
                 groups.append(Group(position, index, version, self.rank, part,
                                     None if rewards is None else rewards[rows].clone()))
         dropped = len(positions) - len(groups)
@@ -129,14 +132,16 @@ class RolloutWorker:
 
 
 def as_rollout_rows(groups: List[Group]):
-    """Concatenate groups' rollouts (and rewards, when scored) in the given order."""
-    from .base import Rollout
-
+    """Concatenate groups' rollouts (and rewards, when scored) in the given order. A tool_mask is kept when any
+    group has one; rows of groups without one get all ones (every token sampled)."""
     out = Rollout([], [], [], [])
     for g in groups:
         out.prompt_ids += g.rollout.prompt_ids
         out.completion_ids += g.rollout.completion_ids
         out.sampler_logprobs += g.rollout.sampler_logprobs
         out.truncated += g.rollout.truncated
+    if any(g.rollout.tool_mask is not None for g in groups):
+        out.tool_mask = [m for g in groups for m in (g.rollout.tool_mask if g.rollout.tool_mask is not None
+                                                      else [[1] * len(c) for c in g.rollout.completion_ids])]
     rewards = torch.cat([g.rewards for g in groups]) if groups and all(g.rewards is not None for g in groups) else None
     return out, rewards

@@ -4,8 +4,10 @@ fp32 on CPU. Each check records numbers in OUT_DIR/result-<rank>.json; tests/tes
 Usage: torchrun --nproc_per_node 2 tests/dist_scripts/async_checks.py OUT_DIR
 """
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -20,6 +22,7 @@ from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.gather import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
 
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` shows where a hang is
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
 results = {}
@@ -77,7 +80,7 @@ def record_plans(trainer):
 def teardown(trainer):
     """Several trainers share this process: stop a trainer's worker before the next one starts. (Its engines
     stay: deleting the vLLM engine tears down process groups DeepSpeed still uses.)"""
-    if hasattr(trainer, "worker"):
+    if getattr(trainer, "worker", None) is not None:
         trainer.worker.shutdown()
 
 
@@ -181,15 +184,80 @@ def _():
 # ------------------------------------------------------------------ 5. learning, one step off-policy
 @check("learning")
 def _():
+    """The same 40 steps with the synchronous trainer and the asynchronous one (one version stale)."""
+    steps = int(os.environ.get("LEARN_STEPS", 40))
+    sync = GRPOTrainer(tiny_model("qwen2-tied"), digit_fraction, train_dataset=prompts, args=config(
+        "learning_sync", max_steps=steps, beta=0.05))
+    sync.train()
     trainer = AsyncGRPOTrainer(tiny_model("qwen2-tied"), digit_fraction, train_dataset=prompts, args=config(
-        "learning", max_steps=int(os.environ.get("LEARN_STEPS", 40)), max_staleness=1, beta=0.05))
+        "learning", max_steps=steps, max_staleness=1, beta=0.05))
     trainer.train()
     history = trainer.state.log_history
     teardown(trainer)
-    return {"history": history}
+    return {"history": history, "sync_history": sync.state.log_history}
 
 
-# ------------------------------------------------------------------ 6. an error in one rank's rollout worker
+# ------------------------------------------------------------------ 6. split placement: rank 0 trains, rank 1 generates
+FIXED = [1, 5, 9, 12, 30, 31, 32, 33, 34, 35]  # a fixed token sequence whose log-probs both sides compute
+
+
+def trainer_fixed_logps(trainer):
+    from dsgrpo.engines import completion_logprobs
+    ids = torch.tensor([FIXED])
+    with torch.no_grad():
+        lp, _ = completion_logprobs(trainer.policy, ids, torch.ones_like(ids), len(FIXED) - 1)
+    return lp[0].tolist()
+
+
+def vllm_fixed_logps(trainer):
+    from vllm import SamplingParams
+    out = trainer.generator.llm.generate([{"prompt_token_ids": FIXED}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                                         use_tqdm=False)[0]
+    return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], FIXED[1:])]
+
+
+def split_run(name, **overrides):
+    trainer = AsyncGRPOTrainer(tiny_model("qwen2-tied"), digit_fraction, train_dataset=prompts, args=config(
+        name, async_placement="split", per_device_train_batch_size=16, max_staleness=1, **overrides))
+    by_version = {}
+    if trainer.trains:
+        plans = record_plans(trainer)
+        original = trainer._sync_generator
+
+        def spy(needed=True):
+            original(needed)
+            if needed:
+                by_version[trainer.state.generation_round + 1] = trainer_fixed_logps(trainer)
+        trainer._sync_generator = spy
+        by_version[0] = trainer_fixed_logps(trainer)
+    else:
+        plans = None
+        original = trainer._receive_weights
+
+        def spy(version):
+            original(version)
+            with trainer.worker.paused():
+                by_version[version] = vllm_fixed_logps(trainer)
+        trainer._receive_weights = spy
+        by_version[0] = vllm_fixed_logps(trainer)
+    trainer.train()
+    teardown(trainer)
+    return {"trains": trainer.trains, "by_version": by_version, "plans": plans,
+            "history": trainer.state.log_history if trainer.trains else None}
+
+
+@check("split")
+def _():
+    first = split_run("split", max_steps=4, save_steps=2)
+    ckpt = os.path.join(OUT, "split", "checkpoint-2")
+    extra = json.load(open(os.path.join(ckpt, "extra_state_0.json")))
+    resumed = split_run("split", max_steps=6, resume_from_checkpoint=ckpt)
+    return {"first": first, "resumed": resumed, "generator_pools": {r: [g["position"] for g in s["pool"]]
+                                                                    for r, s in extra.get("generators", {}).items()},
+            "claimed_at_save": extra["claimed"]}
+
+
+# ------------------------------------------------------------------ 7. an error in one rank's rollout worker
 calls = {"n": 0}
 
 
