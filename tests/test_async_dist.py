@@ -16,11 +16,23 @@ MAX_STALENESS = 1        # every run of the script but `equivalence` (0)
 IN_FLIGHT = 2 * 1        # claimed groups not yet pooled, at most: one chunk per rank, async_chunk_groups=1
 
 
+COLOCATE_CHECKS = "equivalence,straggler,dynamic_sampling,resume,learning,worker_error"
+
+
+def launch(out, checks):
+    torchrun("tests/dist_scripts/async_checks.py", str(out), checks, timeout=900)
+    return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("async_checks")
-    torchrun("tests/dist_scripts/async_checks.py", str(out), timeout=900)
-    return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
+    return launch(tmp_path_factory.mktemp("async_checks"), COLOCATE_CHECKS)
+
+
+@pytest.fixture(scope="module")
+def split_results(tmp_path_factory):
+    """Split placement gives ranks different roles for the life of the process: its own launch."""
+    return launch(tmp_path_factory.mktemp("async_split"), "split")
 
 
 def part(results, name):
@@ -209,3 +221,41 @@ def test_a_worker_error_stops_every_rank_with_its_traceback(results):
         assert w["seconds"] < 60, w["seconds"]
         assert w["steps"] < 8  # stopped early, not at max_steps
     assert ranks[0]["message"] == ranks[1]["message"]  # the same gathered report on both
+
+
+def test_split_generator_weights_equal_the_trainers_after_each_broadcast(split_results):
+    trainer, generator = part(split_results, "split")
+    assert trainer["first"]["trains"] and not generator["first"]["trains"]
+    for run in ("first", "resumed"):
+        mine, theirs = trainer[run]["by_version"], generator[run]["by_version"]
+        common = sorted(set(mine) & set(theirs), key=int)
+        assert len(common) >= 3, (run, sorted(mine), sorted(theirs))
+        for version in common:  # log-probs of one fixed sequence: policy (rank 0) vs vLLM (rank 1)
+            gap = max(abs(a - b) for a, b in zip(mine[version], theirs[version]))
+            assert gap <= 1e-4, (run, version, gap)
+    first = trainer["first"]["by_version"]
+    assert max(abs(a - b) for a, b in zip(first["0"], first["3"])) > 1e-3  # the weights really moved
+
+
+def test_split_generates_on_rank1_and_trains_on_rank0(split_results):
+    trainer, _ = part(split_results, "split")
+    for run in ("first", "resumed"):
+        for plan in trainer[run]["plans"]:
+            assert all(holder == 1 and dest == 0 for _, _, holder, dest in plan["groups"]), plan
+            assert all(0 <= plan["round"] - v <= MAX_STALENESS for v, _, _, _ in plan["groups"]), plan
+    history = steps(trainer["first"]["history"])
+    generated = [h["async/completions_generated/rank1"] for h in history]
+    assert generated == sorted(generated) and generated[-1] >= 16 * len(history)
+    assert "async/completions_generated/rank0" not in history[-1]  # a training rank generates nothing
+
+
+def test_split_checkpoint_keeps_the_generators_pool(split_results):
+    trainer, _ = part(split_results, "split")
+    pools = trainer["generator_pools"]
+    assert set(pools) == {"1"}
+    before = {p for plan in trainer["first"]["plans"] if plan["round"] < 2 for _, p, _, _ in plan["groups"]}
+    after = [p for plan in trainer["resumed"]["plans"] for _, p, _, _ in plan["groups"]]
+    assert not before & set(after)
+    assert before | set(pools["1"]) == set(range(trainer["claimed_at_save"])), (before, pools)
+    first_round = trainer["resumed"]["plans"][0]
+    assert set(pools["1"]) <= {p for _, p, _, _ in first_round["groups"]} | set(after)
