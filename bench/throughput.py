@@ -9,6 +9,13 @@ completions per optimizer step over all ranks. The last line is
 `RESULT sec_per_step=<mean over steps 2..N> completion_tok_per_s=<...>`. With --parts, each part is then
 measured alone on the same batch (generation, the policy's forward+backward+step, gather + reload) so the
 step's overhead over the sum of its parts can be read off.
+
+Asynchronous trainer (issue 8), beside the synchronous run on the same workload:
+
+    torchrun --nproc_per_node 2 bench/throughput.py --model M ... --async [--placement split] [--max-staleness 1]
+    ... --slow-reward 0.2     the reward sleeps 0.2 s per call (a remote reward model's latency)
+    ... --skew 0.02           rank 1's rollouts of every 4th prompt cost an extra 0.02 s per completion token
+                              (a few prompts with very long completions, landing on one rank)
 """
 
 import argparse
@@ -34,27 +41,46 @@ def main() -> int:
     p.add_argument("--hf-generate", action="store_true", help="use the HF generate backend instead of vLLM")
     p.add_argument("--deepspeed", default="zero3.json")
     p.add_argument("--parts", action="store_true", help="also time each part of a step alone")
+    p.add_argument("--async", dest="use_async", action="store_true", help="AsyncGRPOTrainer instead of GRPOTrainer")
+    p.add_argument("--placement", default="colocate", choices=["colocate", "split"])
+    p.add_argument("--max-staleness", type=int, default=1)
+    p.add_argument("--no-balancing", action="store_true")
+    p.add_argument("--slow-reward", type=float, default=0.0, help="seconds the reward sleeps per call")
+    p.add_argument("--skew", type=float, default=0.0, help="extra seconds per token for every 4th prompt on rank 1")
     a = p.parse_args()
 
     import torch
     from datasets import Dataset
 
-    from dsgrpo import GRPOConfig, GRPOTrainer, dist
+    from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    trainers = world - world // 2 if a.placement == "split" else world
+
+    def reward(prompts, completions, **kw):
+        if a.slow_reward:
+            time.sleep(a.slow_reward)
+        return digit_fraction(prompts, completions)
     prompts = Dataset.from_list([{"prompt": f"Count from {i} and keep going:"} for i in range(512)])
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="dsgrpo-bench-"), max_steps=a.steps,
-                      per_device_train_batch_size=a.batch_size // world, num_generations=a.num_generations,
+                      per_device_train_batch_size=a.batch_size // trainers, num_generations=a.num_generations,
                       max_completion_length=a.max_completion_length, temperature=1.0, learning_rate=1e-6,
                       gradient_checkpointing=False, logging_steps=1, bf16=False, use_vllm=not a.hf_generate,
-                      deepspeed=a.deepspeed, vllm_kv_cache_bytes=256 * 2**20)
+                      deepspeed=a.deepspeed, vllm_kv_cache_bytes=256 * 2**20, async_placement=a.placement,
+                      max_staleness=a.max_staleness, async_load_balancing=not a.no_balancing)
     stamps = []
 
     class Clock:
         def on_step_end(self, args, state, control, **kw):
             stamps.append(time.perf_counter())
 
-    trainer = GRPOTrainer(a.model, digit_fraction, args=args, train_dataset=prompts, callbacks=[Clock()])
+    cls = AsyncGRPOTrainer if a.use_async else GRPOTrainer
+    trainer = cls(a.model, reward, args=args, train_dataset=prompts, callbacks=[Clock()])
+    if a.skew and trainer.generator is not None:
+        skew_generation(trainer, a.skew)
+    if not getattr(trainer, "trains", True):  # a generating rank in split placement: it only follows
+        trainer.train()
+        return 0
     start = time.perf_counter()
     trainer.train()
     history = trainer.state.log_history
@@ -64,11 +90,20 @@ def main() -> int:
     tok_s = sum(tokens) / sum(steps)
     if dist.is_main():
         n_params = sum(getattr(q, "ds_numel", q.numel()) for q in trainer.policy.module.parameters())
-        print(f"model {a.model}: {n_params / 1e6:.1f}M parameters, world {world}, "
-              f"{'hf' if a.hf_generate else 'vllm'} generation, {a.batch_size} completions/step")
-        for key in ("time/generate", "time/reward", "time/reference", "time/train", "time/sync"):
-            vals = [h[key] for h in history[1:]]
-            print(f"  {key:16s} {sum(vals) / len(vals):8.3f} s")
+        mode = f"async {a.placement} (max_staleness {a.max_staleness}, balancing {not a.no_balancing})" \
+            if a.use_async else "sync"
+        print(f"model {a.model}: {n_params / 1e6:.1f}M parameters, world {world}, {mode}, "
+              f"{'hf' if a.hf_generate else 'vllm'} generation, {a.batch_size} completions/step, "
+              f"slow reward {a.slow_reward} s, skew {a.skew} s/token")
+        keys = ("time/generate", "time/reward", "time/reference", "time/train", "time/sync", "time/wait_for_rollout",
+                "time/wait_for_weights", "async/staleness/mean", "async/groups_stolen")
+        for key in keys:
+            vals = [h[key] for h in history[1:] if key in h]
+            if vals:
+                print(f"  {key:22s} {sum(vals) / len(vals):8.3f}")
+        ranks = sorted(k for k in history[-1] if k.startswith("async/completions_generated/"))
+        if ranks:
+            print("  completions generated: " + ", ".join(f"{k.split('/')[-1]} {history[-1][k]:.0f}" for k in ranks))
         print(f"  mean completion length {sum(h['completions/mean_length'] for h in history[1:]) / len(history[1:]):.1f}")
     if a.parts:
         parts = time_parts(trainer, a)
@@ -79,6 +114,24 @@ def main() -> int:
     if dist.is_main():
         print(f"RESULT sec_per_step={sec:.3f} completion_tok_per_s={tok_s:.1f}")
     return 0
+
+
+def skew_generation(trainer, seconds_per_token: float) -> None:
+    """Rank 1 pays `seconds_per_token` extra for every completion token of every 4th prompt: the cost of a few
+    prompts whose completions are much longer, concentrated on one rank."""
+    from dsgrpo import dist
+
+    if dist.rank(dist.EVERYONE) != 1:
+        return
+    generate = trainer.generator.generate
+    long_prompts = {tuple(ids) for i, ids in enumerate(trainer.train_prompts.prompt_ids) if i % 4 == 0}
+
+    def slowed(prompt_ids, counts, sampling, seeds=None):
+        rollout = generate(prompt_ids, counts, sampling, seeds=seeds)
+        extra = sum(len(c) for p, c in zip(rollout.prompt_ids, rollout.completion_ids) if tuple(p) in long_prompts)
+        time.sleep(extra * seconds_per_token)
+        return rollout
+    trainer.generator.generate = slowed
 
 
 def time_parts(trainer, a, reps: int = 2):

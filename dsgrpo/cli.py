@@ -23,7 +23,9 @@ RUN_KEYS = {
     "reward_funcs": "List of reward sources: 'package.module:function', a built-in name (accuracy_reward, ...), "
                     "a reward-model path / hub id, or {remote: URL, timeout: S, retries: N, token: T}.",
     "dataset_split": "Split to read when a dataset is a hub id (default 'train').",
+    "trainer": "'grpo' (GRPOTrainer, the default) or 'async' (AsyncGRPOTrainer: background, load-balanced rollouts).",
 }
+TRAINERS = ("grpo", "async")
 
 
 def split_config(values: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -81,14 +83,18 @@ def train(argv: List[str]) -> int:
     parser.add_argument("config")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     known, overrides = parser.parse_known_args(argv)
-    from . import GRPOTrainer, dist
+    from . import AsyncGRPOTrainer, GRPOTrainer, dist
     dist.adopt_slurm_env()  # the config validates against the world size, known from Slurm before any init
     run, args = load_run_config(known.config, overrides)
     from .logging import learning_curve_summary
 
     split = run.get("dataset_split", "train")
     funcs = run["reward_funcs"] if isinstance(run["reward_funcs"], list) else [run["reward_funcs"]]
-    trainer = GRPOTrainer(run["model"], [reward_source(f) for f in funcs], args=args,
+    kind = run.get("trainer", "grpo")
+    if kind not in TRAINERS:
+        raise ValueError(f"{known.config}: trainer={kind!r} is not one of {list(TRAINERS)}.")
+    cls = AsyncGRPOTrainer if kind == "async" else GRPOTrainer
+    trainer = cls(run["model"], [reward_source(f) for f in funcs], args=args,
                           train_dataset=build_dataset(run["train_dataset"], split),
                           eval_dataset=build_dataset(run.get("eval_dataset"), split))
     state = trainer.train()

@@ -77,9 +77,13 @@ def record_plans(trainer):
     return plans
 
 
+KEEP = []
+
+
 def teardown(trainer):
-    """Several trainers share this process: stop a trainer's worker before the next one starts. (Its engines
-    stay: deleting the vLLM engine tears down process groups DeepSpeed still uses.)"""
+    """Several trainers share this process: stop a trainer's worker before the next one starts, and keep the
+    trainer referenced: a collected vLLM engine tears down process groups DeepSpeed still uses."""
+    KEEP.append(trainer)
     if getattr(trainer, "worker", None) is not None:
         trainer.worker.shutdown()
 
@@ -189,6 +193,7 @@ def _():
     sync = GRPOTrainer(tiny_model("qwen2-tied"), digit_fraction, train_dataset=prompts, args=config(
         "learning_sync", max_steps=steps, beta=0.05))
     sync.train()
+    teardown(sync)
     trainer = AsyncGRPOTrainer(tiny_model("qwen2-tied"), digit_fraction, train_dataset=prompts, args=config(
         "learning", max_steps=steps, max_staleness=1, beta=0.05))
     trainer.train()
@@ -272,6 +277,7 @@ def fails_on_rank1(prompts, completions, **kwargs):
 def _():
     trainer = AsyncGRPOTrainer(tiny_model("qwen2"), fails_on_rank1, train_dataset=prompts, args=config(
         "error", max_steps=8, async_chunk_groups=1))
+    KEEP.append(trainer)
     start = time.perf_counter()
     try:
         trainer.train()
@@ -283,6 +289,6 @@ def _():
             "steps": trainer.state.global_step}
 
 
-with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
+with open(os.path.join(OUT, f"result-{dist.rank(dist.EVERYONE)}.json"), "w") as fh:
     json.dump(results, fh)
-dist.barrier("results written")
+dist.barrier("results written", group=dist.EVERYONE)  # split placement leaves rank 0 a training group of one
