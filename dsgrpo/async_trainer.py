@@ -63,6 +63,9 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     def _check_before_loading(self) -> None:
         args = self.args
+        if self.rollout_func is not None or self.tool_runner is not None:
+            raise NotImplementedError("AsyncGRPOTrainer's rollout workers generate with vLLM directly; tools and "
+                                      "rollout_func run in GRPOTrainer for now.")
         if not args.use_vllm:
             raise ValueError("AsyncGRPOTrainer generates in a background thread with vLLM; use_vllm=False (HF generate) "
                              "is collective under ZeRO-3 and cannot run there. Set use_vllm=True or use GRPOTrainer.")

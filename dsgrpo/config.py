@@ -108,6 +108,8 @@ class GRPOConfig:
     vllm_importance_sampling_correction: bool = field(default=True, metadata=_help("Correct for sampler/trainer logprob mismatch."))
     vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata=_help("How the sampler correction is applied.", choices=VLLM_IS_MODES))
     vllm_importance_sampling_clip_max: float = field(default=3.0, metadata=_help("Upper bound C of the sampler correction."))
+    max_tool_calling_iterations: Optional[int] = field(default=None, metadata=_help("With `tools`: most rounds of tool calls per completion (None: until the model stops calling tools or max_completion_length is reached)."))
+    tool_timeout_s: float = field(default=10.0, metadata=_help("With `tools`: seconds a tool call may run; a call past it is answered with an error message."))
     log_completions: bool = field(default=False, metadata=_help("Log a sample of (prompt, completion, reward) every logging step."))
 
     # ------------------------------------------------------------------ vLLM (TRL names)

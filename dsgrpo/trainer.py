@@ -31,6 +31,8 @@ from .rewards import RewardStack
 from .rollout import Rollout, SamplingConfig, check_against_checkpoint, make_generator, sync_weights
 from .preemption import Preemption
 from .rollout.base import round_seed
+from .rollout.custom import rollout_from_func_output
+from .rollout.tools import ToolRunner, run_tool_turns
 from .timing import PhaseTimer
 
 
@@ -46,15 +48,21 @@ class Batch:
     completions: list              # decoded completions (message lists for conversational data)
     columns: Dict[str, list]       # other dataset columns, one value per completion
     micro: List[dict]              # padded tensors of each micro-batch (Rollout.tensors)
+    tool_stats: Any = None         # rollout.tools.ToolStats when the trainer ran tools
 
 
 class GRPOTrainer:
     def __init__(self, model, reward_funcs, args: Optional[GRPOConfig] = None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  peft_config=None, tools=None, rollout_func=None):
-        for name, value in (("peft_config", peft_config), ("tools", tools), ("rollout_func", rollout_func)):
-            if value is not None:
-                raise NotImplementedError(f"{name} is not supported yet in dsgrpo; leave it as None.")
+        if peft_config is not None:
+            raise NotImplementedError("peft_config is not supported yet in dsgrpo; leave it as None.")
+        if rollout_func is not None and not callable(rollout_func):
+            raise TypeError(f"rollout_func must be a function (prompts, trainer) -> dict, not {type(rollout_func).__name__}.")
+        if rollout_func is not None and tools:
+            raise ValueError("rollout_func replaces the trainer's generation, so the trainer cannot run `tools` for "
+                             "it: call the tools inside rollout_func (and return env_mask), or drop rollout_func.")
+        self.rollout_func = rollout_func
         self.args = args = args or GRPOConfig()
         # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
         device.prepare_process(dist.local_world_size(), args.num_threads)
@@ -66,9 +74,16 @@ class GRPOTrainer:
         self.tokenizer = self._tokenizer(processing_class)
         self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none)
         context = args.vllm_max_model_len or getattr(model_config, "max_position_embeddings", None)
+        self.tool_runner = ToolRunner(tools, args.tool_timeout_s) if tools else None  # checks the schemas now
+        template_kwargs = dict(args.chat_template_kwargs or {})
+        if self.tool_runner is not None:
+            template_kwargs["tools"] = self.tool_runner.schemas  # the chat template lists them in the prompt
         lengths = dict(max_prompt_length=args.max_prompt_length, context_length=context,
-                       max_completion_length=args.max_completion_length, chat_template_kwargs=args.chat_template_kwargs)
+                       max_completion_length=args.max_completion_length, chat_template_kwargs=template_kwargs)
         self.train_prompts = PromptSource(load_dataset_spec(train_dataset), self.tokenizer, **lengths)
+        if self.tool_runner is not None and not self.train_prompts.conversational:
+            raise ValueError("tools need conversational prompts (lists of messages): the chat template is what shows "
+                             "the model the tools. Give train_dataset a 'prompt' column of message lists.")
         self.eval_prompts = (PromptSource(load_dataset_spec(eval_dataset), self.tokenizer, field="eval_dataset", **lengths)
                              if eval_dataset is not None else None)
         hidden = getattr(model_config, "hidden_size", None)
@@ -189,7 +204,11 @@ class GRPOTrainer:
     def _next_batch(self):
         """(this rank's batch for the round, its rewards if already scored, rollout metrics). The synchronous
         trainer generates the round now; `AsyncGRPOTrainer` cuts it from groups generated in the background."""
-        return self._sample(self.train_prompts, self.state.generation_round, self.args.num_generations), None, {}
+        batch = self._sample(self.train_prompts, self.state.generation_round, self.args.num_generations)
+        metrics = {}
+        if self.tool_runner is not None:  # a collective: every rank runs tools (or none) each round
+            metrics = dist.reduce_metrics(batch.tool_stats.metrics(), batch.tool_stats.weights())
+        return batch, None, metrics
 
     def _sync_generator(self, needed: bool = True) -> None:
         if needed:
@@ -206,9 +225,30 @@ class GRPOTrainer:
         # one seed per prompt run, from (seed, round, slot): a resumed run samples exactly what the original would
         seeds = [round_seed(args.seed, round_index, share.first_slot + sum(share.counts[:j]))
                  for j in range(len(share.counts))]
-        rollout = self.generator.generate([source.prompt_ids[i] for i in share.indices], share.counts, self.sampling,
-                                          seeds=seeds)
+        ids = [source.prompt_ids[i] for i in share.indices]
+        if self.rollout_func is not None:
+            return self._custom_rollout(source, share)
+        if self.tool_runner is not None:
+            rollout, stats = run_tool_turns(self.generator, self.tokenizer, ids, share.counts, self.sampling, seeds,
+                                            self.tool_runner, args.max_tool_calling_iterations,
+                                            chat_template_kwargs=source.chat_template_kwargs)
+            batch = self._batch(source, share.indices, share.counts, rollout)
+            batch.tool_stats = stats
+            return batch
+        rollout = self.generator.generate(ids, share.counts, self.sampling, seeds=seeds)
         return self._batch(source, share.indices, share.counts, rollout)
+
+    def _custom_rollout(self, source: PromptSource, share) -> Batch:
+        """TRL's rollout_func contract: the user's function generates this rank's completions; its extra keys
+        become columns for the reward functions."""
+        prompts, _ = source.rows_for(share.indices, share.counts)
+        out = self.rollout_func(prompts, self)
+        rollout, extra = rollout_from_func_output(
+            out, len(prompts), eos_token_id=self.tokenizer.eos_token_id, max_tokens=self.args.max_completion_length,
+            vocab_size=len(self.tokenizer), dataset_columns=source.columns)
+        batch = self._batch(source, share.indices, share.counts, rollout)
+        batch.columns.update(extra)
+        return batch
 
     def _batch(self, source: PromptSource, indices, counts, rollout: Rollout, micro: bool = True) -> Batch:
         """A rollout with its dataset rows and decoded completions (and padded micro-batches for training)."""

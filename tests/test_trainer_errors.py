@@ -70,6 +70,31 @@ def test_unsupported_arguments_and_reward_kinds_are_refused(tmp_path):
         GRPOTrainer(tiny_model("qwen2"), [reward, 3], args=args(tmp_path), train_dataset=PROMPTS)
 
 
+def calculator(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def test_tools_and_rollout_func_misuse_is_refused_before_loading(tmp_path):
+    with pytest.raises(ValueError, match="tools need conversational prompts"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, tools=[calculator])
+    with pytest.raises(ValueError, match="calculator_without_docs"):
+        def calculator_without_docs(a, b):
+            return a + b
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS,
+                    tools=[calculator_without_docs])
+    with pytest.raises(ValueError, match="rollout_func replaces the trainer's generation"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, tools=[calculator],
+                    rollout_func=lambda prompts, trainer: {})
+    with pytest.raises(TypeError, match="rollout_func must be a function"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, rollout_func="mine")
+
+
 def test_missing_pad_token_falls_back_to_eos_with_a_warning(tmp_path):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))

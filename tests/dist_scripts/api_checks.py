@@ -1,0 +1,141 @@
+"""Run under `torchrun --nproc_per_node 2`: GRPOTrainer's `tools` and `rollout_func` on real DeepSpeed ZeRO-3 and
+real in-process vLLM (fp32, CPU). Each check records numbers in OUT_DIR/result-<rank>.json; tests/test_api_dist.py
+asserts on them.
+
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/api_checks.py OUT_DIR TOOL_MODEL
+(TOOL_MODEL: a tiny model fine-tuned to call the tools below; tests/test_api_dist.py builds it.)
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from datasets import Dataset  # noqa: E402
+
+from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from api_checks_tools import TOOLS  # noqa: E402
+from dsgrpo.testing import tiny_model  # noqa: E402
+
+OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
+results, KEEP = {}, []
+
+
+def check(name):
+    def wrap(fn):
+        try:
+            results[name] = fn()
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+        return fn
+    return wrap
+
+
+DS = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+      "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
+
+
+def config(name, **overrides):
+    base = dict(output_dir=os.path.join(OUT, name), max_steps=2, per_device_train_batch_size=8, num_generations=4,
+                learning_rate=1e-4, lr_scheduler_type="constant", logging_steps=1, gradient_checkpointing=False,
+                seed=3, deepspeed=DS, vllm_kv_cache_bytes=64 * 2**20, save_steps=10**6)
+    base.update(overrides)
+    return GRPOConfig(**base)
+
+
+def spy_batches(trainer):
+    seen = []
+    original = trainer._score
+
+    def spy(batch, group, local=None):
+        seen.append(batch)
+        return original(batch, group, local)
+    trainer._score = spy
+    return seen
+
+
+# ------------------------------------------------------------------ 1. tools: a calculator through vLLM
+TOOL_PROMPTS = ["What is 2 plus 3?", "Make it explode.", "Wait for me."]
+
+
+def tool_reward(prompts, completions, **kwargs):
+    """1 when the completion (tool turns included) holds the right sum."""
+    return [1.0 if "5" in str(c) else 0.0 for c in completions]
+
+
+@check("tools")
+def _():
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(12)])
+    trainer = GRPOTrainer(TOOL_MODEL, tool_reward, train_dataset=data, tools=TOOLS, args=config(
+        "tools", max_completion_length=96, temperature=0.3, max_tool_calling_iterations=2, tool_timeout_s=0.5,
+        shuffle_dataset=False))
+    KEEP.append(trainer)
+    batches = spy_batches(trainer)
+    start = time.perf_counter()
+    trainer.train()
+    rows = []
+    tok = trainer.tokenizer
+    for batch in batches:
+        r = batch.rollout
+        for i in range(len(r)):
+            mask = r.tool_mask[i] if r.tool_mask else [1] * len(r.completion_ids[i])
+            inserted = [t for t, m in zip(r.completion_ids[i], mask) if m == 0]
+            sampled_lp = [lp for lp, m in zip(r.sampler_logprobs[i], mask) if m == 0]
+            rows.append({"text": tok.decode(r.completion_ids[i]), "inserted": tok.decode(inserted),
+                         "n_inserted": len(inserted), "inserted_logprobs_zero": all(lp == 0.0 for lp in sampled_lp),
+                         "length": len(r.completion_ids[i]), "truncated": r.truncated[i]})
+        B = trainer.args.per_device_train_batch_size  # the loss mask of the first micro-batch: tool tokens left out
+        expected = [sum(r.tool_mask[i]) if r.tool_mask else len(r.completion_ids[i]) for i in range(B)]
+        rows[-1]["mask_matches"] = batch.micro[0]["completion_mask"].sum(1).tolist() == expected
+    return {"history": trainer.state.log_history, "rows": rows, "seconds": time.perf_counter() - start,
+            "prompt_shows_tools": "<tools>" in tok.decode(trainer.train_prompts.prompt_ids[0])}
+
+
+# ------------------------------------------------------------------ 2. rollout_func: bring your own generation
+tags_seen = []
+
+
+def tagged_reward(prompts, completions, tag, **kwargs):
+    tags_seen.extend(tag)
+    return [len(c) / 10.0 for c in completions]
+
+
+def my_rollout(prompts, trainer):
+    """Generates with the trainer's own colocated vLLM and adds a per-row column."""
+    from vllm import SamplingParams
+    ids = [trainer.tokenizer(p)["input_ids"] for p in prompts]
+    params = SamplingParams(max_tokens=8, temperature=1.0, logprobs=0, seed=7)
+    outs = trainer.generator.llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
+    completions = [list(o.outputs[0].token_ids) for o in outs]
+    logprobs = [[step[t].logprob for step, t in zip(o.outputs[0].logprobs, c)] for o, c in zip(outs, completions)]
+    return {"prompt_ids": ids, "completion_ids": completions, "logprobs": logprobs,
+            "tag": [f"rank{dist.rank()}-row{i}" for i in range(len(prompts))]}
+
+
+@check("rollout_func")
+def _():
+    data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
+    trainer = GRPOTrainer(tiny_model("qwen2"), tagged_reward, train_dataset=data, rollout_func=my_rollout,
+                          args=config("rollout_func", max_completion_length=8))
+    KEEP.append(trainer)
+    trainer.train()
+    errors = {}
+    for name, bad in {"missing": lambda p, t: {"prompt_ids": [[1]] * len(p), "completion_ids": [[2]] * len(p)},
+                      "short": lambda p, t: {**my_rollout(p, t), "logprobs": [[0.0]] * len(p)},
+                      "not_a_dict": lambda p, t: [1, 2, 3]}.items():
+        trainer.rollout_func = bad
+        try:
+            trainer._sample(trainer.train_prompts, 0, trainer.args.num_generations)
+            errors[name] = None
+        except (ValueError, TypeError) as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    return {"history": trainer.state.log_history, "tags": tags_seen, "errors": errors}
+
+
+with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
+    json.dump(results, fh)
+dist.barrier("results written")

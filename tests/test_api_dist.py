@@ -1,0 +1,112 @@
+"""GRPOTrainer's `tools` and `rollout_func` on 2 ranks with real DeepSpeed ZeRO-3 and real in-process vLLM (fp32,
+CPU). The tool run needs a model that calls tools: the fixture fine-tunes the tiny Qwen2 for a few seconds on one
+conversation per tool (plain torch, one process), then one launch of tests/dist_scripts/api_checks.py records the
+numbers asserted below."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from launch import torchrun
+
+pytestmark = pytest.mark.dist
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist_scripts"))
+
+CALLS = {  # prompt → (tool, arguments, what the tool answers, the final answer)
+    "What is 2 plus 3?": ("add", {"a": 2, "b": 3}, "5", "The answer is 5."),
+    "Make it explode.": ("explode", {"x": 1}, "Error: ValueError: the tool broke on purpose", "Sorry."),
+    "Wait for me.": ("stall", {"x": 1}, "Error: the tool did not answer within 0.5 s", "Sorry."),
+}
+
+
+def fine_tune_tool_caller(out: str, steps: int = 300) -> str:
+    """The tiny Qwen2, taught to answer each prompt of CALLS with its tool call and, after the tool's answer,
+    with a short reply. Loss on the assistant's part only."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import api_checks_tools as tools_module
+    from dsgrpo.rollout.tools import tool_schemas
+    from dsgrpo.testing import tiny_model
+
+    base = tiny_model("qwen2")
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    schemas = tool_schemas(tools_module.TOOLS)
+    examples = []
+    for prompt, (name, arguments, answer, reply) in CALLS.items():
+        user = [{"role": "user", "content": prompt}]
+        messages = user + [
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                 "function": {"name": name, "arguments": arguments}}]},
+            {"role": "tool", "content": answer}, {"role": "assistant", "content": reply}]
+        head = tok.apply_chat_template(user, tools=schemas, tokenize=False, add_generation_prompt=True)
+        full = tok.apply_chat_template(messages, tools=schemas, tokenize=False)
+        ids = tok(full, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        labels = ids.clone()
+        labels[:, :len(tok(head, add_special_tokens=False)["input_ids"])] = -100
+        examples.append((ids, labels))
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(steps):
+        ids, labels = examples[step % len(examples)]
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    model = fine_tune_tool_caller(str(tmp_path_factory.mktemp("tool_model")))
+    out = tmp_path_factory.mktemp("api_checks")
+    torchrun("tests/dist_scripts/api_checks.py", str(out), model, timeout=900)
+    per_rank = [json.load(open(out / f"result-{r}.json")) for r in range(2)]
+    return per_rank
+
+
+def part(results, name):
+    for r, res in enumerate(results):
+        if isinstance(res.get(name), dict) and "error" in res[name]:
+            pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
+    return [res[name] for res in results]
+
+
+def test_tool_calls_run_and_their_results_are_masked_out_of_the_loss(results):
+    for run in part(results, "tools"):
+        assert run["prompt_shows_tools"]
+        history = [h for h in run["history"] if "tools/call_frequency" in h]
+        assert len(history) == 2
+        assert all(h["tools/call_frequency"] >= 0.5 for h in history), history
+        # explode raises and stall times out: failures are answered, never fatal
+        assert all(0.2 <= h["tools/failure_frequency"] <= 0.9 for h in history), history
+        assert run["seconds"] < 120  # a 30 s tool was abandoned after 0.5 s, every time
+        with_tools = [r for r in run["rows"] if r["n_inserted"]]
+        assert len(with_tools) >= len(run["rows"]) // 2
+        for row in with_tools:
+            assert "<tool_response>" in row["inserted"] and row["inserted_logprobs_zero"], row
+        answered = [r for r in with_tools if "\n5\n</tool_response>" in r["inserted"]]
+        failed = [r for r in with_tools if "Error" in r["inserted"]]
+        assert answered and failed
+        assert all(r["mask_matches"] for r in run["rows"] if "mask_matches" in r)
+        # the sampler's log-probs line up with the trained (sampled) tokens: fp32, same weights at step 1
+        assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3, history[0]
+
+
+def test_rollout_func_feeds_its_extra_keys_to_the_rewards(results):
+    for rank, run in enumerate(part(results, "rollout_func")):
+        assert len(run["history"]) == 2
+        assert len(run["tags"]) == 2 * 8 and all(t.startswith(f"rank{rank}-row") for t in run["tags"])
+        assert run["history"][0]["sampling/sampling_logp_difference/max"] <= 1e-3
+
+
+def test_rollout_func_bad_returns_name_the_key(results):
+    errors = part(results, "rollout_func")[0]["errors"]
+    assert "logprobs" in errors["missing"]
+    assert "logprobs" in errors["short"] and "row" in errors["short"]
+    assert errors["not_a_dict"] is not None and "dict" in errors["not_a_dict"]
