@@ -31,6 +31,7 @@ from typing import Dict, List
 import torch
 
 from . import checkpoint, dist
+from .engines.builder import ignore_compiling_in_other_threads
 from .engines.gather import named_full_parameters
 from .rollout.pool import ClaimCounter, Group, GroupPool, PromptStream, plan_batch
 from .rollout.weight_sync import broadcast_weights, received_weights
@@ -105,6 +106,7 @@ class AsyncGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        ignore_compiling_in_other_threads()  # vLLM may compile in the rollout thread while ZeRO-3 traces
         a = self.args
         self.stream = PromptStream(self.train_prompts, self.prompts_per_round, a.num_generations,
                                    self.generating_ranks, a.seed, a.shuffle_dataset)

@@ -148,3 +148,26 @@ def build_inference_engine(model, ds_config: dict):
 
 def resolve(spec, args: GRPOConfig, hidden_size: Optional[int], field: str, train: bool) -> dict:
     return fill_auto_values(load_deepspeed_config(spec, field), args, hidden_size=hidden_size, field=field, train=train)
+
+
+def ignore_compiling_in_other_threads() -> None:
+    """ZeRO-3 skips recording its module trace while `torch.compiler.is_compiling()` is true, and that flag is
+    process-wide. When vLLM compiles a kernel in the async trainer's rollout thread, the training thread's
+    forward on one rank skipped part of its trace while the other rank recorded it, and the ranks' next
+    collectives no longer matched (measured: a deadlock in the first forward of the CPU demo, timing-dependent).
+    The training thread never compiles, so DeepSpeed's checks answer for the thread asking."""
+    import threading
+
+    import deepspeed.runtime.compiler as ds_compiler
+    import deepspeed.runtime.zero.partitioned_param_coordinator as coordinator
+    import deepspeed.utils.nvtx as nvtx
+
+    original = ds_compiler.is_compiling
+    if getattr(original, "_dsgrpo", False):
+        return
+
+    def is_compiling() -> bool:
+        return threading.current_thread() is not threading.main_thread() and original()
+    is_compiling._dsgrpo = True
+    for module in (ds_compiler, coordinator, nvtx):
+        module.is_compiling = is_compiling

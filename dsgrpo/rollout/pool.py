@@ -75,9 +75,11 @@ class PromptStream:
 
 
 class ClaimCounter:
-    """Counters shared by every rank through the default process group's store (a TCPStore): positions claimed
-    and groups dropped. `add` is atomic on the store's server, so two ranks never claim the same position. The
-    store is the rendezvous torch.distributed already runs: no extra service."""
+    """Counters shared by every rank through the key-value store torch.distributed's rendezvous already runs
+    (TCPStore at MASTER_ADDR:MASTER_PORT): positions claimed and groups dropped. `add` is atomic on the store's
+    server, so two ranks never claim the same position. The counter opens its own client connection: the rollout
+    worker thread uses it while the training thread's collectives use the process group's, and sharing one
+    client socket between the two threads hung training (measured: ZeRO-3's first forward deadlocked)."""
 
     _instances = 0
 
@@ -90,8 +92,7 @@ class ClaimCounter:
         if self.shared:
             # a prefix per trainer instance (every rank builds trainers in the same order)
             ClaimCounter._instances += 1
-            self.store = tdist.PrefixStore(f"dsgrpo/async/{ClaimCounter._instances}/",
-                                           tdist.distributed_c10d._get_default_store())
+            self.store = tdist.PrefixStore(f"dsgrpo/async/{ClaimCounter._instances}/", _own_store_client())
 
     def add(self, key: str, n: int) -> int:
         """Add n (may be 0, to read) and return the new total."""
@@ -107,6 +108,21 @@ class ClaimCounter:
                 self.store.set(key, str(value))  # add() reads a decimal string
             else:
                 self.local[key] = value
+
+
+def _own_store_client():
+    """A new client of the rendezvous store (the default store itself when its address is unknown)."""
+    import datetime
+    import os
+
+    import torch.distributed as tdist
+
+    default = tdist.distributed_c10d._get_default_store()
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port:
+        return default
+    return tdist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(minutes=5),
+                          wait_for_workers=False)
 
 
 class GroupPool:
