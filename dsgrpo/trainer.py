@@ -222,12 +222,12 @@ class GRPOTrainer:
         else:  # evaluation: every prompt once, wrapped round to a multiple of the world size
             prompts = [i % len(source) for i in range(math.ceil(len(source) / self.world) * self.world)]
         share = source.rank_slice(prompts, group, dist.rank(), self.world)
+        if self.rollout_func is not None:
+            return self._custom_rollout(source, share)
         # one seed per prompt run, from (seed, round, slot): a resumed run samples exactly what the original would
         seeds = [round_seed(args.seed, round_index, share.first_slot + sum(share.counts[:j]))
                  for j in range(len(share.counts))]
         ids = [source.prompt_ids[i] for i in share.indices]
-        if self.rollout_func is not None:
-            return self._custom_rollout(source, share)
         if self.tool_runner is not None:
             rollout, stats = run_tool_turns(self.generator, self.tokenizer, ids, share.counts, self.sampling, seeds,
                                             self.tool_runner, args.max_tool_calling_iterations,

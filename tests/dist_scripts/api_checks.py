@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -18,25 +17,15 @@ from datasets import Dataset  # noqa: E402
 
 from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from api_checks_tools import TOOLS  # noqa: E402
+from recorder import SHARDED_ZERO3, recorder  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
 results, KEEP = {}, []
 
 
-def check(name):
-    def wrap(fn):
-        try:
-            results[name] = fn()
-        except Exception:
-            results[name] = {"error": traceback.format_exc()}
-        return fn
-    return wrap
-
-
-DS = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-      "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
+check = recorder(results)
+DS = SHARDED_ZERO3
 
 
 def config(name, **overrides):

@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 
 import torch
 
@@ -21,6 +20,7 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.gather import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import SHARDED_ZERO3, recorder  # noqa: E402
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` shows where a hang is
 OUT = sys.argv[1]
@@ -28,16 +28,7 @@ ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
 results = {}
 
 
-def check(name):
-    def wrap(fn):
-        if ONLY and name not in ONLY:
-            return fn
-        try:
-            results[name] = fn()
-        except Exception:  # recorded, so the other checks still run and the pytest side names this one
-            results[name] = {"error": traceback.format_exc()}
-        return fn
-    return wrap
+check = recorder(results, ONLY)
 
 
 def digit_fraction(prompts, completions, **kwargs):
@@ -45,9 +36,7 @@ def digit_fraction(prompts, completions, **kwargs):
 
 
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:", "idx": i} for i in range(64)])
-DS = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-      "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
+DS = SHARDED_ZERO3
 
 
 def config(name, **overrides):

@@ -5,7 +5,6 @@ OUT_DIR/result-<rank>.json for tests/test_rewards_dist.py. The remote scorer's U
 import json
 import os
 import sys
-import traceback
 
 import torch
 
@@ -17,6 +16,7 @@ from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.rewards import RemoteReward  # noqa: E402
 from dsgrpo.rewards.models import RewardModel  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import recorder  # noqa: E402
 
 OUT = sys.argv[1]
 results = {}
@@ -26,14 +26,7 @@ SHARDED = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold
            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1}
 
 
-def check(name):
-    def wrap(fn):
-        try:
-            results[name] = fn()
-        except Exception:
-            results[name] = {"error": traceback.format_exc()}
-        return fn
-    return wrap
+check = recorder(results)
 
 
 def length_bonus(prompts, completions, **kwargs):

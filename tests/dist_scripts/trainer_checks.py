@@ -8,7 +8,6 @@ Usage: torchrun --nproc_per_node 2 tests/dist_scripts/trainer_checks.py OUT_DIR
 import json
 import os
 import sys
-import traceback
 
 import torch
 
@@ -17,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from datasets import Dataset  # noqa: E402
 
 from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from recorder import recorder  # noqa: E402
 from dsgrpo.engines import completion_logprobs  # noqa: E402
 from dsgrpo.engines.gather import named_full_parameters  # noqa: E402
 from dsgrpo.rollout import Rollout  # noqa: E402
@@ -27,14 +27,7 @@ OUT = sys.argv[1]
 results = {}
 
 
-def check(name):
-    def wrap(fn):
-        try:
-            results[name] = fn()
-        except Exception:  # recorded, so the other checks still run and the pytest side names this one
-            results[name] = {"error": traceback.format_exc()}
-        return fn
-    return wrap
+check = recorder(results)
 
 
 def digit_fraction(prompts, completions, **kwargs):
