@@ -119,7 +119,9 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm, tmp_path):
     while job_field(slurm, job, "Restarts") in (None, "0"):
         assert time.time() < deadline, f"never requeued: {job_log(tmp_path, job)[-3000:]}"
         time.sleep(0.5)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm)  # skip the 120 s hold
+    # Skip most of the 120 s requeue hold, not all of it: slurmd revokes the old run's credential with a
+    # whole-second timestamp, and a relaunch within that same second is killed as "Job credential revoked".
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+5"], env=slurm)
     assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED", job_log(tmp_path, job)[-3000:]
     log = job_log(tmp_path, job)
     assert "USR1 received" in log and "requeueing job" in log and "(restart 1/3)" in log
