@@ -85,16 +85,17 @@ def resolve_resume(spec: Any, output_dir: str) -> Optional[str]:
     return path
 
 
-def run_identity(args, world_size: int, model_config) -> Dict[str, Any]:
-    return {"world_size": world_size, "model_config": _model_fingerprint(model_config),
+def run_identity(args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """What a checkpoint must share with the run that continues it (`adapter`: a LoRA policy's shape)."""
+    return {"world_size": world_size, "model_config": _model_fingerprint(model_config), "adapter": adapter,
             **{k: getattr(args, k) for k in IDENTITY_FIELDS}}
 
 
-def check_resume(path: str, args, world_size: int, model_config) -> None:
+def check_resume(path: str, args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None) -> None:
     """Before any engine exists: can this checkpoint continue this run?"""
     with open(os.path.join(path, "trainer_state.json")) as fh:
         saved = json.load(fh)["identity"]
-    check_can_continue(saved, run_identity(args, world_size, model_config), path)
+    check_can_continue(saved, run_identity(args, world_size, model_config, adapter), path)
 
 
 def _model_fingerprint(config) -> Dict[str, Any]:
@@ -140,7 +141,9 @@ def save(trainer) -> str:
         shutil.rmtree(partial, ignore_errors=True)  # debris of a save that was killed
         os.makedirs(partial)
     dist.barrier("partial checkpoint folder exists before ranks write into it")
-    trainer.policy.save_checkpoint(partial, tag=ENGINE_TAG, save_latest=False)
+    # a LoRA policy's frozen base weights are reloaded from the model at resume: only the adapter is state
+    trainer.policy.save_checkpoint(partial, tag=ENGINE_TAG, save_latest=False,
+                                   exclude_frozen_parameters=getattr(trainer, "lora", False))
     with open(os.path.join(partial, f"rng_state_{dist.rank()}.json"), "w") as fh:
         json.dump(rng_state(), fh)
     if hasattr(trainer, "rank_extra_state"):  # e.g. the async trainer's rollout pool
@@ -151,7 +154,7 @@ def save(trainer) -> str:
         state = {"global_step": step, "generation_round": trainer.state.generation_round,
                  "num_input_tokens_seen": trainer.state.num_input_tokens_seen, "max_steps": trainer.state.max_steps,
                  "log_history": trainer.state.log_history,
-                 "identity": run_identity(args, trainer.world, trainer.policy.module.config)}
+                 "identity": run_identity(args, trainer.world, trainer.policy.module.config, trainer.adapter)}
         with open(os.path.join(partial, "trainer_state.json"), "w") as fh:
             json.dump(state, fh)
         args.save(os.path.join(partial, "resolved_config.yaml"))
@@ -188,12 +191,14 @@ def load(trainer, path: str) -> None:
     """Restore engine, trainer state and this rank's RNG states from a complete checkpoint (every rank)."""
     with open(os.path.join(path, "trainer_state.json")) as fh:
         state = json.load(fh)
-    check_can_continue(state["identity"], run_identity(trainer.args, trainer.world, trainer.policy.module.config), path)
+    check_can_continue(state["identity"], run_identity(trainer.args, trainer.world, trainer.policy.module.config, trainer.adapter),
+                       path)
     rng_file = os.path.join(path, f"rng_state_{dist.rank()}.json")
     if not os.path.isfile(rng_file):
         raise CheckpointError(f"{path} has no {os.path.basename(rng_file)}: it was written by fewer ranks.")
     loaded, _ = trainer.policy.load_checkpoint(path, tag=ENGINE_TAG, load_optimizer_states=True,
-                                               load_lr_scheduler_states=True)
+                                               load_lr_scheduler_states=True,
+                                               load_module_strict=not getattr(trainer, "lora", False))
     if loaded is None:
         raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
     with open(rng_file) as fh:

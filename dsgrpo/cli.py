@@ -24,6 +24,7 @@ RUN_KEYS = {
                     "a reward-model path / hub id, or {remote: URL, timeout: S, retries: N, token: T}.",
     "dataset_split": "Split to read when a dataset is a hub id (default 'train').",
     "trainer": "'grpo' (GRPOTrainer, the default) or 'async' (AsyncGRPOTrainer: background, load-balanced rollouts).",
+    "peft_config": "Train a LoRA adapter: peft.LoraConfig's fields, e.g. {r: 16, lora_alpha: 32, target_modules: all-linear}.",
 }
 TRAINERS = ("grpo", "async")
 
@@ -96,7 +97,7 @@ def train(argv: List[str]) -> int:
     cls = AsyncGRPOTrainer if kind == "async" else GRPOTrainer
     trainer = cls(run["model"], [reward_source(f) for f in funcs], args=args,
                           train_dataset=build_dataset(run["train_dataset"], split),
-                          eval_dataset=build_dataset(run.get("eval_dataset"), split))
+                          eval_dataset=build_dataset(run.get("eval_dataset"), split), peft_config=run.get("peft_config"))
     state = trainer.train()
     if dist.is_main():
         print(learning_curve_summary(state.log_history))

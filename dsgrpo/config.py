@@ -125,6 +125,7 @@ class GRPOConfig:
     vllm_kv_cache_bytes: Optional[int] = field(default=None, metadata=_help("KV-cache size per vLLM engine in bytes (None: sized from the machine, at most 1 GiB per rank on CPU)."))
     vllm_max_model_len: Optional[int] = field(default=None, metadata=_help("vLLM context length (None: max_prompt_length + max_completion_length, or the model's)."))
     weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket."))
+    save_merged_model: bool = field(default=False, metadata=_help("With `peft_config`: the final save writes the merged model (base + adapter, Hugging Face format) to output_dir/merged beside the adapter."))
     num_threads: Optional[int] = field(default=None, metadata=_help("CPU threads per rank (None: cores / local ranks)."))
 
     # ------------------------------------------------------------------ AsyncGRPOTrainer only

@@ -24,6 +24,7 @@ from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
 from .data import PromptSource, completions_for_rewards, load_dataset_spec
 from .engines import ModelLoader, build_inference_engine, build_policy_engine, completion_logprobs, is_zero3, resolve
+from .engines import lora
 from .engines.gather import named_full_parameters
 from .logging import MetricSinks
 from .metrics import MetricAccumulator
@@ -55,8 +56,10 @@ class GRPOTrainer:
     def __init__(self, model, reward_funcs, args: Optional[GRPOConfig] = None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  peft_config=None, tools=None, rollout_func=None):
-        if peft_config is not None:
-            raise NotImplementedError("peft_config is not supported yet in dsgrpo; leave it as None.")
+        lora.check_lora_model(model, peft_config)
+        self.peft_config = lora.as_lora_config(peft_config) if peft_config is not None else None
+        self.lora = self.peft_config is not None or lora.is_peft_model(model)  # the reference: adapters disabled
+        self.adapter = lora.fingerprint(self.peft_config or model.peft_config[model.active_adapter]) if self.lora else None
         if rollout_func is not None and not callable(rollout_func):
             raise TypeError(f"rollout_func must be a function (prompts, trainer) -> dict, not {type(rollout_func).__name__}.")
         if rollout_func is not None and tools:
@@ -91,11 +94,12 @@ class GRPOTrainer:
         if self.ds_config.get("gradient_accumulation_steps", args.gradient_accumulation_steps) != args.gradient_accumulation_steps:
             raise ValueError(f"deepspeed config sets gradient_accumulation_steps={self.ds_config['gradient_accumulation_steps']} "
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
-        self.ref_ds_config = resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False) if args.beta else None
+        self.ref_ds_config = (resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False)
+                              if args.beta and not self.lora else None)
         self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
         self.resume_path = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
         if self.resume_path:  # refuse a checkpoint this run cannot continue before anything is written
-            checkpoint.check_resume(self.resume_path, args, self.world, model_config)
+            checkpoint.check_resume(self.resume_path, args, self.world, model_config, self.adapter)
         self.spg = args.resolved_steps_per_generation(self.world)
         self.prompts_per_round = args.resolved_generation_batch_size(self.world) // args.num_generations
         self.state = TrainerState(max_steps=self._total_steps(), is_world_process_zero=dist.is_main())
@@ -112,14 +116,21 @@ class GRPOTrainer:
         self.last_checkpoint: Optional[str] = None
 
     def _build_engines(self, model, optimizers) -> None:
-        """Policy (ZeRO-3 partitioned at load), frozen reference, reward models, colocated generator."""
+        """Policy (ZeRO-3 partitioned at load; LoRA-wrapped before DeepSpeed), frozen reference (none for a LoRA
+        policy: its adapters are switched off instead), reward models, colocated generator."""
         args = self.args
         policy_model = (ModelLoader(self.ds_config, self.dtype).load(self.model_path, **(args.model_init_kwargs or {}))
                         if isinstance(model, str) else model)
+        if self.peft_config is not None:
+            policy_model = lora.wrap_with_lora(policy_model, self.peft_config, args.seed)
+        elif self.lora:
+            lora.check_lora_layers(policy_model)
+        if self.lora and dist.is_main():
+            print(f"dsgrpo: {lora.adapter_summary(policy_model)}", flush=True)
         self.policy = build_policy_engine(policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps)
         self.zero3 = is_zero3(self.ds_config)
         self.reference = (build_inference_engine(ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path),
-                                                 self.ref_ds_config) if args.beta else None)
+                                                 self.ref_ds_config) if self.ref_ds_config else None)
         self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype)
         if args.use_vllm:
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
@@ -184,7 +195,7 @@ class GRPOTrainer:
         with timer("reward"):
             advantages, reward_metrics = self._score(batch, args.num_generations, rewards)
         with timer("reference"):
-            ref_logps = self._logprobs(self.reference, batch) if args.beta != 0 else None
+            ref_logps = self._reference_logprobs(batch) if args.beta != 0 else None
             # π_old differs from π_θ only when one round feeds several optimizer steps
             several = args.num_iterations > 1 or self.spg > args.gradient_accumulation_steps
             old_logps = self._logprobs(self.policy, batch) if several else None
@@ -297,6 +308,12 @@ class GRPOTrainer:
         return [completion_logprobs(engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"].shape[1],
                                     self.args.temperature)[0] for mb in batch.micro]
 
+    def _reference_logprobs(self, batch: Batch) -> List[torch.Tensor]:
+        if self.lora:  # the reference is the base model: the same engine with its adapters switched off
+            with self.policy.module.disable_adapter():
+                return self._logprobs(self.policy, batch)
+        return self._logprobs(self.reference, batch)
+
     def _update(self, batch: Batch, advantages: torch.Tensor, old_logps, ref_logps) -> Dict[str, float]:
         """num_iterations passes over the round's micro-batches, GA micro-batches per optimizer step."""
         args, GA, B = self.args, self.args.gradient_accumulation_steps, self.args.per_device_train_batch_size
@@ -392,16 +409,17 @@ class GRPOTrainer:
         return out
 
     def save_model(self, output_dir: str) -> None:
-        """Hugging Face format (config, safetensors, tokenizer), loadable by AutoModelForCausalLM and vLLM. Every
-        rank takes part in the gathers; rank 0 writes."""
-        state_dict = {}
-        for name, tensor in named_full_parameters(self.policy.module, self.args.weight_sync_bucket_bytes):
-            if dist.is_main():
-                state_dict[name] = tensor
+        """Hugging Face format (config, safetensors, tokenizer), loadable by AutoModelForCausalLM and vLLM. A LoRA
+        policy saves its adapter in PEFT's format (as TRL does), and with `save_merged_model` the merged model in
+        output_dir/merged too. Every rank takes part in the gathers; rank 0 writes."""
+        module, bucket = self.policy.module, self.args.weight_sync_bucket_bytes
+        if self.lora:
+            lora.save_adapter(module, output_dir, bucket, dist.is_main())
+            if self.args.save_merged_model:
+                save_hf_model(module, os.path.join(output_dir, "merged"), bucket, self.tokenizer)
+        else:
+            save_hf_model(module, output_dir, bucket, self.tokenizer)
         if dist.is_main():
-            module = self.policy.module
-            module.config.use_cache = True  # gradient checkpointing turned it off for training only
-            module.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
             self.tokenizer.save_pretrained(output_dir)
         dist.barrier("model saved before anyone reads it")
         self.control = self.callbacks.fire("on_save", self.args, self.state, self.control)
@@ -425,11 +443,12 @@ class GRPOTrainer:
             except (OSError, ValueError) as exc:
                 raise OSError(f"model={model!r}: cannot read its config ({exc}). Pass a folder saved with "
                               "save_pretrained or a cached hub id.") from None
-        if not isinstance(model, PreTrainedModel):
-            raise TypeError(f"model must be a hub id, a local path or a PreTrainedModel, not {type(model).__name__}.")
+        if not isinstance(model, PreTrainedModel) and not lora.is_peft_model(model):
+            raise TypeError(f"model must be a hub id, a local path, a PreTrainedModel or a PeftModel, not "
+                            f"{type(model).__name__}.")
         path = os.path.join(self.args.output_dir, "initial_model")
-        if dist.is_main():
-            model.save_pretrained(path, safe_serialization=True)
+        if dist.is_main():  # a PeftModel's initial weights for vLLM: its adapter merged in
+            save_hf_model(model, path, self.args.weight_sync_bucket_bytes, gathers_on_every_rank=False)
         dist.barrier("initial model on disk before vLLM loads it", group=dist.EVERYONE)
         return path, model.config
 
@@ -452,3 +471,19 @@ class GRPOTrainer:
             return a.max_steps
         rounds = math.ceil(a.num_train_epochs * len(self.train_prompts) / self.prompts_per_round)
         return rounds * steps_per_round
+
+
+def save_hf_model(module, output_dir: str, bucket_bytes: int, tokenizer=None, gathers_on_every_rank: bool = True) -> None:
+    """Full (for a LoRA policy: merged) weights of `module` in Hugging Face format. With `gathers_on_every_rank`
+    every rank iterates the (collective) gathers and rank 0 writes; without, the caller alone does both."""
+    writes = dist.is_main() or not gathers_on_every_rank
+    state_dict = {}
+    for name, tensor in named_full_parameters(module, bucket_bytes):
+        if writes:
+            state_dict[name] = tensor
+    if writes:
+        model = module.get_base_model() if lora.is_peft_model(module) else module
+        model.config.use_cache = True  # gradient checkpointing turned it off for training only
+        model.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(output_dir)

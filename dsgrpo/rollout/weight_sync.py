@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from ..engines.gather import named_full_parameters
+from ..engines.gather import checkpoint_units, named_full_parameters
 
 
 def expected_checkpoint_shapes(module, tied_lm_head: bool) -> Dict[str, Tuple[int, ...]]:
     """Names and full shapes the sync will send (ZeRO-3 keeps the full shape in `ds_shape`)."""
-    shapes = {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in module.named_parameters()}
+    shapes = {u.name: u.shape for u in checkpoint_units(module)}
     if tied_lm_head:
         emb = [n for n in shapes if n.endswith("embed_tokens.weight")]
         if emb:

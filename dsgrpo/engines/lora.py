@@ -1,0 +1,145 @@
+"""LoRA policies (`peft_config`) on ZeRO-3.
+
+- The model is wrapped with peft before DeepSpeed sees it, so only the adapter matrices require gradients and
+  only they get optimizer state; the base weights stay frozen and partitioned.
+- The reference model is the same network with the adapters disabled (`PeftModel.disable_adapter`): no second
+  engine, no second copy of the weights.
+- vLLM and Hugging Face exports get merged weights, W + scaling·B·A, built one layer at a time while that
+  layer's base weight and adapter are gathered (`merged_units`, consumed by engines/gather.py).
+- `save_adapter` writes the adapter alone in PEFT's format (adapter_config.json + adapter_model.safetensors)."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import torch
+
+from .gather import Unit, full_parameters
+
+UNSUPPORTED = {  # LoraConfig field -> why the merged weight sync cannot honour it yet
+    "use_dora": "DoRA rescales the merged weight by a learned magnitude",
+    "modules_to_save": "fully trained module copies are not part of the merged-weight stream",
+}
+
+
+def require_peft():
+    try:
+        import peft
+    except ImportError:
+        raise ImportError("peft_config needs the `peft` package: `pip install 'dsgrpo[peft]'` (make setup installs "
+                          "it).") from None
+    return peft
+
+
+def is_peft_model(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def as_lora_config(peft_config):
+    """A peft.LoraConfig from what a user may pass: the config itself, or a dict of its fields (YAML runs)."""
+    peft = require_peft()
+    if isinstance(peft_config, dict):
+        try:
+            peft_config = peft.LoraConfig(**peft_config)
+        except TypeError as exc:
+            raise ValueError(f"peft_config: {exc}. Give peft.LoraConfig's fields, e.g. "
+                             "{r: 16, lora_alpha: 32, target_modules: all-linear}.") from None
+    if not isinstance(peft_config, peft.PeftConfig) or peft_config.peft_type != peft.PeftType.LORA:
+        kind = getattr(peft_config, "peft_type", type(peft_config).__name__)
+        raise ValueError(f"peft_config must be a peft.LoraConfig (got {kind}): dsgrpo merges LoRA adapters into "
+                         "the weights it sends to vLLM, and only LoRA has that merge.")
+    for field, why in UNSUPPORTED.items():
+        if getattr(peft_config, field, None):
+            raise ValueError(f"peft_config.{field} is not supported ({why}); leave it unset.")
+    return peft_config
+
+
+def check_lora_model(model, peft_config) -> None:
+    """Before loading: a model that is already a PeftModel carries its own adapter config."""
+    if peft_config is not None and is_peft_model(model):
+        raise ValueError("model is already a PeftModel and peft_config was given too: which adapter to train is "
+                         "ambiguous. Pass the PeftModel with peft_config=None to train its adapter, or the base "
+                         "model with peft_config to add a new one.")
+
+
+def fingerprint(peft_config) -> dict:
+    """What a checkpoint's adapter must match to be resumed (JSON-able)."""
+    targets = peft_config.target_modules
+    return {"r": peft_config.r, "lora_alpha": peft_config.lora_alpha, "use_rslora": bool(peft_config.use_rslora),
+            "target_modules": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets}
+
+
+def wrap_with_lora(model, peft_config, seed: int):
+    """The peft-wrapped policy. The adapters are initialised from `seed` in every rank alike, so ZeRO-3
+    partitions one consistent initialisation (each rank keeps its slice of its own copy)."""
+    peft = require_peft()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        wrapped = peft.get_peft_model(model, peft_config)
+    check_lora_layers(wrapped)
+    return wrapped
+
+
+def check_lora_layers(peft_model) -> None:
+    from peft.tuners.lora import Linear, LoraLayer
+
+    adapters = peft_model.active_adapters
+    if len(adapters) != 1:
+        raise ValueError(f"the LoRA policy has {len(adapters)} active adapters {adapters}; dsgrpo trains one. "
+                         "Activate one with model.set_adapter(name).")
+    other = [n for n, m in peft_model.named_modules() if isinstance(m, LoraLayer) and not isinstance(m, Linear)]
+    if other:
+        raise ValueError(f"peft_config targets non-linear layers {other[:3]}: dsgrpo merges LoRA into linear "
+                         "layers only. Narrow target_modules to linear projections (e.g. 'all-linear').")
+
+
+def merged_units(peft_model) -> List[Unit]:
+    """Checkpoint units of the merged model, in the base model's parameter order and names: a LoRA layer's
+    weight unit gathers its base weight and adapter together and yields W + ΔW; everything else is a copy."""
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    adapter = peft_model.active_adapters[0]
+    layer_of = {}  # id(parameter) -> (layer name, layer) for every parameter inside a LoRA layer
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            layer_of.update({id(p): (name, module) for p in module.parameters()})
+    units, done = [], set()
+    for name, p in base.named_parameters():
+        if id(p) not in layer_of:
+            units.append(Unit(name, (p,)))
+            continue
+        layer_name, layer = layer_of[id(p)]
+        if layer_name in done:
+            continue
+        done.add(layer_name)
+        weight = layer.get_base_layer().weight
+        units.append(Unit(f"{layer_name}.weight", (weight, layer.lora_A[adapter].weight, layer.lora_B[adapter].weight),
+                          combine=_merge(layer, weight, adapter)))
+        bias = layer.get_base_layer().bias
+        if bias is not None:
+            units.append(Unit(f"{layer_name}.bias", (bias,)))
+    return units
+
+
+def _merge(layer, weight, adapter):
+    return lambda: weight.data + layer.get_delta_weight(adapter).to(weight.dtype)
+
+
+def save_adapter(peft_model, output_dir: str, bucket_bytes: int, is_main: bool) -> None:
+    """The adapter (every trainable parameter, gathered) in PEFT's format; every rank calls it, `is_main` writes."""
+    trainable = [(n, p) for n, p in peft_model.named_parameters() if p.requires_grad]
+    state = {n: t for n, t in full_parameters(trainable, bucket_bytes)}
+    if is_main:
+        peft_model.save_pretrained(output_dir, state_dict=state, safe_serialization=True)
+
+
+def adapter_summary(peft_model) -> str:
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in peft_model.parameters() if p.requires_grad)
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in peft_model.parameters())
+    return f"LoRA: {trainable:,} trainable parameters of {total:,} ({100 * trainable / max(total, 1):.2f}%)"
+

@@ -1,0 +1,177 @@
+"""Run under `torchrun --nproc_per_node 2`: LoRA policies (`peft_config`) on real DeepSpeed ZeRO-3 and real
+in-process vLLM, fp32 on CPU. Each check records numbers in OUT_DIR/result-<rank>.json; tests/test_lora_dist.py
+asserts on them.
+
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/lora_checks.py OUT_DIR
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from datasets import Dataset  # noqa: E402
+from peft import LoraConfig  # noqa: E402
+
+from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo.engines import completion_logprobs  # noqa: E402
+from dsgrpo.engines.gather import GatherStats, checkpoint_units, full_parameters  # noqa: E402
+from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import SHARDED_ZERO3, recorder  # noqa: E402
+
+OUT = sys.argv[1]
+results, KEEP = {}, []
+check = recorder(results)
+BUCKET = 64 * 1024  # smaller than the embedding and the MLP matrices: each layer is gathered on its own
+
+
+def digit_fraction(prompts, completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
+
+
+def lora_config():
+    return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0)
+
+
+def config(name, **overrides):
+    base = dict(output_dir=os.path.join(OUT, name), max_steps=3, per_device_train_batch_size=8, num_generations=4,
+                max_completion_length=12, learning_rate=2e-2, lr_scheduler_type="constant", logging_steps=1,
+                gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20,
+                save_steps=10**6, beta=0.04, weight_sync_bucket_bytes=BUCKET)
+    base.update(overrides)
+    return GRPOConfig(**base)
+
+
+FIXED = [1, 5, 9, 12, 30, 31, 32, 33, 34, 35]  # a token sequence whose log-probs every side computes
+
+
+def policy_logps(model):
+    ids = torch.tensor([FIXED])
+    with torch.no_grad():
+        lp, _ = completion_logprobs(model, ids, torch.ones_like(ids), len(FIXED) - 1)
+    return lp[0].tolist()
+
+
+def vllm_logps(trainer):
+    from vllm import SamplingParams
+    out = trainer.generator.llm.generate([{"prompt_token_ids": FIXED}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                                         use_tqdm=False)[0]
+    return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], FIXED[1:])]
+
+
+def all_weights(trainer):
+    """Every parameter of the peft-wrapped policy (base and adapter), full, by its peft name."""
+    return {n: t for n, t in full_parameters(list(trainer.policy.module.named_parameters()), 1 << 30)}
+
+
+def watch_syncs(trainer):
+    """After every weight sync: vLLM's and the policy's log-probs of FIXED, and the sync's peak gathered bytes."""
+    syncs = []
+    original = trainer._sync_generator
+
+    def spy(needed=True):
+        GatherStats.reset()
+        original(needed)
+        if needed:
+            syncs.append({"round": trainer.state.generation_round, "peak_gathered_bytes": GatherStats.peak_bytes,
+                          "vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy)})
+    trainer._sync_generator = spy
+    return syncs
+
+
+def max_diff(a, b):
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+# ------------------------------------------------------------------ 1. GRPOTrainer with a LoRA policy
+@check("lora")
+def _():
+    trainer = GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
+                          args=config("lora", save_steps=2, save_merged_model=True))
+    KEEP.append(trainer)
+    module = trainer.policy.module
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    opt = trainer.policy.optimizer
+    units = checkpoint_units(module)
+    before = all_weights(trainer)
+    at_start = {"vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy)}
+    syncs = watch_syncs(trainer)
+    trainer.train()
+    after = all_weights(trainer)
+    final_policy = policy_logps(trainer.policy)
+    moved = {n: float((after[n] - before[n]).abs().max()) for n in before}
+    out = {
+        "reference_engine": trainer.reference is not None, "ref_ds_config": trainer.ref_ds_config is not None,
+        "trainable": sorted(trainable),
+        "moved_trainable": max(moved[n] for n in trainable),
+        "moved_frozen": max(moved[n] for n in moved if n not in trainable),
+        "moved_lora_B": max(moved[n] for n in moved if ".lora_B." in n),
+        "adapter_numel": sum(before[n].numel() for n in trainable),
+        "frozen_numel": sum(before[n].numel() for n in before if n not in trainable),
+        "optimizer_numel_here": sum(t.numel() for t in opt.fp32_partitioned_groups_flat),
+        "model_bytes": sum(u.nbytes() for u in units),
+        "largest_unit_bytes": max(u.nbytes() for u in units),
+        "unit_names": [u.name for u in units],
+        "at_start": at_start, "syncs": syncs, "history": trainer.state.log_history, "final_policy": final_policy,
+    }
+    ckpt = os.path.join(OUT, "lora", "checkpoint-2")
+    out["checkpoint_bytes"] = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ckpt) for f in fs
+                                  if f.endswith(".pt"))
+    if dist.is_main():  # the saved adapter and merged model, reloaded in plain transformers/peft
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+        saved = os.path.join(OUT, "lora")
+        out["saved_files"] = sorted(os.listdir(saved))
+        base = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32)
+        out["reloaded_adapter"] = policy_logps(PeftModel.from_pretrained(base, saved).eval())
+        merged = AutoModelForCausalLM.from_pretrained(os.path.join(saved, "merged"), dtype=torch.float32).eval()
+        out["reloaded_merged"] = policy_logps(merged)
+        base = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32).eval()
+        out["base_model"] = policy_logps(base)
+        out["adapter_config"] = json.load(open(os.path.join(saved, "adapter_config.json")))
+    final_adapter = {n: after[n] for n in trainable}
+
+    # resume from checkpoint-2 (adapter and optimizer only on disk): the third step comes out the same
+    resumed = GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
+                          args=config("lora_resumed", resume_from_checkpoint=ckpt))
+    KEEP.append(resumed)
+    resumed.train()
+    again = all_weights(resumed)
+    out["resume_adapter_diff"] = max(float((again[n] - final_adapter[n]).abs().max()) for n in trainable)
+    out["resume_frozen_diff"] = max(float((again[n] - after[n]).abs().max()) for n in after if n not in trainable)
+    out["resumed_steps"] = [h["step"] for h in resumed.state.log_history]
+    return out
+
+
+# ------------------------------------------------------------------ 2. a different adapter shape cannot resume it
+@check("resume_other_adapter")
+def _():
+    try:
+        GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts,
+                    peft_config=LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"),
+                    args=config("lora_other", resume_from_checkpoint=os.path.join(OUT, "lora", "checkpoint-2")))
+    except Exception as exc:
+        return {"error_type": type(exc).__name__, "message": str(exc)}
+    return {"error_type": None}
+
+
+# ------------------------------------------------------------------ 3. AsyncGRPOTrainer (colocate) with a LoRA policy
+@check("async_lora")
+def _():
+    trainer = AsyncGRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
+                               args=config("async_lora", max_staleness=0))
+    KEEP.append(trainer)
+    trainer.train()
+    trainer.worker.shutdown()
+    return {"history": trainer.state.log_history}
+
+
+with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
+    json.dump(results, fh)
+dist.barrier("results written")

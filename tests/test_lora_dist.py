@@ -1,0 +1,100 @@
+"""LoRA policies (`peft_config`) on 2 ranks with real DeepSpeed ZeRO-3 and real in-process vLLM (fp32, CPU). One
+launch of tests/dist_scripts/lora_checks.py trains the tiny Qwen2 with a rank-8 adapter on every linear layer
+(3 steps, beta 0.04, a checkpoint at step 2, then a resume from it, then an AsyncGRPOTrainer run) and records the
+numbers asserted below."""
+
+import json
+
+import pytest
+
+from launch import torchrun
+
+pytestmark = pytest.mark.dist
+BUCKET = 64 * 1024  # tests/dist_scripts/lora_checks.py's weight_sync_bucket_bytes
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lora_checks")
+    torchrun("tests/dist_scripts/lora_checks.py", str(out), timeout=600)
+    return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
+
+
+def part(results, name):
+    for rank, res in enumerate(results):
+        assert "error" not in res[name], f"rank {rank}:\n{res[name]['error']}"
+    return [res[name] for res in results]
+
+
+def max_diff(a, b):
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def test_only_the_adapter_trains_and_only_it_has_optimizer_state(results):
+    for r in part(results, "lora"):
+        assert r["trainable"] and all(".lora_A." in n or ".lora_B." in n for n in r["trainable"])
+        assert r["moved_frozen"] == 0.0               # base weights bit-identical after 3 updates
+        assert r["moved_lora_B"] > 1e-3               # the adapter did move
+    ranks = part(results, "lora")
+    adapter = ranks[0]["adapter_numel"]
+    optimizer = sum(r["optimizer_numel_here"] for r in ranks)  # each rank's fp32 partition of what it optimizes
+    assert adapter <= optimizer <= adapter + 2 * 64, (optimizer, adapter)
+    assert optimizer < ranks[0]["frozen_numel"] / 10
+
+
+def test_reference_is_the_policy_with_adapters_off(results):
+    for r in part(results, "lora"):
+        assert not r["reference_engine"] and not r["ref_ds_config"]  # no second engine, no second config
+        kl = [h["kl"] for h in r["history"]]
+        assert abs(kl[0]) < 1e-7, kl                  # B starts at zero: policy == base at the first step
+        assert kl[1] > 1e-4 and kl[2] > kl[1], kl      # and drifts from it once the adapter trains
+
+
+def test_vllm_serves_the_merged_weights_after_every_sync(results):
+    for r in part(results, "lora"):
+        assert max_diff(r["at_start"]["vllm"], r["at_start"]["policy"]) <= 1e-4
+        assert [s["round"] for s in r["syncs"]] == [0, 1]  # after rounds 1 and 2 (the last round's is not sampled)
+        for s in r["syncs"]:
+            assert max_diff(s["vllm"], s["policy"]) <= 1e-4, s
+        assert max_diff(r["syncs"][-1]["policy"], r["at_start"]["policy"]) > 1e-3  # the synced weights changed
+        for h in r["history"]:
+            assert h["sampling/sampling_logp_difference/max"] <= 1e-3
+
+
+def test_merge_sync_gathers_one_layer_at_a_time(results):
+    r = part(results, "lora")[0]
+    for s in r["syncs"]:
+        print(f"peak gathered {s['peak_gathered_bytes']} B of a {r['model_bytes']} B model (bucket {BUCKET} B)")
+        assert s["peak_gathered_bytes"] <= max(BUCKET, r["largest_unit_bytes"])
+        assert s["peak_gathered_bytes"] < r["model_bytes"] / 4
+    names = r["unit_names"]  # the merged stream carries the base model's checkpoint names, nothing of peft's
+    assert "model.layers.0.self_attn.q_proj.weight" in names and "lm_head.weight" in names
+    assert not [n for n in names if "lora_" in n or "base_layer" in n or n.startswith("base_model.")]
+
+
+def test_exported_adapter_and_merged_model_reproduce_the_policy(results):
+    r = part(results, "lora")[0]
+    assert {"adapter_config.json", "adapter_model.safetensors", "merged"} <= set(r["saved_files"])
+    assert "model.safetensors" not in r["saved_files"]    # the adapter alone, not the base model
+    assert r["adapter_config"]["r"] == 8 and r["adapter_config"]["peft_type"] == "LORA"
+    assert max_diff(r["reloaded_adapter"], r["final_policy"]) <= 1e-5
+    assert max_diff(r["reloaded_merged"], r["final_policy"]) <= 1e-5
+    assert max_diff(r["base_model"], r["final_policy"]) > 1e-3   # what would fail if the adapter were lost
+
+
+def test_checkpoint_holds_the_adapter_and_resumes_exactly(results):
+    for r in part(results, "lora"):
+        assert r["checkpoint_bytes"] < r["frozen_numel"] * 4 / 2   # no copy of the frozen base weights
+        assert r["resume_adapter_diff"] == 0.0 and r["resume_frozen_diff"] == 0.0
+        assert r["resumed_steps"] == [1, 2, 3]
+    for r in part(results, "resume_other_adapter"):
+        assert r["error_type"] == "CheckpointError" and "'r': 4" in r["message"] and "adapter" in r["message"]
+
+
+def test_async_trainer_trains_a_lora_policy(results):
+    for r in part(results, "async_lora"):
+        history = r["history"]
+        assert [h["step"] for h in history] == [1, 2, 3]
+        assert abs(history[0]["kl"]) < 1e-7 and history[2]["kl"] > 1e-4
+        for h in history:  # max_staleness 0: vLLM samples from exactly the merged policy
+            assert h["sampling/sampling_logp_difference/max"] <= 1e-3
