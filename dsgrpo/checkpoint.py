@@ -159,6 +159,9 @@ def save(trainer) -> str:
             json.dump(state, fh)
         args.save(os.path.join(partial, "resolved_config.yaml"))
         trainer.policy.module.config.save_pretrained(partial)
+        if getattr(trainer, "lora", False):  # `dsgrpo export` rebuilds the adapter from it
+            module = trainer.policy.module
+            module.peft_config[module.active_adapters[0]].save_pretrained(partial)
         generation_config = getattr(trainer.policy.module, "generation_config", None)
         if generation_config is not None:
             generation_config.save_pretrained(partial)
@@ -218,15 +221,24 @@ def load(trainer, path: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ export
-def export(checkpoint: str, out_dir: str) -> str:
-    """`dsgrpo export CHECKPOINT OUT`: consolidate the (ZeRO-2 or ZeRO-3) shards into a Hugging Face folder
-    (config, safetensors, tokenizer, generation config) in one process."""
+def export(checkpoint: str, out_dir: str, merged: bool = False) -> str:
+    """`dsgrpo export CHECKPOINT OUT [--merged]`: consolidate the (ZeRO-2 or ZeRO-3) shards into a Hugging Face
+    folder (config, safetensors, tokenizer, generation config) in one process. A LoRA run's checkpoint exports
+    its adapter in PEFT's format, and with `merged` the merged model in OUT/merged too."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if not is_complete(checkpoint):
         raise CheckpointError(f"{checkpoint} is not a complete checkpoint; nothing exported.")
     state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint, tag=ENGINE_TAG)
+    if os.path.isfile(os.path.join(checkpoint, "adapter_config.json")):
+        from .engines.lora import export_adapter
+        export_adapter(checkpoint, state_dict, out_dir, merged)
+        for folder in [out_dir] + ([os.path.join(out_dir, "merged")] if merged else []):
+            AutoTokenizer.from_pretrained(checkpoint).save_pretrained(folder)
+        return out_dir
+    if merged:
+        raise CheckpointError(f"--merged: {checkpoint} is not a LoRA run's checkpoint; its export is the whole model.")
     config = AutoConfig.from_pretrained(checkpoint)
     config.use_cache = True
     with torch.device("meta"):

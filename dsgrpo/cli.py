@@ -109,7 +109,7 @@ def main(argv: List[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n"
-              "       dsgrpo export CHECKPOINT_DIR OUT_DIR\n"
+              "       dsgrpo export CHECKPOINT_DIR OUT_DIR [--merged]   (--merged: a LoRA run's merged model too)\n"
               "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n\nRun keys:")
         for k, v in RUN_KEYS.items():
             print(f"  {k:16s} {v}")
@@ -121,11 +121,13 @@ def main(argv: List[str] | None = None) -> int:
     if argv[0] == "train":
         return train(argv[1:])
     if argv[0] == "export":
-        if len(argv) != 3:
-            print("usage: dsgrpo export CHECKPOINT_DIR OUT_DIR", file=sys.stderr)
+        merged = "--merged" in argv
+        paths = [a for a in argv[1:] if a != "--merged"]
+        if len(paths) != 2 or any(a.startswith("-") for a in paths):
+            print("usage: dsgrpo export CHECKPOINT_DIR OUT_DIR [--merged]", file=sys.stderr)
             return 2
         from .checkpoint import export
-        print(f"exported {export(argv[1], argv[2])}")
+        print(f"exported {export(paths[0], paths[1], merged=merged)}")
         return 0
     if argv[0] == "serve-reward":
         from .rewards.remote import serve_reward

@@ -4,8 +4,11 @@ launch of tests/dist_scripts/lora_checks.py trains the tiny Qwen2 with a rank-8 
 numbers asserted below."""
 
 import json
+import subprocess
+import sys
 
 import pytest
+import torch
 
 from launch import torchrun
 
@@ -14,10 +17,15 @@ BUCKET = 64 * 1024  # tests/dist_scripts/lora_checks.py's weight_sync_bucket_byt
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("lora_checks")
     torchrun("tests/dist_scripts/lora_checks.py", str(out), timeout=600)
-    return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(run_dir):
+    return [json.load(open(run_dir / f"result-{r}.json")) for r in range(2)]
 
 
 def part(results, name):
@@ -98,3 +106,29 @@ def test_async_trainer_trains_a_lora_policy(results):
         assert abs(history[0]["kl"]) < 1e-7 and history[2]["kl"] > 1e-4
         for h in history:  # max_staleness 0: vLLM samples from exactly the merged policy
             assert h["sampling/sampling_logp_difference/max"] <= 1e-3
+
+
+def test_dsgrpo_export_turns_a_lora_checkpoint_into_adapter_and_merged_model(run_dir, results, tmp_path):
+    """The resumed run's checkpoint-3 holds the final adapter (the resume is exact): `dsgrpo export --merged`
+    rebuilds it in PEFT's format and merges it into the base, both reproducing the policy's log-probs."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from dsgrpo.engines import completion_logprobs
+    from dsgrpo.testing import tiny_model
+
+    out = tmp_path / "exported"
+    proc = subprocess.run([sys.executable, "-m", "dsgrpo.cli", "export", str(run_dir / "lora_resumed" / "checkpoint-3"),
+                           str(out), "--merged"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "adapter_model.safetensors").exists() and (out / "merged" / "model.safetensors").exists()
+    fixed = [1, 5, 9, 12, 30, 31, 32, 33, 34, 35]   # lora_checks.FIXED
+    ids = torch.tensor([fixed])
+
+    def logps(model):
+        with torch.no_grad():
+            return completion_logprobs(model.eval(), ids, torch.ones_like(ids), len(fixed) - 1)[0][0].tolist()
+    final = part(results, "lora")[0]["final_policy"]
+    base = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32)
+    assert max_diff(logps(PeftModel.from_pretrained(base, str(out))), final) <= 1e-5
+    assert max_diff(logps(AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32)), final) <= 1e-5

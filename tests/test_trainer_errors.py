@@ -64,8 +64,8 @@ def test_model_and_deepspeed_config_errors(tmp_path):
 
 
 def test_unsupported_arguments_and_reward_kinds_are_refused(tmp_path):
-    with pytest.raises(NotImplementedError, match="peft_config is not supported yet"):
-        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, peft_config={"r": 8})
+    with pytest.raises(ValueError, match="peft_config: .*'rank'"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, peft_config={"rank": 8})
     with pytest.raises(TypeError, match=r"reward_funcs\[1\] = 3 is not a reward source"):
         GRPOTrainer(tiny_model("qwen2"), [reward, 3], args=args(tmp_path), train_dataset=PROMPTS)
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, List
 
 import torch
@@ -143,3 +144,28 @@ def adapter_summary(peft_model) -> str:
     total = sum(getattr(p, "ds_numel", p.numel()) for p in peft_model.parameters())
     return f"LoRA: {trainable:,} trainable parameters of {total:,} ({100 * trainable / max(total, 1):.2f}%)"
 
+
+def export_adapter(checkpoint: str, state_dict: dict, out_dir: str, merged: bool) -> None:
+    """`dsgrpo export` of a LoRA run's checkpoint: its engine state holds the adapter only (peft names). The
+    adapter is rebuilt on a weightless (meta) base and saved in PEFT's format; `merged` loads the base model
+    named in adapter_config.json and writes base + adapter to out_dir/merged."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    peft = require_peft()
+    config = peft.PeftConfig.from_pretrained(checkpoint)
+    if merged:
+        base = AutoModelForCausalLM.from_pretrained(config.base_model_name_or_path, dtype=torch.float32)
+    else:
+        with torch.device("meta"):
+            base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(checkpoint))
+    model = peft.get_peft_model(base, config)
+    adapter = {n for n, p in model.named_parameters() if p.requires_grad}
+    missing = sorted(adapter - set(state_dict))
+    if missing:
+        from ..checkpoint import CheckpointError
+        raise CheckpointError(f"{checkpoint}: the engine state lacks adapter weights {missing[:3]}; it was not "
+                              "written with this adapter_config.json.")
+    model.load_state_dict({n: state_dict[n] for n in adapter}, strict=False, assign=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    if merged:
+        model.merge_and_unload().save_pretrained(os.path.join(out_dir, "merged"), safe_serialization=True)

@@ -139,7 +139,7 @@ def _():
 
     # resume from checkpoint-2 (adapter and optimizer only on disk): the third step comes out the same
     resumed = GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
-                          args=config("lora_resumed", resume_from_checkpoint=ckpt))
+                          args=config("lora_resumed", resume_from_checkpoint=ckpt, save_steps=3))
     KEEP.append(resumed)
     resumed.train()
     again = all_weights(resumed)
