@@ -16,11 +16,21 @@ pytestmark = pytest.mark.dist
 BUCKET = 64 * 1024  # tests/dist_scripts/lora_checks.py's weight_sync_bucket_bytes
 
 
+COLOCATE_CHECKS = "lora,resume_other_adapter,async_lora"
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("lora_checks")
-    torchrun("tests/dist_scripts/lora_checks.py", str(out), timeout=600)
+    torchrun("tests/dist_scripts/lora_checks.py", str(out), COLOCATE_CHECKS, timeout=600)
     return out
+
+
+@pytest.fixture(scope="module")
+def split_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lora_split")
+    torchrun("tests/dist_scripts/lora_checks.py", str(out), "split_lora", timeout=600)
+    return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +142,14 @@ def test_dsgrpo_export_turns_a_lora_checkpoint_into_adapter_and_merged_model(run
     base = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32)
     assert max_diff(logps(PeftModel.from_pretrained(base, str(out))), final) <= 1e-5
     assert max_diff(logps(AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32)), final) <= 1e-5
+
+
+def test_split_placement_generators_receive_the_merged_weights(split_results):
+    trainer, generator = part(split_results, "split_lora")
+    assert trainer["trains"] and not generator["trains"]
+    assert [h["step"] for h in trainer["history"]] == [1, 2, 3]
+    versions = sorted(set(trainer["by_version"]) & set(generator["by_version"]), key=int)
+    assert len(versions) >= 2, (trainer["by_version"].keys(), generator["by_version"].keys())
+    for v in versions:  # after every broadcast vLLM on the generating rank scores like the trained policy
+        assert max_diff(trainer["by_version"][v], generator["by_version"][v]) <= 1e-4, v
+    assert max_diff(trainer["by_version"][versions[-1]], trainer["by_version"]["0"]) > 1e-3

@@ -2,7 +2,8 @@
 in-process vLLM, fp32 on CPU. Each check records numbers in OUT_DIR/result-<rank>.json; tests/test_lora_dist.py
 asserts on them.
 
-Usage: torchrun --nproc_per_node 2 tests/dist_scripts/lora_checks.py OUT_DIR
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/lora_checks.py OUT_DIR [CHECK,...]
+(split placement gives the ranks different roles for the life of the process: it runs in a launch of its own)
 """
 
 import json
@@ -23,8 +24,9 @@ from dsgrpo.testing import tiny_model  # noqa: E402
 from recorder import SHARDED_ZERO3, recorder  # noqa: E402
 
 OUT = sys.argv[1]
+ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
 results, KEEP = {}, []
-check = recorder(results)
+check = recorder(results, ONLY)
 BUCKET = 64 * 1024  # smaller than the embedding and the MLP matrices: each layer is gathered on its own
 
 
@@ -172,6 +174,39 @@ def _():
     return {"history": trainer.state.log_history}
 
 
-with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
+# ------------------------------------------------------------------ 4. split placement: rank 1 generates, rank 0 trains
+@check("split_lora")
+def _():
+    trainer = AsyncGRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
+                               args=config("split_lora", async_placement="split", per_device_train_batch_size=16,
+                                           max_staleness=1))
+    KEEP.append(trainer)
+    by_version = {}
+    if trainer.trains:  # the policy's log-probs right after each broadcast of merged weights
+        original = trainer._sync_generator
+
+        def spy(needed=True):
+            original(needed)
+            if needed:
+                by_version[trainer.state.generation_round + 1] = policy_logps(trainer.policy)
+        trainer._sync_generator = spy
+        by_version[0] = policy_logps(trainer.policy)
+    else:  # vLLM's, once the generator has loaded them
+        original = trainer._receive_weights
+
+        def spy(version):
+            original(version)
+            with trainer.worker.paused():
+                by_version[version] = vllm_logps(trainer)
+        trainer._receive_weights = spy
+        by_version[0] = vllm_logps(trainer)
+    trainer.train()
+    if trainer.worker is not None:  # the generating rank's
+        trainer.worker.shutdown()
+    return {"trains": trainer.trains, "by_version": by_version,
+            "history": trainer.state.log_history if trainer.trains else None}
+
+
+with open(os.path.join(OUT, f"result-{dist.rank(dist.EVERYONE)}.json"), "w") as fh:
     json.dump(results, fh)
-dist.barrier("results written")
+dist.barrier("results written", group=dist.EVERYONE)  # split placement leaves rank 0 a training group of one
