@@ -268,7 +268,9 @@ class GRPOTrainer:
         tensors = [rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B))
                    for s in range(0, len(rollout), B)] if micro else []
         prompts, columns = source.rows_for(indices, counts)
-        return Batch(rollout, prompts, completions_for_rewards(texts, source.conversational), columns, tensors)
+        completions = (rollout.messages if rollout.messages is not None and source.conversational
+                       else completions_for_rewards(texts, source.conversational))
+        return Batch(rollout, prompts, completions, columns, tensors)
 
     def _reward_matrix(self, batch: Batch) -> torch.Tensor:
         """[L, K]: every reward source on this rank's completions (collective when a reward model is sharded)."""

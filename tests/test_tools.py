@@ -251,6 +251,13 @@ def test_a_tool_call_is_answered_and_the_model_continues(tok):
     direct = ids(tok, "It is 5.") + [eos]
     assert rollout.completion_ids[1] == direct and rollout.tool_mask[1] == [1] * len(direct)
     assert rollout.truncated == [False, False]
+    # what the reward functions get (TRL's shape): the turns as messages, tool calls and results included
+    assert rollout.messages[0] == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}]},
+        {"role": "tool", "name": "calculator", "content": "5"},
+        {"role": "assistant", "content": "The answer is 5."}]
+    assert rollout.messages[1] == [{"role": "assistant", "content": "It is 5."}]
     # the continuation: n=1 from prompt + everything so far, the room left, a seed from (seed, iteration, k)
     assert len(gen.calls) == 2
     assert gen.calls[1] == {"prompt_ids": [prompt + sampled_1 + turn], "counts": [1],
@@ -292,6 +299,12 @@ def test_failing_tools_are_reported_to_the_model_and_the_run_continues(tok):
     assert tok.decode(rollout.completion_ids[0]).endswith("<|im_start|>assistant\nDone.<|im_end|>")
     assert rollout.truncated == [False]
     assert (stats.calls, stats.failures) == (5, 4)
+    first, tools, last = rollout.messages[0][0], rollout.messages[0][1:-1], rollout.messages[0][-1]
+    assert [c["function"]["name"] for c in first["tool_calls"]] == ["calculator", "explode", "hang", "search"]
+    assert [(m["role"], m["name"]) for m in tools] == [("tool", "calculator"), ("tool", "explode"), ("tool", "hang"),
+                                                       ("tool", "unknown"), ("tool", "search")]
+    assert [m["content"] for m in tools] == responses
+    assert last == {"role": "assistant", "content": "Done."}
     assert stats.metrics() == {"tools/call_frequency": 5.0, "tools/failure_frequency": 0.8}
 
 
@@ -307,6 +320,9 @@ def test_iteration_limit_leaves_later_calls_unanswered(tok):
         rollout, stats = run_tool_turns(gen, tok, [prompt], [1], SamplingConfig(max_tokens=1000), None, runner,
                                         max_tool_calling_iterations=limit)
         assert rollout.completion_ids[0] == expected and stats.calls == limit
+        # every turn calls the tool; only the first `limit` are answered, the last call stays unanswered
+        assert [m["role"] for m in rollout.messages[0]] == ["assistant", "tool"] * limit + ["assistant"]
+        assert "tool_calls" in rollout.messages[0][-1]
         assert len(gen.calls) == limit + 1 and all(c["seeds"] is None for c in gen.calls)
 
 
@@ -343,6 +359,7 @@ def test_truncation_at_max_tokens(tok):
     assert rollout.completion_ids[0] == sofar_0[:limit] and rollout.truncated == [True]
     assert rollout.tool_mask[0] == [1] * len(ids(tok, short) + [eos]) + [0] * (limit - len(ids(tok, short)) - 1)
     assert len(gen.calls) == 1 and stats.calls == 1
+    assert [m["role"] for m in rollout.messages[0]] == ["assistant"]   # the cut tool turn is not a message
 
     # a turn cut by max_tokens is not parsed for calls, even when its call text is complete
     limit = len(ids(tok, short))   # everything but the eos

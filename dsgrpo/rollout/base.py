@@ -39,6 +39,9 @@ class Rollout:
     # 1 = sampled token, 0 = token the trainer inserted (a tool result, see rollout/tools.py): inserted tokens stay
     # in input_ids as context but leave the loss; their sampler_logprobs are 0.0. None: every token was sampled.
     tool_mask: Optional[List[List[int]]] = None
+    # with tools: each completion as TRL's reward functions see it, the turns as messages (assistant turns with
+    # their "tool_calls", then the tool results); None: the decoded text is the one assistant message
+    messages: Optional[List[List[dict]]] = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -18,7 +18,7 @@ import inspect
 import json
 import re
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .base import Generator, Rollout, SamplingConfig, round_seed
@@ -166,6 +166,17 @@ def _result_text(value: Any) -> str:
         return str(value)
 
 
+def assistant_message(text: str) -> dict:
+    """A sampled turn as TRL hands it to reward functions: its text without the tool-call blocks, and the calls
+    that could be read (name and arguments) under "tool_calls"."""
+    message = {"role": "assistant", "content": TOOL_CALL_RE.sub("", text).strip()}
+    calls = [c for c in parse_tool_calls(text) if c.error is None]
+    if calls:
+        message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in calls]
+    return message
+
+
 # Stand-in content of the assistant turn when rendering a tool turn: the text after it is what the template puts
 # between the end of the assistant's reply and the next reply. Plain letters, so no template strips or escapes it.
 _REPLY_MARKER = "DSGRPOREPLYMARKER"
@@ -199,6 +210,7 @@ class _Row:
     mask: List[int]
     truncated: bool
     turn_start: int = 0   # where the latest sampled segment begins: only its tool calls are still unanswered
+    messages: List[dict] = field(default_factory=list)  # the conversation so far, for the reward functions
 
     def append(self, ids: List[int], logprobs: Optional[List[float]] = None) -> None:
         """Sampled tokens with their log-probs, or (logprobs None) inserted tokens outside the loss."""
@@ -256,11 +268,15 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
                                    chat_template_kwargs)
             if row.ids and turn and row.ids[-1] == turn[0] and turn[0] in special:
                 turn = turn[1:]   # the model already sampled the end-of-turn token (its eos) the template starts with
+            row.messages.append(assistant_message(tokenizer.decode(row.ids[row.turn_start:], skip_special_tokens=True)))
             row.append(turn)
-            if len(row.ids) >= limit:   # no room left to answer
+            row.turn_start = len(row.ids)
+            if len(row.ids) >= limit:   # no room left to answer: the tool turn is cut, not part of the conversation
                 row.cut(limit)
                 row.truncated = True
                 continue
+            row.messages += [{"role": "tool", "name": c.name or "unknown", "content": text}
+                             for c, (text, _) in zip(calls, results)]
             continuing.append(i)
         if not continuing:
             break
@@ -278,6 +294,9 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
             row.truncated = more.truncated[n] or len(ids) > room[n]
             row.append(ids[:room[n]], logprobs[:room[n]])
         candidates = continuing
+    for row in rows:  # the last sampled turn (or the only one)
+        if row.ids[row.turn_start:] or not row.messages:
+            row.messages.append(assistant_message(tokenizer.decode(row.ids[row.turn_start:], skip_special_tokens=True)))
     rollout = Rollout([r.prompt for r in rows], [r.ids for r in rows], [r.logprobs for r in rows],
-                      [r.truncated for r in rows], tool_mask=[r.mask for r in rows])
+                      [r.truncated for r in rows], tool_mask=[r.mask for r in rows], messages=[r.messages for r in rows])
     return rollout, stats
