@@ -18,6 +18,9 @@ def test_every_example_config_loads_and_validates(path, monkeypatch):
     assert {"model", "train_dataset", "reward_funcs"} <= set(run)
     assert open(path).readline().startswith("#")  # each example starts by saying how to run it
     assert "launch_scripts/train.sh" in open(path).read()
+    if "peft_config" in run:  # the mapping becomes the LoraConfig the trainer gets
+        from dsgrpo.engines.lora import as_lora_config
+        assert as_lora_config(run["peft_config"]).r == run["peft_config"]["r"]
 
 
 def test_overrides_reach_run_keys_and_config_fields(tmp_path):

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.dist
 BUCKET = 64 * 1024  # tests/dist_scripts/lora_checks.py's weight_sync_bucket_bytes
 
 
-COLOCATE_CHECKS = "lora,resume_other_adapter,async_lora"
+COLOCATE_CHECKS = "lora_gradients,lora,resume_other_adapter,async_lora"
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,13 @@ def part(results, name):
 
 def max_diff(a, b):
     return max(abs(x - y) for x, y in zip(a, b))
+
+
+def test_adapter_gradients_under_zero3_equal_one_process(results):
+    for r in part(results, "lora_gradients"):
+        assert r["names_match"]
+        assert r["min_grad_norm"] > 1e-4          # every adapter matrix has a gradient to compare
+        assert r["max_diff"] <= 1e-6, r
 
 
 def test_only_the_adapter_trains_and_only_it_has_optimizer_state(results):

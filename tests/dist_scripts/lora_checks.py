@@ -91,6 +91,49 @@ def max_diff(a, b):
     return max(abs(x - y) for x, y in zip(a, b))
 
 
+# ------------------------------------------------------------------ 0. adapter gradients under ZeRO-3 == one process
+@check("lora_gradients")
+def _():
+    """The engine's full gradient of every adapter matrix after one backward over both ranks' micro-batches equals
+    the gradient of the mean loss in one plain-torch process (B set non-zero first, so A has a gradient too)."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_grad
+    from transformers import AutoModelForCausalLM
+
+    from dsgrpo.engines.builder import ModelLoader, build_policy_engine, resolve
+    from dsgrpo.engines.lora import wrap_with_lora
+
+    args = config("lora_gradients", max_grad_norm=1e9)
+    args.validate(world_size=2)
+    ds = resolve(args.deepspeed, args, 128, "deepspeed", train=True)
+
+    def set_b(model):
+        gen = torch.Generator().manual_seed(1)
+        for n, p in model.named_parameters():
+            if ".lora_B." in n:
+                p.data.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+
+    engine = build_policy_engine(wrap_with_lora(ModelLoader(ds, torch.float32).load(tiny_model("qwen2")), lora_config(), 0),
+                                 args, ds)
+    with deepspeed.zero.GatheredParameters([p for n, p in engine.module.named_parameters() if ".lora_B." in n],
+                                           modifier_rank=0):
+        set_b(engine.module)
+    batches = [torch.randint(0, 500, (2, 12), generator=torch.Generator().manual_seed(r)) for r in range(2)]
+
+    def loss_of(model, ids):
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().log_softmax(-1)[..., 7].mean()
+    engine.backward(loss_of(engine, batches[dist.rank()]))
+    grads = {n: safe_get_full_grad(p) for n, p in engine.module.named_parameters() if p.requires_grad}
+    plain = wrap_with_lora(AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32), lora_config(), 0)
+    set_b(plain)
+    (sum(loss_of(plain, ids) for ids in batches) / 2).backward()  # DeepSpeed averages over the ranks
+    want = {n: p.grad for n, p in plain.named_parameters() if p.requires_grad}
+    KEEP.append(engine)
+    return {"names_match": sorted(grads) == sorted(want),
+            "max_diff": max(float((grads[n] - want[n]).abs().max()) for n in want),
+            "min_grad_norm": min(float(want[n].norm()) for n in want)}
+
+
 # ------------------------------------------------------------------ 1. GRPOTrainer with a LoRA policy
 @check("lora")
 def _():
