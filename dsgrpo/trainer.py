@@ -73,7 +73,7 @@ class GRPOTrainer:
         self._set_up_roles()
         self.world = dist.num_trainers()
         args.validate(world_size=self.world)
-        self.model_path, model_config = self._model_source(model)
+        self.model_path, model_config = self._model_source(model, processing_class)
         self.tokenizer = self._tokenizer(processing_class)
         self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none)
         context = args.vllm_max_model_len or getattr(model_config, "max_position_embeddings", None)
@@ -433,8 +433,9 @@ class GRPOTrainer:
     def _check_before_loading(self) -> None:
         """Checks of a subclass that must fail before any model is loaded."""
 
-    def _model_source(self, model):
-        """(path vLLM can load, model config). A PreTrainedModel instance is saved once so vLLM can load it."""
+    def _model_source(self, model, processing_class=None):
+        """(path vLLM can load, model config). A PreTrainedModel (or PeftModel) instance is saved once, with its
+        tokenizer, so vLLM can load it."""
         from transformers import AutoConfig, PreTrainedModel
 
         from .engines.builder import check_model_source
@@ -449,10 +450,20 @@ class GRPOTrainer:
             raise TypeError(f"model must be a hub id, a local path, a PreTrainedModel or a PeftModel, not "
                             f"{type(model).__name__}.")
         path = os.path.join(self.args.output_dir, "initial_model")
+        tokenizer = processing_class or self._tokenizer_of(model)  # every rank: an error stops them all here
         if dist.is_main():  # a PeftModel's initial weights for vLLM: its adapter merged in
-            save_hf_model(model, path, self.args.weight_sync_bucket_bytes, gathers_on_every_rank=False)
+            save_hf_model(model, path, self.args.weight_sync_bucket_bytes, tokenizer, gathers_on_every_rank=False)
         dist.barrier("initial model on disk before vLLM loads it", group=dist.EVERYONE)
         return path, model.config
+
+    @staticmethod
+    def _tokenizer_of(model):
+        from transformers import AutoTokenizer
+        try:
+            return AutoTokenizer.from_pretrained(model.name_or_path)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"model is a {type(model).__name__} whose name_or_path {model.name_or_path!r} has no "
+                             f"tokenizer ({exc}). Pass processing_class=<its tokenizer>.") from None
 
     def _tokenizer(self, processing_class):
         from transformers import AutoTokenizer

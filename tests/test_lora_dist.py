@@ -16,7 +16,7 @@ pytestmark = pytest.mark.dist
 BUCKET = 64 * 1024  # tests/dist_scripts/lora_checks.py's weight_sync_bucket_bytes
 
 
-COLOCATE_CHECKS = "lora_gradients,lora,resume_other_adapter,async_lora"
+COLOCATE_CHECKS = "lora_gradients,lora,resume_other_adapter,peft_model_instance,async_lora"
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +114,15 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(results):
         assert r["resumed_steps"] == [1, 2, 3]
     for r in part(results, "resume_other_adapter"):
         assert r["error_type"] == "CheckpointError" and "'r': 4" in r["message"] and "adapter" in r["message"]
+
+
+def test_a_peft_model_passed_as_model_trains_its_adapter(results):
+    for r in part(results, "peft_model_instance"):
+        # vLLM starts from the merged weights of the given adapter, and the policy is that PeftModel
+        assert max_diff(r["at_start"]["vllm"], r["expected"]) <= 1e-4
+        assert max_diff(r["at_start"]["policy"], r["expected"]) <= 1e-5
+        assert not r["reference_engine"]
+        assert r["kl"] > 1e-4   # the reference is the base: the given adapter already moved the policy from it
 
 
 def test_async_trainer_trains_a_lora_policy(results):

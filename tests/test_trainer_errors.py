@@ -127,3 +127,12 @@ def test_unsupported_reward_sources_are_refused_before_loading(tmp_path):
         GRPOTrainer(tiny_model("qwen2"), [reward, tiny_model("qwen2")], args=args(tmp_path), train_dataset=PROMPTS)
     with pytest.raises(ValueError, match="neither a built-in reward"):
         GRPOTrainer(tiny_model("qwen2"), "accuracy_rewrd", args=args(tmp_path), train_dataset=PROMPTS)
+
+
+def test_model_instance_without_a_tokenizer_is_refused(tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model("qwen2")))
+    model.name_or_path = str(tmp_path)  # built in memory: nothing to load a tokenizer from
+    with pytest.raises(ValueError, match="(?s)has no tokenizer .*Pass processing_class"):
+        GRPOTrainer(model, reward, args=args(tmp_path), train_dataset=PROMPTS)
+    assert not (tmp_path / "out" / "initial_model").exists()

@@ -206,7 +206,26 @@ def _():
     return {"error_type": None}
 
 
-# ------------------------------------------------------------------ 3. AsyncGRPOTrainer (colocate) with a LoRA policy
+# ------------------------------------------------------------------ 3. a PeftModel passed as `model` (a trained adapter)
+@check("peft_model_instance")
+def _():
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32), lora_config())
+    gen = torch.Generator().manual_seed(4)
+    for n, p in model.named_parameters():  # as if trained: the merged weights differ from the base
+        if ".lora_" in n:
+            p.data.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    expected = policy_logps(model.eval())
+    trainer = GRPOTrainer(model, digit_fraction, train_dataset=prompts, args=config("peft_instance", max_steps=1))
+    KEEP.append(trainer)
+    at_start = {"vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy)}
+    trainer.train()
+    return {"expected": expected, "at_start": at_start, "reference_engine": trainer.reference is not None,
+            "kl": trainer.state.log_history[0]["kl"]}
+
+
+# ------------------------------------------------------------------ 4. AsyncGRPOTrainer (colocate) with a LoRA policy
 @check("async_lora")
 def _():
     trainer = AsyncGRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
@@ -217,7 +236,7 @@ def _():
     return {"history": trainer.state.log_history}
 
 
-# ------------------------------------------------------------------ 4. split placement: rank 1 generates, rank 0 trains
+# ------------------------------------------------------------------ 5. split placement: rank 1 generates, rank 0 trains
 @check("split_lora")
 def _():
     trainer = AsyncGRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
