@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, List
 
 import torch
@@ -33,11 +34,8 @@ def require_peft():
 
 
 def is_peft_model(model: Any) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
+    peft = sys.modules.get("peft")  # a PeftModel exists only once peft is imported: plain runs never import it
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def as_lora_config(peft_config):
