@@ -85,7 +85,7 @@ def test_tool_calls_run_and_their_results_are_masked_out_of_the_loss(results):
         assert all(h["tools/call_frequency"] >= 0.5 for h in history), history
         # explode raises and stall times out: failures are answered, never fatal
         assert all(0.2 <= h["tools/failure_frequency"] <= 0.9 for h in history), history
-        assert run["seconds"] < 120  # a 30 s tool was abandoned after 0.5 s, every time
+        print(f"tool run: {run['seconds']:.1f} s")  # a figure, not a gate (timing is bench/'s business)
         with_tools = [r for r in run["rows"] if r["n_inserted"]]
         assert len(with_tools) >= len(run["rows"]) // 2
         for row in with_tools:
@@ -96,6 +96,9 @@ def test_tool_calls_run_and_their_results_are_masked_out_of_the_loss(results):
         assert all(r["mask_matches"] for r in run["rows"] if "mask_matches" in r)
         # the sampler's log-probs line up with the trained (sampled) tokens: fp32, same weights at step 1
         assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3, history[0]
+    # the 30 s tool was abandoned at its 0.5 s limit: the model read the timeout, the run went on
+    rows = [r for run in part(results, "tools") for r in run["rows"]]
+    assert any("timed out after 0.5 s" in r["inserted"] for r in rows)
 
 
 def test_rollout_func_feeds_its_extra_keys_to_the_rewards(results):
