@@ -4,6 +4,7 @@ launch of tests/dist_scripts/lora_checks.py trains the tiny Qwen2 with a rank-8 
 numbers asserted below."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import torch
 from launch import torchrun
 
 pytestmark = pytest.mark.dist
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist_scripts"))
 BUCKET = 64 * 1024  # tests/dist_scripts/lora_checks.py's weight_sync_bucket_bytes
 
 
@@ -140,24 +142,19 @@ def test_dsgrpo_export_turns_a_lora_checkpoint_into_adapter_and_merged_model(run
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from dsgrpo.engines import completion_logprobs
     from dsgrpo.testing import tiny_model
+    from recorder import policy_logps
 
     out = tmp_path / "exported"
     proc = subprocess.run([sys.executable, "-m", "dsgrpo.cli", "export", str(run_dir / "lora_resumed" / "checkpoint-3"),
                            str(out), "--merged"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "adapter_model.safetensors").exists() and (out / "merged" / "model.safetensors").exists()
-    fixed = [1, 5, 9, 12, 30, 31, 32, 33, 34, 35]   # lora_checks.FIXED
-    ids = torch.tensor([fixed])
-
-    def logps(model):
-        with torch.no_grad():
-            return completion_logprobs(model.eval(), ids, torch.ones_like(ids), len(fixed) - 1)[0][0].tolist()
-    final = part(results, "lora")[0]["final_policy"]
+    final = part(results, "lora")[0]["final_policy"]  # lora_checks' policy_logps of the trained policy
     base = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32)
-    assert max_diff(logps(PeftModel.from_pretrained(base, str(out))), final) <= 1e-5
-    assert max_diff(logps(AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32)), final) <= 1e-5
+    assert max_diff(policy_logps(PeftModel.from_pretrained(base, str(out)).eval()), final) <= 1e-5
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32).eval()
+    assert max_diff(policy_logps(merged), final) <= 1e-5
 
 
 def test_split_placement_generators_receive_the_merged_weights(split_results):

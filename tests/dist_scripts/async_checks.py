@@ -11,8 +11,6 @@ import signal
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from datasets import Dataset  # noqa: E402
@@ -20,7 +18,7 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.gather import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, recorder  # noqa: E402
+from recorder import SHARDED_ZERO3, recorder, watch_split_versions  # noqa: E402
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` shows where a hang is
 OUT = sys.argv[1]
@@ -192,48 +190,11 @@ def _():
 
 
 # ------------------------------------------------------------------ 6. split placement: rank 0 trains, rank 1 generates
-FIXED = [1, 5, 9, 12, 30, 31, 32, 33, 34, 35]  # a fixed token sequence whose log-probs both sides compute
-
-
-def trainer_fixed_logps(trainer):
-    from dsgrpo.engines import completion_logprobs
-    ids = torch.tensor([FIXED])
-    with torch.no_grad():
-        lp, _ = completion_logprobs(trainer.policy, ids, torch.ones_like(ids), len(FIXED) - 1)
-    return lp[0].tolist()
-
-
-def vllm_fixed_logps(trainer):
-    from vllm import SamplingParams
-    out = trainer.generator.llm.generate([{"prompt_token_ids": FIXED}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                                         use_tqdm=False)[0]
-    return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], FIXED[1:])]
-
-
 def split_run(name, **overrides):
     trainer = AsyncGRPOTrainer(tiny_model("qwen2-tied"), digit_fraction, train_dataset=prompts, args=config(
         name, async_placement="split", per_device_train_batch_size=16, max_staleness=1, **overrides))
-    by_version = {}
-    if trainer.trains:
-        plans = record_plans(trainer)
-        original = trainer._sync_generator
-
-        def spy(needed=True):
-            original(needed)
-            if needed:
-                by_version[trainer.state.generation_round + 1] = trainer_fixed_logps(trainer)
-        trainer._sync_generator = spy
-        by_version[0] = trainer_fixed_logps(trainer)
-    else:
-        plans = None
-        original = trainer._receive_weights
-
-        def spy(version):
-            original(version)
-            with trainer.worker.paused():
-                by_version[version] = vllm_fixed_logps(trainer)
-        trainer._receive_weights = spy
-        by_version[0] = vllm_fixed_logps(trainer)
+    plans = record_plans(trainer) if trainer.trains else None
+    by_version = watch_split_versions(trainer)
     trainer.train()
     teardown(trainer)
     return {"trains": trainer.trains, "by_version": by_version, "plans": plans,

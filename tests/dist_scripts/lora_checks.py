@@ -18,10 +18,9 @@ from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines import completion_logprobs  # noqa: E402
 from dsgrpo.engines.gather import GatherStats, checkpoint_units, full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, recorder  # noqa: E402
+from recorder import SHARDED_ZERO3, policy_logps, recorder, vllm_logps, watch_split_versions  # noqa: E402
 
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
@@ -48,23 +47,6 @@ def config(name, **overrides):
                 save_steps=10**6, beta=0.04, weight_sync_bucket_bytes=BUCKET)
     base.update(overrides)
     return GRPOConfig(**base)
-
-
-FIXED = [1, 5, 9, 12, 30, 31, 32, 33, 34, 35]  # a token sequence whose log-probs every side computes
-
-
-def policy_logps(model):
-    ids = torch.tensor([FIXED])
-    with torch.no_grad():
-        lp, _ = completion_logprobs(model, ids, torch.ones_like(ids), len(FIXED) - 1)
-    return lp[0].tolist()
-
-
-def vllm_logps(trainer):
-    from vllm import SamplingParams
-    out = trainer.generator.llm.generate([{"prompt_token_ids": FIXED}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                                         use_tqdm=False)[0]
-    return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], FIXED[1:])]
 
 
 def all_weights(trainer):
@@ -243,25 +225,7 @@ def _():
                                args=config("split_lora", async_placement="split", per_device_train_batch_size=16,
                                            max_staleness=1))
     KEEP.append(trainer)
-    by_version = {}
-    if trainer.trains:  # the policy's log-probs right after each broadcast of merged weights
-        original = trainer._sync_generator
-
-        def spy(needed=True):
-            original(needed)
-            if needed:
-                by_version[trainer.state.generation_round + 1] = policy_logps(trainer.policy)
-        trainer._sync_generator = spy
-        by_version[0] = policy_logps(trainer.policy)
-    else:  # vLLM's, once the generator has loaded them
-        original = trainer._receive_weights
-
-        def spy(version):
-            original(version)
-            with trainer.worker.paused():
-                by_version[version] = vllm_logps(trainer)
-        trainer._receive_weights = spy
-        by_version[0] = vllm_logps(trainer)
+    by_version = watch_split_versions(trainer)  # merged weights: policy after each broadcast, vLLM once loaded
     trainer.train()
     if trainer.worker is not None:  # the generating rank's
         trainer.worker.shutdown()

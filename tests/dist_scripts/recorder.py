@@ -1,8 +1,11 @@
 """What the 2-rank check scripts share: a decorator that records each check's numbers (or its traceback, so the
-other checks still run and the pytest side names the one that failed), and the ZeRO-3 config that really shards
-tiny models (persistence threshold 0)."""
+other checks still run and the pytest side names the one that failed), the ZeRO-3 config that really shards
+tiny models (persistence threshold 0), and log-probs of one fixed token sequence as the policy and as vLLM see
+them (how a weight sync is checked)."""
 
 import traceback
+
+import torch
 
 SHARDED_ZERO3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
                  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
@@ -24,3 +27,48 @@ def recorder(results: dict, only=None):
             return fn
         return wrap
     return check
+
+
+FIXED = [1, 5, 9, 12, 30, 31, 32, 33, 34, 35]  # a token sequence whose log-probs every side computes
+
+
+def policy_logps(model):
+    """log-probs of FIXED[1:] under a model or DeepSpeed engine (collective under ZeRO-3)."""
+    from dsgrpo.engines import completion_logprobs
+    ids = torch.tensor([FIXED])
+    with torch.no_grad():
+        lp, _ = completion_logprobs(model, ids, torch.ones_like(ids), len(FIXED) - 1)
+    return lp[0].tolist()
+
+
+def vllm_logps(trainer):
+    """log-probs of FIXED[1:] under the trainer's colocated vLLM engine."""
+    from vllm import SamplingParams
+    out = trainer.generator.llm.generate([{"prompt_token_ids": FIXED}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                                         use_tqdm=False)[0]
+    return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], FIXED[1:])]
+
+
+def watch_split_versions(trainer) -> dict:
+    """Split placement: {weights version: log-probs of FIXED}, from the policy right after each broadcast on a
+    training rank, from vLLM once it has loaded them on a generating rank (version 0: before training)."""
+    by_version = {}
+    if trainer.trains:
+        original_sync = trainer._sync_generator
+
+        def sync(needed=True):
+            original_sync(needed)
+            if needed:
+                by_version[trainer.state.generation_round + 1] = policy_logps(trainer.policy)
+        trainer._sync_generator = sync
+        by_version[0] = policy_logps(trainer.policy)
+    else:
+        original_receive = trainer._receive_weights
+
+        def receive(version):
+            original_receive(version)
+            with trainer.worker.paused():
+                by_version[version] = vllm_logps(trainer)
+        trainer._receive_weights = receive
+        by_version[0] = vllm_logps(trainer)
+    return by_version
