@@ -143,7 +143,7 @@ def save(trainer) -> str:
     dist.barrier("partial checkpoint folder exists before ranks write into it")
     # a LoRA policy's frozen base weights are reloaded from the model at resume: only the adapter is state
     trainer.policy.save_checkpoint(partial, tag=ENGINE_TAG, save_latest=False,
-                                   exclude_frozen_parameters=getattr(trainer, "lora", False))
+                                   exclude_frozen_parameters=trainer.lora_policy)
     with open(os.path.join(partial, f"rng_state_{dist.rank()}.json"), "w") as fh:
         json.dump(rng_state(), fh)
     if hasattr(trainer, "rank_extra_state"):  # e.g. the async trainer's rollout pool
@@ -159,7 +159,7 @@ def save(trainer) -> str:
             json.dump(state, fh)
         args.save(os.path.join(partial, "resolved_config.yaml"))
         trainer.policy.module.config.save_pretrained(partial)
-        if getattr(trainer, "lora", False):  # `dsgrpo export` rebuilds the adapter from it
+        if trainer.lora_policy:  # `dsgrpo export` rebuilds the adapter from it
             module = trainer.policy.module
             module.peft_config[module.active_adapters[0]].save_pretrained(partial)
         generation_config = getattr(trainer.policy.module, "generation_config", None)
@@ -201,7 +201,7 @@ def load(trainer, path: str) -> None:
         raise CheckpointError(f"{path} has no {os.path.basename(rng_file)}: it was written by fewer ranks.")
     loaded, _ = trainer.policy.load_checkpoint(path, tag=ENGINE_TAG, load_optimizer_states=True,
                                                load_lr_scheduler_states=True,
-                                               load_module_strict=not getattr(trainer, "lora", False))
+                                               load_module_strict=not trainer.lora_policy)
     if loaded is None:
         raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
     with open(rng_file) as fh:
@@ -234,8 +234,9 @@ def export(checkpoint: str, out_dir: str, merged: bool = False) -> str:
     if os.path.isfile(os.path.join(checkpoint, "adapter_config.json")):
         from .engines.lora import export_adapter
         export_adapter(checkpoint, state_dict, out_dir, merged)
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         for folder in [out_dir] + ([os.path.join(out_dir, "merged")] if merged else []):
-            AutoTokenizer.from_pretrained(checkpoint).save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
         return out_dir
     if merged:
         raise CheckpointError(f"--merged: {checkpoint} is not a LoRA run's checkpoint; its export is the whole model.")

@@ -58,8 +58,8 @@ class GRPOTrainer:
                  peft_config=None, tools=None, rollout_func=None):
         lora.check_lora_model(model, peft_config)
         self.peft_config = lora.as_lora_config(peft_config) if peft_config is not None else None
-        self.lora = self.peft_config is not None or lora.is_peft_model(model)  # the reference: adapters disabled
-        self.adapter = lora.fingerprint(self.peft_config or model.peft_config[model.active_adapter]) if self.lora else None
+        adapter_config = self.peft_config or (model.peft_config[model.active_adapter] if lora.is_peft_model(model) else None)
+        self.adapter = lora.fingerprint(adapter_config) if adapter_config is not None else None  # a LoRA policy's shape
         if rollout_func is not None and not callable(rollout_func):
             raise TypeError(f"rollout_func must be a function (prompts, trainer) -> dict, not {type(rollout_func).__name__}.")
         if rollout_func is not None and tools:
@@ -95,7 +95,7 @@ class GRPOTrainer:
             raise ValueError(f"deepspeed config sets gradient_accumulation_steps={self.ds_config['gradient_accumulation_steps']} "
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
         self.ref_ds_config = (resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False)
-                              if args.beta and not self.lora else None)
+                              if args.beta and not self.lora_policy else None)
         self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
         self.resume_path = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
         if self.resume_path:  # refuse a checkpoint this run cannot continue before anything is written
@@ -115,6 +115,11 @@ class GRPOTrainer:
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
         self.last_checkpoint: Optional[str] = None
 
+    @property
+    def lora_policy(self) -> bool:
+        """A LoRA policy: only its adapter trains, and its reference is itself with the adapter switched off."""
+        return self.adapter is not None
+
     def _build_engines(self, model, optimizers) -> None:
         """Policy (ZeRO-3 partitioned at load; LoRA-wrapped before DeepSpeed), frozen reference (none for a LoRA
         policy: its adapters are switched off instead), reward models, colocated generator."""
@@ -123,9 +128,9 @@ class GRPOTrainer:
                         if isinstance(model, str) else model)
         if self.peft_config is not None:
             policy_model = lora.wrap_with_lora(policy_model, self.peft_config, args.seed)
-        elif self.lora:
+        elif self.lora_policy:
             lora.check_lora_layers(policy_model)
-        if self.lora and dist.is_main():
+        if self.lora_policy and dist.is_main():
             print(f"dsgrpo: {lora.adapter_summary(policy_model)}", flush=True)
         self.policy = build_policy_engine(policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps)
         self.zero3 = is_zero3(self.ds_config)
@@ -263,13 +268,15 @@ class GRPOTrainer:
 
     def _batch(self, source: PromptSource, indices, counts, rollout: Rollout, micro: bool = True) -> Batch:
         """A rollout with its dataset rows and decoded completions (and padded micro-batches for training)."""
-        texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         B = self.args.per_device_train_batch_size
         tensors = [rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B))
                    for s in range(0, len(rollout), B)] if micro else []
         prompts, columns = source.rows_for(indices, counts)
-        completions = (rollout.messages if rollout.messages is not None and source.conversational
-                       else completions_for_rewards(texts, source.conversational))
+        if rollout.messages is not None and source.conversational:  # tool turns: TRL's message lists
+            completions = rollout.messages
+        else:
+            texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+            completions = completions_for_rewards(texts, source.conversational)
         return Batch(rollout, prompts, completions, columns, tensors)
 
     def _reward_matrix(self, batch: Batch) -> torch.Tensor:
@@ -311,7 +318,7 @@ class GRPOTrainer:
                                     self.args.temperature)[0] for mb in batch.micro]
 
     def _reference_logprobs(self, batch: Batch) -> List[torch.Tensor]:
-        if self.lora:  # the reference is the base model: the same engine with its adapters switched off
+        if self.lora_policy:  # the reference is the base model: the same engine with its adapters switched off
             with self.policy.module.disable_adapter():
                 return self._logprobs(self.policy, batch)
         return self._logprobs(self.reference, batch)
@@ -415,12 +422,12 @@ class GRPOTrainer:
         policy saves its adapter in PEFT's format (as TRL does), and with `save_merged_model` the merged model in
         output_dir/merged too. Every rank takes part in the gathers; rank 0 writes."""
         module, bucket = self.policy.module, self.args.weight_sync_bucket_bytes
-        if self.lora:
+        if self.lora_policy:
             lora.save_adapter(module, output_dir, bucket, dist.is_main())
             if self.args.save_merged_model:
                 save_hf_model(module, os.path.join(output_dir, "merged"), bucket, self.tokenizer)
         else:
-            save_hf_model(module, output_dir, bucket, self.tokenizer)
+            save_hf_model(module, output_dir, bucket)
         if dist.is_main():
             self.tokenizer.save_pretrained(output_dir)
         dist.barrier("model saved before anyone reads it")

@@ -221,6 +221,10 @@ class _Row:
     def cut(self, n: int) -> None:
         del self.ids[n:], self.logprobs[n:], self.mask[n:]
 
+    def close_turn(self, tokenizer) -> None:
+        """The latest sampled segment becomes an assistant message of the conversation."""
+        self.messages.append(assistant_message(tokenizer.decode(self.ids[self.turn_start:], skip_special_tokens=True)))
+
 
 def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]], counts: List[int],
                    sampling: SamplingConfig, seeds: Optional[List[int]], runner: ToolRunner,
@@ -268,7 +272,7 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
                                    chat_template_kwargs)
             if row.ids and turn and row.ids[-1] == turn[0] and turn[0] in special:
                 turn = turn[1:]   # the model already sampled the end-of-turn token (its eos) the template starts with
-            row.messages.append(assistant_message(tokenizer.decode(row.ids[row.turn_start:], skip_special_tokens=True)))
+            row.close_turn(tokenizer)
             row.append(turn)
             row.turn_start = len(row.ids)
             if len(row.ids) >= limit:   # no room left to answer: the tool turn is cut, not part of the conversation
@@ -296,7 +300,7 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
         candidates = continuing
     for row in rows:  # the last sampled turn (or the only one)
         if row.ids[row.turn_start:] or not row.messages:
-            row.messages.append(assistant_message(tokenizer.decode(row.ids[row.turn_start:], skip_special_tokens=True)))
+            row.close_turn(tokenizer)
     rollout = Rollout([r.prompt for r in rows], [r.ids for r in rows], [r.logprobs for r in rows],
                       [r.truncated for r in rows], tool_mask=[r.mask for r in rows], messages=[r.messages for r in rows])
     return rollout, stats
