@@ -37,7 +37,8 @@ def main() -> int:
 
     from dsgrpo import GRPOConfig, device, dist
     from dsgrpo.engines.builder import build_policy_engine, resolve
-    from dsgrpo.engines.gather import GatherStats, named_full_parameters
+    from dsgrpo.engines.gather import GatherStats
+    from dsgrpo.engines.weights import named_full_parameters
     from dsgrpo.engines.lora import wrap_with_lora
 
     device.prepare_process(dist.local_world_size(), None)

@@ -49,7 +49,6 @@ def main() -> int:
     p.add_argument("--skew", type=float, default=0.0, help="extra seconds per token for every 4th prompt on rank 1")
     a = p.parse_args()
 
-    import torch
     from datasets import Dataset
 
     from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist

@@ -7,6 +7,7 @@ Layout (the Hugging Face convention):
         engine/                   DeepSpeed's own files: weights, optimizer and scheduler states, per rank
         trainer_state.json        step, generation round, token count, log history, run identity
         rng_state_<rank>.json     python / numpy / torch RNG states of each rank (JSON: nothing to unpickle)
+        rollout_state_<rank>.json what the rollout source keeps of each rank (the async trainer's pool), as JSON
         resolved_config.yaml, config.json, generation_config.json, tokenizer files (for `dsgrpo export`)
         COMPLETE                  written last inside the folder
       latest                      the name of the newest complete checkpoint (replaced atomically)
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from . import dist
+from .errors import CheckpointError
 
 ENGINE_TAG = "engine"
 COMPLETE = "COMPLETE"
@@ -36,10 +38,6 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again", a checkpoint was written; 
 # Settings a checkpoint cannot be continued under: data order, batch geometry or the model would change.
 IDENTITY_FIELDS = ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "seed",
                    "steps_per_generation", "generation_batch_size", "shuffle_dataset")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, incomplete, or cannot continue this run."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -146,9 +144,8 @@ def save(trainer) -> str:
                                    exclude_frozen_parameters=trainer.lora_policy)
     with open(os.path.join(partial, f"rng_state_{dist.rank()}.json"), "w") as fh:
         json.dump(rng_state(), fh)
-    if hasattr(trainer, "rank_extra_state"):  # e.g. the async trainer's rollout pool
-        with open(os.path.join(partial, f"extra_state_{dist.rank()}.json"), "w") as fh:
-            json.dump(trainer.rank_extra_state(), fh)
+    with open(os.path.join(partial, rollout_state_name(dist.rank())), "w") as fh:
+        json.dump(trainer.source.state_dict(), fh)
     dist.barrier("every rank's shards and RNG state are on disk")
     if dist.is_main():
         state = {"global_step": step, "generation_round": trainer.state.generation_round,
@@ -174,6 +171,32 @@ def save(trainer) -> str:
         prune(args.output_dir, args.save_total_limit)
     dist.barrier("checkpoint published")
     return final
+
+
+def rollout_state_name(rank: int) -> str:
+    return f"rollout_state_{rank}.json"
+
+
+def read_rollout_state(path: str, rank: int) -> Optional[dict]:
+    """A rank's rollout-source state, or None when the checkpoint holds none (a synchronous run's, or one written
+    before rollout sources had state; those named it extra_state_<rank>.json)."""
+    for name in (rollout_state_name(rank), f"extra_state_{rank}.json"):
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            with open(file) as fh:
+                return json.load(fh)
+    return None
+
+
+def generator_state(path: str, rank: int):
+    """Split placement, a generating rank resuming: (its saved state, the generation round to continue from).
+    Training rank 0 kept the generators' states in its own rollout state."""
+    saved = (read_rollout_state(path, 0) or {}).get("generators", {})
+    if str(rank) not in saved:
+        raise CheckpointError(f"{path} holds no state for generating rank {rank}: it was not written by a split-"
+                              "placement run with this many generating ranks.")
+    with open(os.path.join(path, "trainer_state.json")) as fh:
+        return saved[str(rank)], json.load(fh)["generation_round"]
 
 
 def _point_latest(output_dir: str, name: str) -> None:
@@ -206,13 +229,10 @@ def load(trainer, path: str) -> None:
         raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
     with open(rng_file) as fh:
         set_rng_state(json.load(fh))
-    if hasattr(trainer, "load_rank_extra_state"):
-        extra = os.path.join(path, f"extra_state_{dist.rank()}.json")
-        if not os.path.isfile(extra):
-            raise CheckpointError(f"{path} has no {os.path.basename(extra)}: it was written by a trainer without an "
-                                  f"async rollout pool. Resume it with the trainer that wrote it.")
-        with open(extra) as fh:
-            trainer.load_rank_extra_state(json.load(fh))
+    try:
+        trainer.source.load_state_dict(read_rollout_state(path, dist.rank()))
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
     trainer.state.global_step = state["global_step"]
     trainer.state.generation_round = state["generation_round"]
     trainer.state.num_input_tokens_seen = state["num_input_tokens_seen"]

@@ -7,13 +7,13 @@ every rank runs the same command; plain `dsgrpo train` runs a world of one."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from typing import Any, Dict, List, Tuple
 
 import yaml
 
 from .config import GRPOConfig, parse_cli_overrides
+from .importing import import_object
 
 RUN_KEYS = {
     "model": "Hub id or local path of the policy.",
@@ -54,16 +54,6 @@ def reward_source(spec):
     if isinstance(spec, str) and ":" in spec and not spec.startswith((".", "/")):
         return import_object(spec)
     return spec  # a built-in name or a reward-model path: the reward stack resolves it
-
-
-def import_object(spec: str):
-    module, _, attr = spec.partition(":")
-    if not attr:
-        raise ValueError(f"reward function {spec!r}: write it as 'package.module:function'.")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"reward function {spec!r} cannot be imported ({exc}).") from None
 
 
 def build_dataset(spec, split: str):

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from . import device
+from . import compat, device
 
 
 def _free_port() -> int:
@@ -62,8 +62,10 @@ def is_initialized() -> bool:
 # ---------------------------------------------------------------------------------------------- split roles
 # In the async trainer's "split" placement the lowest ranks train and the others only generate. On training
 # ranks every collective here (and every group-less collective inside DeepSpeed) then means "the training
-# ranks"; `EVERYONE` names the whole world for the few exchanges between trainers and generators.
+# ranks"; `EVERYONE` names the whole world for the few exchanges between trainers and generators, and
+# `WEIGHTS` the group that carries weight broadcasts (training rank 0 + the generators).
 EVERYONE = "everyone"
+WEIGHTS = "weights"
 _split: Dict[str, object] = {}
 
 
@@ -79,7 +81,7 @@ def split_roles(num_trainers: int) -> bool:
     _split.update(trainers=num_trainers, broadcast=broadcast_group, trains=trains)
     if trains:
         _split.update(train=train_group, single=singles[me])
-        _confine_deepspeed(train_group)
+        compat.confine_deepspeed_comm(train_group)  # DeepSpeed's group-less collectives: the trainers
     return trains
 
 
@@ -91,13 +93,13 @@ def num_trainers() -> int:
     return int(_split.get("trainers", world_size()))
 
 
-def broadcast_group():
-    return _split["broadcast"]
-
-
 def _group(group):
-    """None: the training ranks (the world unless split); EVERYONE: the world."""
-    return None if group == EVERYONE else _split.get("train")
+    """None: the training ranks (the world unless split); EVERYONE: the world; WEIGHTS: the broadcast group."""
+    if group == EVERYONE:
+        return None
+    if group == WEIGHTS:
+        return _split["broadcast"]
+    return _split.get("train")
 
 
 class TrainingGroupMPU:
@@ -134,49 +136,6 @@ class TrainingGroupMPU:
 
 def deepspeed_mpu():
     return TrainingGroupMPU() if "train" in _split else None
-
-
-def _confine_deepspeed(group) -> None:
-    """DeepSpeed calls some collectives without a group (barriers in initialize and save_checkpoint, ZeRO-3's
-    consistency checks), meaning the whole world; in split placement the generating ranks never join them.
-    Its torch backend reaches torch.distributed through its module global `torch`: give it a view in which a
-    missing or WORLD group means the training group. Nothing outside DeepSpeed's comm backend is affected."""
-    import functools
-    import inspect
-    import sys
-    import types
-
-    import deepspeed.comm.torch  # noqa: F401 (the attribute path resolves to torch itself; use sys.modules)
-    backend = sys.modules["deepspeed.comm.torch"]
-    real = torch.distributed
-
-    class TrainingDist:
-        def __getattr__(self, name):
-            attr = getattr(real, name)
-            if not callable(attr) or isinstance(attr, type):
-                return attr
-            try:
-                signature = inspect.signature(attr)
-            except (TypeError, ValueError):
-                return attr
-            if "group" not in signature.parameters:
-                return attr
-
-            @functools.wraps(attr)
-            def confined(*args, **kwargs):
-                bound = signature.bind_partial(*args, **kwargs)
-                if bound.arguments.get("group") in (None, real.GroupMember.WORLD):
-                    bound.arguments["group"] = group
-                return attr(*bound.args, **bound.kwargs)
-            return confined
-
-    class TorchView(types.ModuleType):
-        distributed = TrainingDist()
-
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-    backend.torch = TorchView("torch")
 
 
 # ---------------------------------------------------------------------------------------------- queries
@@ -240,6 +199,13 @@ def all_reduce_max(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return tensor
 
 
+def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
+    """In place: every rank's `tensor` becomes global rank `src`'s."""
+    if _many(group):
+        dist.broadcast(tensor, src=src, group=_group(group))
+    return tensor
+
+
 def broadcast_object(obj, src: int = 0, group=None):
     if not _many(group):
         return obj
@@ -275,3 +241,21 @@ def reduce_metrics(metrics: Dict[str, float], weights: Optional[Dict[str, float]
     mean = summed[:n] / summed[n:].clamp(min=1e-12)
     out = torch.where(is_max, extremes, torch.where(is_min, -extremes, mean))
     return {name: out[i].item() for i, name in enumerate(names)}
+
+
+# ---------------------------------------------------------------------------------------------- shared counters
+def counter_store(prefix: str):
+    """A key-value store shared by every rank (atomic `add`), or None without a process group: the rendezvous
+    store torch.distributed already runs (TCPStore at MASTER_ADDR:MASTER_PORT), through a client connection of
+    its own. The async rollout worker thread uses it while the training thread's collectives use the process
+    group's, and sharing one client socket between the two threads hung training (measured: ZeRO-3's first
+    forward deadlocked)."""
+    if not is_initialized():
+        return None
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if host and port:
+        client = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(minutes=5),
+                               wait_for_workers=False)
+    else:  # the address is unknown: the default store itself
+        client = compat.default_store()
+    return dist.PrefixStore(prefix, client)

@@ -14,26 +14,28 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
-from . import checkpoint, device, dist
+from . import checkpoint, compat, device, dist
 from .algorithms import compute_advantages, entropy_mask, nan_std, policy_loss
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
-from .data import PromptSource, completions_for_rewards, load_dataset_spec
+from .data import PromptSource, load_dataset_spec
 from .engines import ModelLoader, build_inference_engine, build_policy_engine, completion_logprobs, is_zero3, resolve
 from .engines import lora
-from .engines.gather import named_full_parameters
+from .engines.weights import named_full_parameters
 from .logging import MetricSinks
 from .metrics import MetricAccumulator
-from .rewards import RewardStack
-from .rollout import Rollout, SamplingConfig, check_against_checkpoint, make_generator, sync_weights
 from .preemption import Preemption
-from .rollout.base import round_seed
-from .rollout.custom import rollout_from_func_output
-from .rollout.tools import ToolRunner, run_tool_turns
+from .rewards import RewardStack
+from .rollout import SamplingConfig, check_against_checkpoint, make_generator
+from .rollout.batch import Batch, BatchBuilder
+from .rollout.generating_rank import GeneratingRank
+from .rollout.samplers import make_sampler
+from .rollout.sources import GenerationSource, RolloutSetup
+from .rollout.tools import ToolRunner
 from .timing import PhaseTimer
 
 
@@ -42,17 +44,19 @@ class NonFiniteError(RuntimeError):
 
 
 @dataclass
-class Batch:
-    """This rank's share of one generation round, ready for the update."""
-    rollout: Rollout
-    prompts: list                  # dataset prompts, one per completion
-    completions: list              # decoded completions (message lists for conversational data)
-    columns: Dict[str, list]       # other dataset columns, one value per completion
-    micro: List[dict]              # padded tensors of each micro-batch (Rollout.tensors)
-    tool_stats: Any = None         # rollout.tools.ToolStats when the trainer ran tools
+class RoundEnd:
+    """What follows a round, agreed by every rank."""
+    log: bool
+    evaluate: bool
+    save: bool
+    stop: bool
+    preempted: bool
 
 
 class GRPOTrainer:
+    # How each round's batch is made (rollout/sources.py). AsyncGRPOTrainer's one difference is its source.
+    rollout_source = GenerationSource
+
     def __init__(self, model, reward_funcs, args: Optional[GRPOConfig] = None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  peft_config=None, tools=None, rollout_func=None):
@@ -70,8 +74,10 @@ class GRPOTrainer:
         # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
         device.prepare_process(dist.local_world_size(), args.num_threads)
         dist.init()
-        self._set_up_roles()
-        self.world = dist.num_trainers()
+        if dist.is_main():
+            compat.warn_if_untested()
+        self.placement = self.rollout_source.placement(args)  # split placement makes its process groups here
+        self.world = self.placement.trainers
         args.validate(world_size=self.world)
         self.model_path, model_config = self._model_source(model, processing_class)
         self.tokenizer = self._tokenizer(processing_class)
@@ -108,10 +114,29 @@ class GRPOTrainer:
         self.timer = PhaseTimer()
         self.sampling = SamplingConfig.from_args(args)
         self.dtype = torch.bfloat16 if device.use_bf16(args.bf16) else torch.float32
-        self._check_before_loading()
+        self.rollout_source.check(args, placement=self.placement, prompts_per_round=self.prompts_per_round,
+                                  reward_models=self.rewards.has_models,
+                                  evaluates=self.eval_prompts is not None and args.eval_strategy != "no")
         if dist.is_main():
             args.save(os.path.join(args.output_dir, "resolved_config.yaml"))
-        self._build_engines(model, optimizers)
+        # --- the models, the generator and the rollout source -----------------------------------------------
+        if self.placement.trains:
+            self._build_engines(model, optimizers)
+        self.generator = make_generator(args, self.placement, model_path=self.model_path,
+                                        policy_engine=getattr(self, "policy", None), tokenizer=self.tokenizer,
+                                        dtype=self.dtype, zero3=is_zero3(self.ds_config))
+        self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
+                                    max_tool_calling_iterations=args.max_tool_calling_iterations,
+                                    rollout_func=rollout_func, trainer=self)
+        setup = RolloutSetup(
+            args=args, prompts=self.train_prompts, sampler=self.sampler, generator=self.generator,
+            build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size),
+            reward_matrix=self._reward_matrix, scores_anywhere=not self.rewards.has_models, placement=self.placement,
+            prompts_per_round=self.prompts_per_round, steps_per_round=args.num_iterations * self.spg // args.gradient_accumulation_steps,
+            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer)
+        # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
+        self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
+        self.source = self.rollout_source(setup) if self.placement.trains else None
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
         self.last_checkpoint: Optional[str] = None
 
@@ -120,9 +145,14 @@ class GRPOTrainer:
         """A LoRA policy: only its adapter trains, and its reference is itself with the adapter switched off."""
         return self.adapter is not None
 
+    @property
+    def trains(self) -> bool:
+        """False on a split-placement generating rank."""
+        return self.placement.trains
+
     def _build_engines(self, model, optimizers) -> None:
         """Policy (ZeRO-3 partitioned at load; LoRA-wrapped before DeepSpeed), frozen reference (none for a LoRA
-        policy: its adapters are switched off instead), reward models, colocated generator."""
+        policy: its adapters are switched off instead), reward models."""
         args = self.args
         policy_model = (ModelLoader(self.ds_config, self.dtype).load(self.model_path, **(args.model_init_kwargs or {}))
                         if isinstance(model, str) else model)
@@ -139,14 +169,20 @@ class GRPOTrainer:
         self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype)
         if args.use_vllm:
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
-        self.generator = self._make_generator()
-
-    def _make_generator(self):
-        return make_generator(self.args, model_path=self.model_path, policy_engine=self.policy, tokenizer=self.tokenizer,
-                              dtype=self.dtype, zero3=self.zero3)
 
     # ================================================================================================ the loop
     def train(self) -> TrainerState:
+        if self.generating_rank is not None:  # split placement: this rank samples for the trainers until they stop
+            resumed = checkpoint.generator_state(self.resume_path, dist.rank(dist.EVERYONE)) if self.resume_path else None
+            if self.generating_rank.run(resumed):
+                raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
+            return self.state
+        try:
+            return self._train()
+        finally:
+            self.source.close()
+
+    def _train(self) -> TrainerState:
         args, state = self.args, self.state
         if self.resume_path:
             self._resume(self.resume_path)
@@ -156,16 +192,16 @@ class GRPOTrainer:
                 step_before = state.global_step
                 metrics = self._grpo_step()
                 state.log_history.append({"step": state.global_step, **metrics})
-                if state.global_step % args.logging_steps == 0 or state.global_step >= state.max_steps or state.generation_round == 1:
+                end = self._round_end(step_before, preemption.requested)
+                if end.log:
                     self.sinks.log(state.global_step, metrics)
                     self.control = self.callbacks.fire("on_log", args, state, self.control, logs=metrics)
-                if self._eval_due():
+                if end.evaluate:
                     self.evaluate()
-                preempted = preemption.requested_anywhere()  # a collective: every rank agrees to stop together
-                self._end_round(save=preempted or state.global_step // args.save_steps > step_before // args.save_steps,
-                                stop=preempted or state.global_step >= state.max_steps or self.control.should_training_stop,
-                                preempted=preempted)
-                if preempted:
+                self.source.end_round(save=end.save, stop=end.stop, preempted=end.preempted)
+                if end.save:
+                    self.save_checkpoint()
+                if end.preempted:
                     self.sinks.close()
                     raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
         self.save_model(args.output_dir)
@@ -173,32 +209,47 @@ class GRPOTrainer:
         self.sinks.close()
         return state
 
-    def _end_round(self, save: bool, stop: bool, preempted: bool) -> None:
-        """After a round's logging and evaluation: checkpoint when due (or preempted)."""
-        if save:
-            self.save_checkpoint()
+    def _round_end(self, step_before: int, preempt_requested: bool) -> RoundEnd:
+        """What follows this round: the schedule's choices, or'ed with what callbacks asked for through
+        TrainerControl (should_log / should_evaluate / should_save / should_training_stop) and with a preemption
+        signal. One collective: a signal or a callback's wish may reach only some ranks, and all ranks must
+        agree (a checkpoint or an evaluation is collective)."""
+        a, s, c = self.args, self.state, self.control
+        wanted = torch.tensor([
+            float(preempt_requested),
+            float(c.should_log or s.global_step % a.logging_steps == 0 or s.global_step >= s.max_steps
+                  or s.generation_round == 1),
+            float(c.should_evaluate or self._eval_due()),
+            float(c.should_save or s.global_step // a.save_steps > step_before // a.save_steps),
+            float(c.should_training_stop or s.global_step >= s.max_steps)])
+        preempted, log, evaluate, save, stop = (dist.all_reduce_max(wanted) > 0).tolist()
+        c.should_log = c.should_evaluate = c.should_save = False  # done; a callback asks again for a later round
+        c.should_training_stop = stop
+        return RoundEnd(log=log, evaluate=evaluate and self.eval_prompts is not None, save=save or preempted,
+                        stop=stop or preempted, preempted=preempted)
 
     def save_checkpoint(self) -> str:
-        """checkpoint-<step>/ with engine, trainer and RNG states (every rank calls it)."""
-        path = checkpoint.save(self)
+        """checkpoint-<step>/ with engine, trainer, rollout-source and RNG states (every rank calls it)."""
+        with self.source.paused():  # a still source: the checkpoint holds exactly what was sampled so far
+            path = checkpoint.save(self)
         self.last_checkpoint = path
         self.control = self.callbacks.fire("on_save", self.args, self.state, self.control, checkpoint=path)
         return path
 
     def _resume(self, path: str) -> None:
         checkpoint.load(self, path)
-        # vLLM was built from the initial weights: give it the resumed ones before it generates
-        self._sync_generator()
+        # the generator was built from the initial weights: give it the resumed ones before it generates
+        self.source.sync_weights(self.policy.module, self.state.generation_round - 1)
         self.sinks.resumed(path, self.state.global_step)
 
     def _grpo_step(self) -> Dict[str, float]:
         """One generation round: sample, score, update (num_iterations × the round's optimizer steps), sync."""
-        args, timer = self.args, self.timer
+        args, timer, state = self.args, self.timer, self.state
         step_start = time.perf_counter()
         with timer("generate"):
-            batch, rewards, rollout_metrics = self._next_batch()
+            batch = self.source.next_batch(state.generation_round)
         with timer("reward"):
-            advantages, reward_metrics = self._score(batch, args.num_generations, rewards)
+            advantages, reward_metrics = self._score(batch, args.num_generations)
         with timer("reference"):
             ref_logps = self._reference_logprobs(batch) if args.beta != 0 else None
             # π_old differs from π_θ only when one round feeds several optimizer steps
@@ -206,87 +257,24 @@ class GRPOTrainer:
             old_logps = self._logprobs(self.policy, batch) if several else None
         with timer("train"):
             train_metrics = self._update(batch, advantages, old_logps, ref_logps)
-        with timer("sync"):
-            self._sync_generator(needed=self.state.global_step < self.state.max_steps)  # the last round's weights
-                                                                                       # are never sampled from
-        self.state.generation_round += 1
+        with timer("sync"):  # the last round's weights are never sampled from
+            self.source.sync_weights(self.policy.module, state.generation_round, needed=state.global_step < state.max_steps)
+        state.generation_round += 1
         times = self.timer.pop()
         times["completion_tok_per_s"] = reward_metrics.pop("_completion_tokens") / max(1e-9, time.perf_counter() - step_start)
-        self.state.num_input_tokens_seen += int(reward_metrics.pop("_tokens"))
-        return {**rollout_metrics, **reward_metrics, **train_metrics, **times,
-                "num_tokens": float(self.state.num_input_tokens_seen)}
+        state.num_input_tokens_seen += int(reward_metrics.pop("_tokens"))
+        return {**batch.metrics, **reward_metrics, **train_metrics, **times, "num_tokens": float(state.num_input_tokens_seen)}
 
     # ============================================================================================ the stages
-    def _next_batch(self):
-        """(this rank's batch for the round, its rewards if already scored, rollout metrics). The synchronous
-        trainer generates the round now; `AsyncGRPOTrainer` cuts it from groups generated in the background."""
-        batch = self._sample(self.train_prompts, self.state.generation_round, self.args.num_generations)
-        metrics = {}
-        if self.tool_runner is not None:  # a collective: every rank runs tools (or none) each round
-            metrics = dist.reduce_metrics(batch.tool_stats.metrics(), batch.tool_stats.weights())
-        return batch, None, metrics
-
-    def _sync_generator(self, needed: bool = True) -> None:
-        if needed:
-            sync_weights(self.policy.module, self.generator, self.args.weight_sync_bucket_bytes, self.tied)
-
-    def _sample(self, source: PromptSource, round_index: int, group: int) -> Batch:
-        """Rollout: this rank's slots of the round, generated by the colocated engine."""
-        args = self.args
-        if source is self.train_prompts:
-            prompts = source.round_prompts(round_index, self.prompts_per_round, args.seed, args.shuffle_dataset)
-        else:  # evaluation: every prompt once, wrapped round to a multiple of the world size
-            prompts = [i % len(source) for i in range(math.ceil(len(source) / self.world) * self.world)]
-        share = source.rank_slice(prompts, group, dist.rank(), self.world)
-        if self.rollout_func is not None:
-            return self._custom_rollout(source, share)
-        # one seed per prompt run, from (seed, round, slot): a resumed run samples exactly what the original would
-        seeds = [round_seed(args.seed, round_index, share.first_slot + sum(share.counts[:j]))
-                 for j in range(len(share.counts))]
-        ids = [source.prompt_ids[i] for i in share.indices]
-        if self.tool_runner is not None:
-            rollout, stats = run_tool_turns(self.generator, self.tokenizer, ids, share.counts, self.sampling, seeds,
-                                            self.tool_runner, args.max_tool_calling_iterations,
-                                            chat_template_kwargs=source.chat_template_kwargs)
-            batch = self._batch(source, share.indices, share.counts, rollout)
-            batch.tool_stats = stats
-            return batch
-        rollout = self.generator.generate(ids, share.counts, self.sampling, seeds=seeds)
-        return self._batch(source, share.indices, share.counts, rollout)
-
-    def _custom_rollout(self, source: PromptSource, share) -> Batch:
-        """TRL's rollout_func contract: the user's function generates this rank's completions; its extra keys
-        become columns for the reward functions."""
-        prompts, _ = source.rows_for(share.indices, share.counts)
-        out = self.rollout_func(prompts, self)
-        rollout, extra = rollout_from_func_output(
-            out, len(prompts), eos_token_id=self.tokenizer.eos_token_id, max_tokens=self.args.max_completion_length,
-            vocab_size=len(self.tokenizer), dataset_columns=source.columns)
-        batch = self._batch(source, share.indices, share.counts, rollout)
-        batch.columns.update(extra)
-        return batch
-
-    def _batch(self, source: PromptSource, indices, counts, rollout: Rollout, micro: bool = True) -> Batch:
-        """A rollout with its dataset rows and decoded completions (and padded micro-batches for training)."""
-        B = self.args.per_device_train_batch_size
-        tensors = [rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B))
-                   for s in range(0, len(rollout), B)] if micro else []
-        prompts, columns = source.rows_for(indices, counts)
-        if rollout.messages is not None and source.conversational:  # tool turns: TRL's message lists
-            completions = rollout.messages
-        else:
-            texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-            completions = completions_for_rewards(texts, source.conversational)
-        return Batch(rollout, prompts, completions, columns, tensors)
-
     def _reward_matrix(self, batch: Batch) -> torch.Tensor:
         """[L, K]: every reward source on this rank's completions (collective when a reward model is sharded)."""
         return self.rewards(batch.prompts, batch.completions, batch.rollout.completion_ids, batch.columns)
 
-    def _score(self, batch: Batch, group: int, local: Optional[torch.Tensor] = None):
-        """Rewards → advantages. Rewards are gathered from every rank so each group's statistics are exact."""
+    def _score(self, batch: Batch, group: int):
+        """Rewards (the source's, when it scored) → advantages. Rewards are gathered from every rank so each
+        group's statistics are exact."""
         args = self.args
-        local = self._reward_matrix(batch) if local is None else local                                     # [L, K]
+        local = self._reward_matrix(batch) if batch.rewards is None else batch.rewards                    # [L, K]
         r = batch.rollout
         extra = torch.stack([r.lengths(), torch.tensor(r.truncated, dtype=torch.float32),
                              torch.tensor([len(p) for p in r.prompt_ids], dtype=torch.float32)], dim=1)  # [L, 3]
@@ -409,8 +397,9 @@ class GRPOTrainer:
     def evaluate(self) -> Dict[str, float]:
         """Generate on the whole eval set (split across ranks) and log eval_reward and per-function means."""
         group = self.args.num_generations_eval or self.args.num_generations
-        batch = self._sample(self.eval_prompts, 0, group)
-        _, metrics = self._score(batch, group)
+        with self.source.paused():  # evaluation shares the engine
+            batch = self.source.evaluation_batch(self.eval_prompts, group)
+            _, metrics = self._score(batch, group)
         out = {"eval_reward": metrics["reward"],
                **{f"eval_{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
         self.sinks.log(self.state.global_step, out)
@@ -434,12 +423,6 @@ class GRPOTrainer:
         self.control = self.callbacks.fire("on_save", self.args, self.state, self.control)
 
     # ================================================================================================ set-up
-    def _set_up_roles(self) -> None:
-        """Which ranks train and which generate (all of them do both here)."""
-
-    def _check_before_loading(self) -> None:
-        """Checks of a subclass that must fail before any model is loaded."""
-
     def _model_source(self, model, processing_class=None):
         """(path vLLM can load, model config). A PreTrainedModel (or PeftModel) instance is saved once, with its
         tokenizer, so vLLM can load it."""

@@ -162,7 +162,6 @@ def test_resume_trains_the_saved_pool_and_claims_where_it_stopped(results):
     ranks = part(results, "resume")
     r = ranks[0]
     assert ranks[1]["claimed"] == r["claimed"]  # one shared counter
-    P = len(r["plans_a"][0]["groups"])
     assert [p["round"] for p in r["plans_a"]] == [0, 1] and [p["round"] for p in r["plans_b"]] == [2, 3]
     before = {p for plan in r["plans_a"] for _, p, _, _ in plan["groups"]}
     after = [p for plan in r["plans_b"] for _, p, _, _ in plan["groups"]]

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from dsgrpo.algorithms import compute_advantages
 from dsgrpo.data import PromptSource
 from dsgrpo.rollout.base import Rollout, round_seed
-from dsgrpo.rollout.pool import ClaimCounter, Group, GroupPool, PromptStream, plan_batch, zero_std_groups
+from dsgrpo.algorithms import zero_std_groups
+from dsgrpo.rollout.pool import ClaimCounter, Group, GroupPool, PromptStream, plan_batch
+from dsgrpo.rollout.samplers import GeneratorSampler
 from dsgrpo.rollout.worker import RolloutWorker, as_rollout_rows
 
 NAN = float("nan")
@@ -25,6 +27,7 @@ class ToySource(PromptSource):
     def __init__(self, n: int):
         self.dataset = range(n)
         self._orders = {}
+        self.prompt_ids = [[100 + i] for i in range(n)]
 
 
 # --------------------------------------------------------------------------------------- the prompt stream
@@ -167,7 +170,7 @@ def test_pool_json_round_trip_keeps_rollouts_rewards_and_tool_masks():
     scored = make_group(3, 1, rank=1, tool_mask=True, rewards=torch.tensor([[0.25, NAN], [NAN, NAN]]))
     plain = make_group(1, 0, rank=0, rewards=None)
     pool.add([scored, plain])
-    text = json.dumps(pool.to_json())  # what a checkpoint's extra_state_<rank>.json holds
+    text = json.dumps(pool.to_json())  # what a checkpoint's rollout_state_<rank>.json holds
     assert [d["position"] for d in json.loads(text)] == [1, 3]  # stream order
     back = GroupPool()
     back.load_json(json.loads(text))
@@ -183,6 +186,25 @@ def test_pool_json_round_trip_keeps_rollouts_rewards_and_tool_masks():
             assert after.rewards.dtype == torch.float32
             torch.testing.assert_close(after.rewards, before.rewards, equal_nan=True, rtol=0, atol=0)
     assert scored.rollout.tool_mask == [[1, 0, 1][: len(c)] for c in scored.rollout.completion_ids]
+
+
+def test_tool_turns_and_rollout_func_columns_survive_the_pool():
+    """What tools and a rollout_func add to a rollout (messages, per-row tool counts, extra columns) travels with a
+    group through a checkpoint or a split-placement exchange (JSON), and is kept by the row slicing and the batch
+    concatenation the async trainer does."""
+    rollout = Rollout([[1], [1], [2], [2]], [[5], [6, 7], [8], [9]], [[-0.1], [-0.2, 0.0], [-0.3], [-0.4]],
+                      [False, True, False, False], tool_mask=[[1], [1, 0], [1], [1]],
+                      messages=[[{"role": "assistant", "content": f"m{i}"}] for i in range(4)],
+                      tool_counts=[[0, 0], [2, 1], [1, 0], [0, 0]], columns={"tag": ["a", "b", "c", "d"]})
+    first, second = rollout.rows(slice(0, 2)), rollout.rows(slice(2, 4))
+    assert first.columns == {"tag": ["a", "b"]} and second.tool_counts == [[1, 0], [0, 0]]
+    back = Group.from_json(json.loads(json.dumps(Group(7, 3, 1, 0, second).to_json()))).rollout
+    assert back == second
+    assert Rollout.concat([first, back]) == rollout
+    # a part without messages or columns: concatenation keeps only what every part has
+    plain = Rollout([[3]], [[4]], [[-1.0]], [False])
+    mixed = Rollout.concat([first, plain])
+    assert mixed.messages is None and mixed.columns is None and mixed.tool_mask == [[1], [1, 0], [1]]
 
 
 def test_pool_json_from_before_tool_mask_loads():
@@ -255,8 +277,8 @@ class FakeGenerator:
 
 def make_worker(*, balanced=True, rank=0, chunk=3, score=None, drop=False, P=4, G=2, world=2):
     stream = PromptStream(ToySource(10), P, G, world, seed=3, shuffle=True)
-    return RolloutWorker(generator=FakeGenerator(), stream=stream, counter=ClaimCounter(shared=False),
-                         pool=GroupPool(), sampling=None, prompt_ids=[[100 + i] for i in range(10)], score=score,
+    return RolloutWorker(sampler=GeneratorSampler(FakeGenerator(), None), prompts=stream.source, stream=stream,
+                         counter=ClaimCounter(shared=False), pool=GroupPool(), score=score,
                          balanced=balanced, chunk_groups=chunk, max_staleness=1, drop_zero_std=drop,
                          reward_weights=None, rank=rank, version=0)
 
@@ -285,7 +307,7 @@ def test_produce_slices_groups_with_their_tool_masks():
     w.version = 3
     w._produce([5, 2])
     stream = w.stream
-    prompts, counts, seeds = w.generator.calls[0]
+    prompts, counts, seeds = w.sampler.generator.calls[0]
     assert prompts == [[100 + stream.prompt_index(5)], [100 + stream.prompt_index(2)]]
     assert counts == [2, 2] and seeds == [stream.sampling_seed(5), stream.sampling_seed(2)]
     assert w.completions_generated == 4 and len(w.pool) == 2

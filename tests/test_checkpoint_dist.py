@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from launch import REPO, torchrun
 

@@ -8,7 +8,7 @@ peft = pytest.importorskip("peft")
 
 from dsgrpo import GRPOTrainer  # noqa: E402
 from dsgrpo.engines import lora  # noqa: E402
-from dsgrpo.engines.gather import checkpoint_units, named_full_parameters  # noqa: E402
+from dsgrpo.engines.weights import checkpoint_units, named_full_parameters  # noqa: E402
 from dsgrpo.rollout.weight_sync import expected_checkpoint_shapes  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
 

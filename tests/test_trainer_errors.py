@@ -2,7 +2,6 @@
 non-finite stops with the step and the metrics named. Single process (a world of one)."""
 
 import json
-import math
 
 import pytest
 from datasets import Dataset

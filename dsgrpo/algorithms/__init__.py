@@ -4,8 +4,8 @@ Notation in docstrings and shape comments: B completions in a micro-batch, G = n
 in a generation batch, T completion tokens, V vocabulary, K reward functions.
 """
 
-from .advantages import compute_advantages, nan_mean, nan_std
-from .dapo import dynamic_sampling_filter, kl_penalized_token_rewards, soft_overlong_penalty
+from .advantages import compute_advantages, is_zero_std, nan_mean, nan_std
+from .dapo import dynamic_sampling_filter, kl_penalized_token_rewards, soft_overlong_penalty, zero_std_groups
 from .entropy import entropy_from_logits, entropy_mask
 from .kl import KL_ESTIMATORS, kl_divergence
 from .policy_loss import LOSS_TYPES, SAMPLER_CORRECTIONS, masked_mean, policy_loss, sampler_correction
@@ -13,5 +13,5 @@ from .policy_loss import LOSS_TYPES, SAMPLER_CORRECTIONS, masked_mean, policy_lo
 __all__ = [
     "compute_advantages", "policy_loss", "kl_divergence", "sampler_correction", "masked_mean",
     "entropy_from_logits", "entropy_mask", "dynamic_sampling_filter", "soft_overlong_penalty",
-    "kl_penalized_token_rewards", "nan_mean", "nan_std", "LOSS_TYPES", "KL_ESTIMATORS", "SAMPLER_CORRECTIONS",
+    "kl_penalized_token_rewards", "nan_mean", "nan_std", "is_zero_std", "zero_std_groups", "LOSS_TYPES", "KL_ESTIMATORS", "SAMPLER_CORRECTIONS",
 ]

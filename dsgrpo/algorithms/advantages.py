@@ -31,6 +31,12 @@ def nan_std(x: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
     return std if keepdim else std.squeeze(dim)
 
 
+def is_zero_std(std: torch.Tensor) -> torch.Tensor:
+    """The one rule for "a group's rewards all agree" (TRL's): its std is 0 within isclose's tolerance. Such a
+    group has zero advantages: it is counted in frac_reward_zero_std and dropped by dynamic sampling."""
+    return torch.isclose(std, torch.zeros_like(std))
+
+
 def weighted_sum(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """[N, K] · [K] → [N]: NaN-skipping weighted sum; a row that is all NaN stays NaN."""
     summed = torch.nansum(rewards * weights, dim=1)
@@ -113,6 +119,6 @@ def compute_advantages(
     stats = {
         "rewards": r,
         "std_per_group": std_per_group,
-        "frac_reward_zero_std": torch.isclose(std_per_group, torch.zeros_like(std_per_group)).float().mean(),
+        "frac_reward_zero_std": is_zero_std(std_per_group).float().mean(),
     }
     return adv, stats

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import nan_std
+from typing import List, Optional, Sequence
+
+from .advantages import is_zero_std, nan_std, weighted_sum
 from .kl import kl_divergence
+
+
+def zero_std_groups(rewards: torch.Tensor, group_size: int, weights: Optional[Sequence[float]] = None) -> List[bool]:
+    """For each group of `rewards` [n·G, K] (or [n·G]): do its weighted rewards all agree (no learning signal)?
+    The trainer's own test (compute_advantages' frac_reward_zero_std): an all-NaN row is unknown, not 0, and a
+    group with fewer than two known rewards has no spread."""
+    if rewards.dim() == 1:
+        rewards = rewards.unsqueeze(1)
+    w = torch.tensor(weights if weights is not None else [1.0] * rewards.shape[1], dtype=torch.float32)
+    std = nan_std(weighted_sum(rewards.float(), w).view(-1, group_size), dim=1)  # [n]
+    return is_zero_std(std).tolist()
 
 
 def dynamic_sampling_filter(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     """[N] rewards → [N] bool: keep the completions of groups whose rewards are not all equal (a group with zero
     std has zero advantages and only dilutes the batch)."""
-    std = nan_std(rewards.float().view(-1, num_generations), dim=1)              # [N/G]
-    return (std > 0).repeat_interleave(num_generations)
+    keep = ~torch.tensor(zero_std_groups(rewards, num_generations), dtype=torch.bool)  # [N/G]
+    return keep.repeat_interleave(num_generations)
 
 
 def soft_overlong_penalty(lengths: torch.Tensor, max_completion_length: int, cache_length: int) -> torch.Tensor:

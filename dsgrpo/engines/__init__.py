@@ -3,7 +3,8 @@
 from .builder import (ModelLoader, build_inference_engine, build_policy_engine, fill_auto_values, is_zero3, resolve,
                       lr_lambda)
 from .forward import completion_logprobs
-from .gather import full_parameters, named_full_parameters
+from .gather import full_parameters
+from .weights import named_full_parameters
 
 __all__ = ["ModelLoader", "build_policy_engine", "build_inference_engine", "fill_auto_values", "is_zero3",
            "lr_lambda", "resolve", "completion_logprobs", "full_parameters", "named_full_parameters"]

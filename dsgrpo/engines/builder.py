@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .. import device, dist
+from .. import compat, device, dist
 from ..config import GRPOConfig, load_deepspeed_config
 
 
@@ -88,22 +88,18 @@ class ModelLoader:
 
     def load(self, name_or_path: str, cls=None, field: str = "model", **kwargs: Any):
         from transformers import AutoModelForCausalLM
-        from transformers.integrations import HfDeepSpeedConfig
-        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         cls = cls or AutoModelForCausalLM
         check_model_source(name_or_path, field)
         # zero.Init partitions over the whole world; in split placement only the training ranks hold the model,
         # so there it loads whole and deepspeed.initialize partitions it over the training group
         partition_at_load = is_zero3(self.ds_config) and not dist.is_split()
-        hf_ds = HfDeepSpeedConfig(self.ds_config) if partition_at_load else None  # noqa: F841 (kept alive)
         try:
-            return cls.from_pretrained(name_or_path, dtype=self.dtype, **kwargs)
+            with compat.hf_zero3_loading(self.ds_config if partition_at_load else None):
+                return cls.from_pretrained(name_or_path, dtype=self.dtype, **kwargs)
         except OSError as exc:
             raise OSError(f"{field}={name_or_path!r} could not be loaded ({exc}). Pass a local folder saved with "
                           "save_pretrained, or a hub id that is in the local cache (no network at run time).") from None
-        finally:
-            unset_hf_deepspeed_config()
 
 
 def check_model_source(name_or_path: str, field: str = "model") -> None:
@@ -148,26 +144,3 @@ def build_inference_engine(model, ds_config: dict):
 
 def resolve(spec, args: GRPOConfig, hidden_size: Optional[int], field: str, train: bool) -> dict:
     return fill_auto_values(load_deepspeed_config(spec, field), args, hidden_size=hidden_size, field=field, train=train)
-
-
-def ignore_compiling_in_other_threads() -> None:
-    """ZeRO-3 skips recording its module trace while `torch.compiler.is_compiling()` is true, and that flag is
-    process-wide. When vLLM compiles a kernel in the async trainer's rollout thread, the training thread's
-    forward on one rank skipped part of its trace while the other rank recorded it, and the ranks' next
-    collectives no longer matched (measured: a deadlock in the first forward of the CPU demo, timing-dependent).
-    The training thread never compiles, so DeepSpeed's checks answer for the thread asking."""
-    import threading
-
-    import deepspeed.runtime.compiler as ds_compiler
-    import deepspeed.runtime.zero.partitioned_param_coordinator as coordinator
-    import deepspeed.utils.nvtx as nvtx
-
-    original = ds_compiler.is_compiling
-    if getattr(original, "_dsgrpo", False):
-        return
-
-    def is_compiling() -> bool:
-        return threading.current_thread() is not threading.main_thread() and original()
-    is_compiling._dsgrpo = True
-    for module in (ds_compiler, coordinator, nvtx):
-        module.is_compiling = is_compiling

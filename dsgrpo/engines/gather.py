@@ -5,14 +5,19 @@ Only public DeepSpeed APIs are used; never `state_dict()` on a ZeRO-3 module (it
 
 A checkpoint tensor is a `Unit`: the parameters to gather and how to make the tensor from them. For a plain
 model each unit is one parameter; for a LoRA policy a target layer's unit is its base weight and its two
-adapter matrices, merged while gathered (engines/lora.py), so the merged model streams out one layer at a time."""
+adapter matrices, merged while gathered (engines/lora.py, assembled by engines/weights.py), so the merged model
+streams out one layer at a time."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, TypeVar
 
 import torch
+
+from .. import compat
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -23,7 +28,7 @@ class Unit:
 
     @property
     def shape(self) -> Tuple[int, ...]:
-        return tuple(getattr(self.params[0], "ds_shape", self.params[0].shape))
+        return compat.full_shape(self.params[0])
 
     def nbytes(self) -> int:
         return sum(_nbytes(p) for p in self.params)
@@ -42,16 +47,30 @@ class GatherStats:
         cls.peak_bytes = 0
 
 
-def _is_partitioned(p: torch.nn.Parameter) -> bool:
-    return hasattr(p, "ds_id")
-
-
 def _nbytes(p: torch.nn.Parameter) -> int:
-    return (p.ds_numel if _is_partitioned(p) else p.numel()) * p.element_size()
+    return compat.full_numel(p) * p.element_size()
 
 
 def plain_units(named_params) -> List[Unit]:
     return [Unit(name, (p,)) for name, p in named_params]
+
+
+def byte_buckets(items: Iterable[T], nbytes: Callable[[T], int], bucket_bytes: int,
+                 key: Optional[Callable[[T], Any]] = None) -> Iterator[List[T]]:
+    """Group a stream into consecutive buckets of at most ~bucket_bytes (an item larger than that is a bucket of
+    its own). With `key`, a bucket also holds items of one key only (one dtype per flat buffer, say). Lazy: a
+    bucket is yielded as soon as the next item would not fit, so at most one bucket is held."""
+    bucket: List[T] = []
+    size = 0
+    for item in items:
+        n = nbytes(item)
+        if bucket and (size + n > bucket_bytes or (key is not None and key(item) != key(bucket[0]))):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(item)
+        size += n
+    if bucket:
+        yield bucket
 
 
 def full_tensors(units: List[Unit], bucket_bytes: int) -> Iterator[Tuple[str, torch.Tensor]]:
@@ -60,41 +79,14 @@ def full_tensors(units: List[Unit], bucket_bytes: int) -> Iterator[Tuple[str, to
     before the next bucket, so peak extra memory is one bucket plus its tensors."""
     import deepspeed
 
-    bucket: List[Unit] = []
-    size = 0
-
-    def flush():
-        params = {id(p): p for u in bucket for p in u.params if _is_partitioned(p)}
+    for bucket in byte_buckets(units, Unit.nbytes, bucket_bytes):
+        params = {id(p): p for u in bucket for p in u.params if compat.is_zero3_param(p)}
         GatherStats.peak_bytes = max(GatherStats.peak_bytes, sum(_nbytes(p) for p in params.values()))
         with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None), torch.no_grad():
-            return [(u.name, u.tensor()) for u in bucket]
-
-    for unit in units:
-        if bucket and size + unit.nbytes() > bucket_bytes:
-            yield from flush()
-            bucket, size = [], 0
-        bucket.append(unit)
-        size += unit.nbytes()
-    if bucket:
-        yield from flush()
+            tensors = [(u.name, u.tensor()) for u in bucket]
+        yield from tensors
 
 
 def full_parameters(params: List[Tuple[str, torch.nn.Parameter]], bucket_bytes: int) -> Iterator[Tuple[str, torch.Tensor]]:
     """(name, full copy) of each given parameter, bucket by bucket."""
     return full_tensors(plain_units(params), bucket_bytes)
-
-
-def checkpoint_units(module: torch.nn.Module) -> List[Unit]:
-    """The units of a Hugging Face checkpoint of `module`: its parameters, or a LoRA policy's merged layers."""
-    from .lora import is_peft_model, merged_units
-    return merged_units(module) if is_peft_model(module) else plain_units(module.named_parameters())
-
-
-def named_full_parameters(module: torch.nn.Module, bucket_bytes: int, tied_lm_head: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
-    """Checkpoint-named full tensors of an HF model (a LoRA policy: merged). With tied embeddings
-    `named_parameters()` lists the shared weight once (as the embedding); `tied_lm_head=True` also yields it as
-    `lm_head.weight`, which vLLM needs."""
-    for name, tensor in full_tensors(checkpoint_units(module), bucket_bytes):
-        yield name, tensor
-        if tied_lm_head and name.endswith("embed_tokens.weight"):
-            yield "lm_head.weight", tensor

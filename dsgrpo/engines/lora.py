@@ -16,6 +16,8 @@ from typing import Any, List
 
 import torch
 
+from .. import compat
+from ..errors import CheckpointError
 from .gather import Unit, full_parameters
 
 UNSUPPORTED = {  # LoraConfig field -> why the merged weight sync cannot honour it yet
@@ -84,8 +86,7 @@ def wrap_with_lora(model, peft_config, seed: int):
 
 
 def check_lora_layers(peft_model) -> None:
-    from peft.tuners.lora import Linear, LoraLayer
-
+    LoraLayer, Linear = compat.lora_layer_types()
     adapters = peft_model.active_adapters
     if len(adapters) != 1:
         raise ValueError(f"the LoRA policy has {len(adapters)} active adapters {adapters}; dsgrpo trains one. "
@@ -99,8 +100,7 @@ def check_lora_layers(peft_model) -> None:
 def merged_units(peft_model) -> List[Unit]:
     """Checkpoint units of the merged model, in the base model's parameter order and names: a LoRA layer's
     weight unit gathers its base weight and adapter together and yields W + ΔW; everything else is a copy."""
-    from peft.tuners.lora import LoraLayer
-
+    LoraLayer, _ = compat.lora_layer_types()
     base = peft_model.get_base_model()
     adapter = peft_model.active_adapters[0]
     layer_of = {}  # id(parameter) -> (layer name, layer) for every parameter inside a LoRA layer
@@ -126,7 +126,7 @@ def merged_units(peft_model) -> List[Unit]:
 
 
 def _merge(layer, weight, adapter):
-    return lambda: weight.data + layer.get_delta_weight(adapter).to(weight.dtype)
+    return lambda: compat.lora_merged_weight(layer, weight, adapter)
 
 
 def save_adapter(peft_model, output_dir: str, bucket_bytes: int, is_main: bool) -> None:
@@ -138,8 +138,8 @@ def save_adapter(peft_model, output_dir: str, bucket_bytes: int, is_main: bool) 
 
 
 def adapter_summary(peft_model) -> str:
-    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in peft_model.parameters() if p.requires_grad)
-    total = sum(getattr(p, "ds_numel", p.numel()) for p in peft_model.parameters())
+    trainable = sum(compat.full_numel(p) for p in peft_model.parameters() if p.requires_grad)
+    total = sum(compat.full_numel(p) for p in peft_model.parameters())
     return f"LoRA: {trainable:,} trainable parameters of {total:,} ({100 * trainable / max(total, 1):.2f}%)"
 
 
@@ -160,7 +160,6 @@ def export_adapter(checkpoint: str, state_dict: dict, out_dir: str, merged: bool
     adapter = {n for n, p in model.named_parameters() if p.requires_grad}
     missing = sorted(adapter - set(state_dict))
     if missing:
-        from ..checkpoint import CheckpointError
         raise CheckpointError(f"{checkpoint}: the engine state lacks adapter weights {missing[:3]}; it was not "
                               "written with this adapter_config.json.")
     model.load_state_dict({n: state_dict[n] for n in adapter}, strict=False, assign=True)

@@ -8,10 +8,11 @@ collective under ZeRO-3). `LocalRewardModel` is the same scorer on one process (
 from __future__ import annotations
 
 import warnings
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 
+from .. import compat
 from .builtins import completion_text
 
 GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "ForMaskedLM")
@@ -81,7 +82,7 @@ class RewardModel:
         from ..engines import ModelLoader, build_inference_engine, resolve
 
         if isinstance(spec, PreTrainedModel):
-            model, name = spec, _name(spec.config._name_or_path or type(spec).__name__)
+            model, name = spec, _name(compat.name_or_path(spec.config) or type(spec).__name__)
             check_reward_model_config(model.config, name)
             hidden = getattr(model.config, "hidden_size", None)
         else:
@@ -93,7 +94,7 @@ class RewardModel:
         if not isinstance(spec, PreTrainedModel):
             model = ModelLoader(ds_config, dtype).load(spec, cls=AutoModelForSequenceClassification,
                                                        field="reward_funcs", num_labels=1)
-        tok = reward_tokenizer(tokenizer if tokenizer is not None else model.config._name_or_path, name)
+        tok = reward_tokenizer(tokenizer if tokenizer is not None else compat.name_or_path(model.config), name)
         engine = build_inference_engine(model, ds_config)
         return cls(engine, tok, model.config, args.per_device_train_batch_size, name)
 

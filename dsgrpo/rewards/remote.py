@@ -127,7 +127,7 @@ def serve_reward(argv: List[str]) -> int:
     p.add_argument("--max-batch", type=int, default=4096)
     a = p.parse_args(argv)
     if a.func:
-        from ..cli import import_object
+        from ..importing import import_object
         score = import_object(a.func)
     elif a.builtin:
         from .builtins import BUILTIN_REWARDS

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Sequence
 
 import torch
 
+from .. import compat
 from .builtins import BUILTIN_REWARDS
 
 
@@ -81,7 +82,7 @@ class RewardStack:
         if index in self.pending_models:
             spec = self.pending_models[index][0]
             return str(spec).rstrip("/").split("/")[-1] if isinstance(spec, str) else \
-                str(spec.config._name_or_path or type(spec).__name__).rstrip("/").split("/")[-1]
+                str(compat.name_or_path(spec.config) or type(spec).__name__).rstrip("/").split("/")[-1]
         return reward_name(f)
 
     @property

@@ -1,4 +1,5 @@
-"""Generation: the `Generator` protocol, the colocated vLLM and HF backends, and weight sync."""
+"""Generation: the `Generator` protocol and `Rollout`; the colocated vLLM and HF backends; samplers (plain, tool
+turns, rollout_func); rollout sources (how the loop gets each round's batch); weight sync."""
 
 from .base import Generator, Rollout, SamplingConfig
 from .weight_sync import check_against_checkpoint, sync_weights
@@ -6,8 +7,13 @@ from .weight_sync import check_against_checkpoint, sync_weights
 __all__ = ["Generator", "Rollout", "SamplingConfig", "sync_weights", "check_against_checkpoint", "make_generator"]
 
 
-def make_generator(args, *, model_path, policy_engine, tokenizer, dtype, zero3):
-    """The generator the config asks for: vLLM (colocated) or the policy's own `generate`."""
+def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dtype, zero3):
+    """The engine this rank generates with: vLLM (colocated) or the policy's own `generate`; None on a
+    split-placement training rank, which only joins the generating ranks' engine start-up."""
+    if not placement.generates:
+        from .vllm_engine import join_engine_setup_without_engine
+        join_engine_setup_without_engine(model_path, args, dtype=dtype)
+        return None
     if args.use_vllm:
         from .vllm_engine import VLLMGenerator
         return VLLMGenerator(model_path, args, dtype=dtype)

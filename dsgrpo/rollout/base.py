@@ -7,7 +7,7 @@ sampled token (for the importance-sampling correction). Backends: `vllm` (coloca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Protocol, Tuple
+from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -29,6 +29,10 @@ class SamplingConfig:
                    extra=dict(args.generation_kwargs or {}))
 
 
+ROLLOUT_LISTS = ("prompt_ids", "completion_ids", "sampler_logprobs", "truncated")
+ROLLOUT_OPTIONAL = ("tool_mask", "messages", "tool_counts")
+
+
 @dataclass
 class Rollout:
     """Completions of one rank, in slot order. Row i answers `prompt_ids[i]` (prompts repeat within a group)."""
@@ -42,6 +46,47 @@ class Rollout:
     # with tools: each completion as TRL's reward functions see it, the turns as messages (assistant turns with
     # their "tool_calls", then the tool results); None: the decoded text is the one assistant message
     messages: Optional[List[List[dict]]] = None
+    # with tools: [calls, failed calls] of each completion (the tools/* metrics)
+    tool_counts: Optional[List[List[int]]] = None
+    # extra per-row columns for the reward functions (what a rollout_func returns beside the tokens)
+    columns: Optional[Dict[str, list]] = None
+
+    def rows(self, rows: slice) -> "Rollout":
+        """The rows `rows` as a Rollout of their own (optional fields kept)."""
+        out = Rollout(*(getattr(self, k)[rows] for k in ROLLOUT_LISTS))
+        for k in ROLLOUT_OPTIONAL:
+            if getattr(self, k) is not None:
+                setattr(out, k, getattr(self, k)[rows])
+        if self.columns is not None:
+            out.columns = {c: v[rows] for c, v in self.columns.items()}
+        return out
+
+    @staticmethod
+    def concat(parts: Sequence["Rollout"]) -> "Rollout":
+        """The rows of `parts`, in order. A tool_mask is kept when any part has one (rows of parts without one get
+        all ones: every token sampled); messages, tool counts and columns only when every part has them."""
+        out = Rollout([], [], [], [])
+        for part in parts:
+            for k in ROLLOUT_LISTS:
+                getattr(out, k).extend(getattr(part, k))
+        if any(p.tool_mask is not None for p in parts):
+            out.tool_mask = [m for p in parts for m in (p.tool_mask if p.tool_mask is not None
+                                                        else [[1] * len(c) for c in p.completion_ids])]
+        for k in ("messages", "tool_counts"):
+            if parts and all(getattr(p, k) is not None for p in parts):
+                setattr(out, k, [x for p in parts for x in getattr(p, k)])
+        if parts and all(p.columns is not None for p in parts):
+            out.columns = {c: [v for p in parts for v in p.columns[c]] for c in parts[0].columns}
+        return out
+
+    def to_json(self) -> dict:
+        """Plain lists and dicts (a checkpoint's pool, a split-placement exchange). `columns` must be JSON-able."""
+        return {k: getattr(self, k) for k in ROLLOUT_LISTS + ROLLOUT_OPTIONAL + ("columns",)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Rollout":
+        # .get: pools checkpointed before a field existed lack its key (None: the field's default)
+        return cls(*(d[k] for k in ROLLOUT_LISTS), **{k: d.get(k) for k in ROLLOUT_OPTIONAL + ("columns",)})
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..algorithms.advantages import nan_std, weighted_sum
+from .. import dist
 from .base import Rollout, round_seed
 
 
@@ -32,19 +32,14 @@ class Group:
     rewards: Optional[torch.Tensor] = None  # [G, K], when the rollout worker scored it
 
     def to_json(self) -> dict:
-        r = self.rollout
         return {"position": self.position, "prompt_index": self.prompt_index, "version": self.version,
-                "rank": self.rank, "prompt_ids": r.prompt_ids, "completion_ids": r.completion_ids,
-                "sampler_logprobs": r.sampler_logprobs, "truncated": r.truncated, "tool_mask": r.tool_mask,
+                "rank": self.rank, **self.rollout.to_json(),
                 "rewards": None if self.rewards is None else self.rewards.tolist()}
 
     @classmethod
     def from_json(cls, d: dict) -> "Group":
-        # .get: pools checkpointed before Rollout had tool_mask have no such key (None: every token was sampled)
-        rollout = Rollout(d["prompt_ids"], d["completion_ids"], d["sampler_logprobs"], d["truncated"],
-                          d.get("tool_mask"))
         rewards = None if d["rewards"] is None else torch.tensor(d["rewards"], dtype=torch.float32)
-        return cls(d["position"], d["prompt_index"], d["version"], d["rank"], rollout, rewards)
+        return cls(d["position"], d["prompt_index"], d["version"], d["rank"], Rollout.from_json(d), rewards)
 
 
 class PromptStream:
@@ -75,29 +70,28 @@ class PromptStream:
 
 
 class ClaimCounter:
-    """Counters shared by every rank through the key-value store torch.distributed's rendezvous already runs
-    (TCPStore at MASTER_ADDR:MASTER_PORT): positions claimed and groups dropped. `add` is atomic on the store's
-    server, so two ranks never claim the same position. The counter opens its own client connection: the rollout
-    worker thread uses it while the training thread's collectives use the process group's, and sharing one
-    client socket between the two threads hung training (measured: ZeRO-3's first forward deadlocked)."""
+    """Counters shared by every rank (dist.counter_store: the key-value store torch.distributed's rendezvous
+    already runs): positions claimed and groups dropped. `add` is atomic on the store's server, so two ranks never
+    claim the same position. Without sharing (or without a process group) the counts are this rank's own."""
 
     _instances = 0
 
     def __init__(self, shared: bool):
-        import torch.distributed as tdist
-
-        self.shared = shared and tdist.is_initialized()
         self.local = {"claimed": 0, "dropped": 0}
         self.lock = threading.Lock()
-        if self.shared:
+        self.store = None
+        if shared and dist.is_initialized():
             # a prefix per trainer instance (every rank builds trainers in the same order)
             ClaimCounter._instances += 1
-            self.store = tdist.PrefixStore(f"dsgrpo/async/{ClaimCounter._instances}/", _own_store_client())
+            self.store = dist.counter_store(f"dsgrpo/async/{ClaimCounter._instances}/")
+        self.shared = self.store is not None
 
     def add(self, key: str, n: int) -> int:
         """Add n (may be 0, to read) and return the new total."""
         with self.lock:
             if self.shared:
+                if key not in self.local:
+                    raise KeyError(key)
                 return int(self.store.add(key, n))
             self.local[key] += n
             return self.local[key]
@@ -108,21 +102,6 @@ class ClaimCounter:
                 self.store.set(key, str(value))  # add() reads a decimal string
             else:
                 self.local[key] = value
-
-
-def _own_store_client():
-    """A new client of the rendezvous store (the default store itself when its address is unknown)."""
-    import datetime
-    import os
-
-    import torch.distributed as tdist
-
-    default = tdist.distributed_c10d._get_default_store()
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not host or not port:
-        return default
-    return tdist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(minutes=5),
-                          wait_for_workers=False)
 
 
 class GroupPool:
@@ -212,12 +191,3 @@ def plan_batch(held: Sequence[Sequence[Tuple[int, int]]], groups_per_batch: int,
         plan.destination[p] = r
         load[r] += 1
     return plan
-
-
-def zero_std_groups(rewards: torch.Tensor, group_size: int, weights: Optional[Sequence[float]] = None) -> List[bool]:
-    """For each group of `rewards` [n·G, K]: is its weighted reward's std 0 (no learning signal)? The trainer's own
-    test (compute_advantages' frac_reward_zero_std): an all-NaN row is unknown, not 0, and a group with fewer than
-    two known rewards has no spread."""
-    w = torch.tensor(weights if weights is not None else [1.0] * rewards.shape[1], dtype=rewards.dtype)
-    std = nan_std(weighted_sum(rewards, w).view(-1, group_size), dim=1)  # [n]
-    return torch.isclose(std, torch.zeros_like(std)).tolist()

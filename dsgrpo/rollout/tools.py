@@ -108,6 +108,13 @@ class ToolStats:
     calls: int = 0
     failures: int = 0   # calls that could not be parsed, named an unknown tool, raised or timed out
 
+    @classmethod
+    def of(cls, rollout: Rollout) -> "ToolStats":
+        """The counts of a rollout's rows (Rollout.tool_counts): the same for a round generated at once and for
+        one cut from groups generated in the background."""
+        counts = rollout.tool_counts or []
+        return cls(len(rollout), sum(c for c, _ in counts), sum(f for _, f in counts))
+
     def metrics(self) -> Dict[str, float]:
         return {"tools/call_frequency": self.calls / max(self.completions, 1),
                 "tools/failure_frequency": self.failures / max(self.calls, 1)}
@@ -210,6 +217,8 @@ class _Row:
     mask: List[int]
     truncated: bool
     turn_start: int = 0   # where the latest sampled segment begins: only its tool calls are still unanswered
+    calls: int = 0
+    failures: int = 0
     messages: List[dict] = field(default_factory=list)  # the conversation so far, for the reward functions
 
     def append(self, ids: List[int], logprobs: Optional[List[float]] = None) -> None:
@@ -250,7 +259,6 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
     # (prompt, position in its group) of each row, for the continuation seeds
     origin = [(j, k) for j, n in enumerate(counts) for k in range(n)]
     special = set(tokenizer.all_special_ids)
-    stats = ToolStats(completions=len(rows))
     limit = sampling.max_tokens
     candidates = list(range(len(rows)))
     iteration = 0
@@ -266,8 +274,8 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
             if not calls:
                 continue
             results = [runner.run(call) for call in calls]
-            stats.calls += len(calls)
-            stats.failures += sum(not ok for _, ok in results)
+            row.calls += len(calls)
+            row.failures += sum(not ok for _, ok in results)
             turn = tool_result_ids(tokenizer, [(c.name, text) for c, (text, _) in zip(calls, results)],
                                    chat_template_kwargs)
             if row.ids and turn and row.ids[-1] == turn[0] and turn[0] in special:
@@ -302,5 +310,6 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
         if row.ids[row.turn_start:] or not row.messages:
             row.close_turn(tokenizer)
     rollout = Rollout([r.prompt for r in rows], [r.ids for r in rows], [r.logprobs for r in rows],
-                      [r.truncated for r in rows], tool_mask=[r.mask for r in rows], messages=[r.messages for r in rows])
-    return rollout, stats
+                      [r.truncated for r in rows], tool_mask=[r.mask for r in rows], messages=[r.messages for r in rows],
+                      tool_counts=[[r.calls, r.failures] for r in rows])
+    return rollout, ToolStats.of(rollout)

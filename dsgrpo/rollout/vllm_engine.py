@@ -13,7 +13,7 @@ from typing import Iterable, List, Optional, Tuple
 
 import torch
 
-from .. import device, dist
+from .. import compat, device, dist
 from .base import Rollout, SamplingConfig
 
 CPU_KV_CACHE_CAP = 1 << 30  # 1 GiB per engine unless the config says otherwise
@@ -31,7 +31,7 @@ class VLLMGenerator:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")       # its INFO lines would print every sync
         from vllm import LLM
 
-        _quiet_rotary_reload_warning()
+        compat.quiet_vllm_rotary_reload_warning()
 
         kwargs = dict(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
                       seed=args.seed + dist.rank(),  # ranks must sample different completions
@@ -50,7 +50,7 @@ class VLLMGenerator:
             kwargs["enforce_eager"] = True  # compiling costs ~25 s at start-up and buys nothing on CPU
         self.llm = LLM(**kwargs)
         self.sleep_mode = kwargs["enable_sleep_mode"]
-        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.max_model_len = compat.vllm_max_model_len(self.llm)
 
     def needs_weight_sync(self) -> bool:
         return True
@@ -82,8 +82,7 @@ class VLLMGenerator:
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         if self.sleep_mode:
             self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors),
-                                                          "is_checkpoint_format": True})
+        compat.reload_vllm_weights(self.llm, named_tensors)
         self.llm.reset_prefix_cache()  # stale KV blocks from the old weights would be reused otherwise
         if self.sleep_mode:
             self.llm.wake_up(tags=["kv_cache"])
@@ -91,12 +90,7 @@ class VLLMGenerator:
 
 def join_engine_setup_without_engine(model_path: str, args, *, dtype: torch.dtype) -> None:
     """Split placement, on a training rank: take part in the world-wide collectives the generating ranks' vLLM
-    engines run while they start (under "external_launcher" vLLM builds its process groups over the whole
-    torch world, and agrees on KV-cache memory with a MIN all-reduce over it) without building an engine.
-    Mirrors vLLM 0.32's start-up sequence; the version is pinned in requirements/cpu-lock.txt."""
-    import torch.distributed as tdist
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import parallel_state
+    engines run while they start, without building an engine (compat.join_vllm_startup_collectives)."""
     from vllm.engine.arg_utils import EngineArgs
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -105,29 +99,12 @@ def join_engine_setup_without_engine(model_path: str, args, *, dtype: torch.dtyp
                              distributed_executor_backend="external_launcher", tensor_parallel_size=1,
                              enforce_eager=not device.on_gpu(),
                              kv_cache_memory_bytes=args.vllm_kv_cache_bytes or default_kv_cache_bytes())
-    with set_current_vllm_config(engine_args.create_engine_config()):
-        parallel_state.init_distributed_environment(world_size=dist.world_size(dist.EVERYONE),
-                                                    rank=dist.rank(dist.EVERYONE), distributed_init_method="env://",
-                                                    local_rank=dist.local_rank(), backend=device.dist_backend())
-        parallel_state.ensure_model_parallel_initialized(1, 1)
-        memory = torch.tensor([2 ** 62], dtype=torch.int64)  # no opinion: the generators' minimum wins
-        tdist.all_reduce(memory, group=parallel_state.get_world_group().cpu_group, op=tdist.ReduceOp.MIN)
+    compat.join_vllm_startup_collectives(engine_args, world_size=dist.world_size(dist.EVERYONE),
+                                         rank=dist.rank(dist.EVERYONE), local_rank=dist.local_rank(),
+                                         backend=device.dist_backend())
 
 
 def _default_max_model_len(args) -> Optional[int]:
     if args.max_prompt_length is not None:
         return args.max_prompt_length + args.max_completion_length
     return None  # the model's own context length
-
-
-def _quiet_rotary_reload_warning() -> None:
-    """Every in-place reload warns that RotaryEmbedding 'failed to load weights': it has none (its cos/sin
-    cache is computed, not loaded). Drop exactly that record so real reload warnings stay visible."""
-    import logging
-
-    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    if not any(getattr(f, "_dsgrpo", False) for f in logger.filters):
-        def keep(record: logging.LogRecord) -> bool:
-            return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
-        keep._dsgrpo = True
-        logger.addFilter(keep)

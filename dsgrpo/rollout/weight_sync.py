@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from ..engines.gather import checkpoint_units, named_full_parameters
+import torch
+
+from .. import dist
+from ..engines.gather import byte_buckets
+from ..engines.weights import checkpoint_units, named_full_parameters
 
 
 def expected_checkpoint_shapes(module, tied_lm_head: bool) -> Dict[str, Tuple[int, ...]]:
@@ -51,50 +55,31 @@ def sync_weights(policy_module, generator, bucket_bytes: int, tied_lm_head: bool
 
 
 # ------------------------------------------------------------------------------ split placement: trainers → generators
-def broadcast_weights(named_tensors, group, bucket_bytes: int, sending: bool) -> None:
+def broadcast_weights(named_tensors, bucket_bytes: int, sending: bool) -> None:
     """Training side of a split-placement sync. Every training rank iterates `named_tensors` (its ZeRO-3 gathers
     are collective over the training ranks); training rank 0 (`sending`) packs the full tensors into buckets of
-    about `bucket_bytes` and broadcasts each over `group` (training rank 0 + the generators): first the bucket's
-    manifest, then one flat buffer. An empty manifest ends the stream."""
-    import torch
-    import torch.distributed as tdist
-
-    bucket, size = [], 0
-
-    def flush():
-        manifest = [(n, tuple(t.shape), str(t.dtype)) for n, t in bucket]
-        tdist.broadcast_object_list([manifest], src=0, group=group)
-        flat = torch.cat([t.reshape(-1).to(bucket[0][1].dtype) for _, t in bucket])
-        tdist.broadcast(flat, src=0, group=group)
-
-    for name, tensor in named_tensors:
-        if not sending:
-            continue
-        if bucket and (size + tensor.numel() * tensor.element_size() > bucket_bytes or tensor.dtype != bucket[0][1].dtype):
-            flush()
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += tensor.numel() * tensor.element_size()
-    if sending:
-        if bucket:
-            flush()
-        tdist.broadcast_object_list([[]], src=0, group=group)
+    about `bucket_bytes` (one dtype each) and broadcasts each over dist.WEIGHTS (training rank 0 + the generators):
+    first the bucket's manifest, then one flat buffer. An empty manifest ends the stream."""
+    if not sending:
+        for _ in named_tensors:  # the gathers are collective: take part, send nothing
+            pass
+        return
+    for bucket in byte_buckets(named_tensors, lambda nt: nt[1].numel() * nt[1].element_size(), bucket_bytes,
+                               key=lambda nt: nt[1].dtype):
+        dist.broadcast_object([(n, tuple(t.shape), str(t.dtype)) for n, t in bucket], src=0, group=dist.WEIGHTS)
+        dist.broadcast(torch.cat([t.reshape(-1) for _, t in bucket]), src=0, group=dist.WEIGHTS)
+    dist.broadcast_object([], src=0, group=dist.WEIGHTS)
 
 
-def received_weights(group):
+def received_weights():
     """Generator side: yield (name, tensor) as broadcast buckets arrive, until the empty manifest."""
-    import torch
-    import torch.distributed as tdist
-
     while True:
-        box = [None]
-        tdist.broadcast_object_list(box, src=0, group=group)
-        manifest = box[0]
+        manifest = dist.broadcast_object(None, src=0, group=dist.WEIGHTS)
         if not manifest:
             return
         dtype = getattr(torch, manifest[0][2].replace("torch.", ""))
         flat = torch.empty(sum(int(torch.Size(shape).numel()) for _, shape, _ in manifest), dtype=dtype)
-        tdist.broadcast(flat, src=0, group=group)
+        dist.broadcast(flat, src=0, group=dist.WEIGHTS)
         offset = 0
         for name, shape, _ in manifest:
             n = int(torch.Size(shape).numel())

@@ -1,7 +1,7 @@
 """The asynchronous trainer's rollout worker: a thread per rank that keeps the colocated vLLM engine sampling.
 
-It claims prompt groups from the stream, generates them with the engine's current weights, scores them with
-the reward functions (plain Python and remote ones: nothing collective runs in this thread) and puts them in
+It claims prompt groups from the stream, samples them with the engine's current weights (through the trainer's
+sampler: plain generation, tool turns or a rollout_func), scores them with the reward functions (plain Python and remote ones: nothing collective runs in this thread) and puts them in
 the rank's pool. It never waits for the other ranks. The training loop pauses it (`paused()`) while it
 replaces the engine's weights, writes a checkpoint or evaluates; a claim, its generation and its scoring
 happen under one lock, so a pause never splits a chunk and a paused pool is exactly what was claimed.
@@ -19,17 +19,17 @@ from typing import Callable, List, Optional
 
 import torch
 
+from ..algorithms.dapo import zero_std_groups
 from .base import Rollout
-from .pool import ClaimCounter, Group, GroupPool, PromptStream, zero_std_groups
+from .pool import ClaimCounter, Group, GroupPool, PromptStream
 
 
 class RolloutWorker:
-    def __init__(self, *, generator, stream: PromptStream, counter: ClaimCounter, pool: GroupPool, sampling,
-                 prompt_ids: List[List[int]], score: Optional[Callable], balanced: bool, chunk_groups: int,
-                 max_staleness: int, drop_zero_std: bool, reward_weights, rank: int, version: int,
-                 slot: Optional[int] = None):
-        self.generator, self.stream, self.counter, self.pool = generator, stream, counter, pool
-        self.sampling, self.prompt_ids, self.score = sampling, prompt_ids, score
+    def __init__(self, *, sampler, prompts, stream: PromptStream, counter: ClaimCounter, pool: GroupPool,
+                 score: Optional[Callable], balanced: bool, chunk_groups: int, max_staleness: int, drop_zero_std: bool,
+                 reward_weights, rank: int, version: int, slot: Optional[int] = None):
+        self.sampler, self.prompts, self.stream, self.counter, self.pool = sampler, prompts, stream, counter, pool
+        self.score = score
         self.balanced, self.chunk, self.max_staleness = balanced, chunk_groups, max_staleness
         self.drop_zero_std, self.reward_weights, self.rank = drop_zero_std, reward_weights, rank
         self.slot = rank if slot is None else slot  # this rank's index among the generating ranks
@@ -109,8 +109,8 @@ class RolloutWorker:
         G = self.stream.G
         indices = [self.stream.prompt_index(p) for p in positions]
         version = self.version
-        rollout = self.generator.generate([self.prompt_ids[i] for i in indices], [G] * len(positions), self.sampling,
-                                          seeds=[self.stream.sampling_seed(p) for p in positions])
+        rollout = self.sampler.sample(self.prompts, indices, [G] * len(positions),
+                                      [self.stream.sampling_seed(p) for p in positions])
         self.completions_generated += len(rollout)
         rewards = self.score(indices, rollout) if self.score is not None else None  # [k·G, K]
         keep = [True] * len(positions)
@@ -120,9 +120,7 @@ class RolloutWorker:
         for j, (position, index) in enumerate(zip(positions, indices)):
             if keep[j]:
                 rows = slice(j * G, (j + 1) * G)
-                part = Rollout(rollout.prompt_ids[rows], rollout.completion_ids[rows], rollout.sampler_logprobs[rows],
-                               rollout.truncated[rows], None if rollout.tool_mask is None else rollout.tool_mask[rows])
-                groups.append(Group(position, index, version, self.rank, part,
+                groups.append(Group(position, index, version, self.rank, rollout.rows(rows),
                                     None if rewards is None else rewards[rows].clone()))
         dropped = len(positions) - len(groups)
         if dropped:
@@ -132,16 +130,7 @@ class RolloutWorker:
 
 
 def as_rollout_rows(groups: List[Group]):
-    """Concatenate groups' rollouts (and rewards, when scored) in the given order. A tool_mask is kept when any
-    group has one; rows of groups without one get all ones (every token sampled)."""
-    out = Rollout([], [], [], [])
-    for g in groups:
-        out.prompt_ids += g.rollout.prompt_ids
-        out.completion_ids += g.rollout.completion_ids
-        out.sampler_logprobs += g.rollout.sampler_logprobs
-        out.truncated += g.rollout.truncated
-    if any(g.rollout.tool_mask is not None for g in groups):
-        out.tool_mask = [m for g in groups for m in (g.rollout.tool_mask if g.rollout.tool_mask is not None
-                                                      else [[1] * len(c) for c in g.rollout.completion_ids])]
+    """(the groups' rows as one Rollout, in the given order; their rewards [n·G, K] when every group was scored)."""
+    rollout = Rollout.concat([g.rollout for g in groups])
     rewards = torch.cat([g.rewards for g in groups]) if groups and all(g.rewards is not None for g in groups) else None
-    return out, rewards
+    return rollout, rewards

@@ -40,9 +40,9 @@ def spy_batches(trainer):
     seen = []
     original = trainer._score
 
-    def spy(batch, group, local=None):
+    def spy(batch, group):
         seen.append(batch)
-        return original(batch, group, local)
+        return original(batch, group)
     trainer._score = spy
     return seen
 
@@ -116,9 +116,9 @@ def _():
     for name, bad in {"missing": lambda p, t: {"prompt_ids": [[1]] * len(p), "completion_ids": [[2]] * len(p)},
                       "short": lambda p, t: {**my_rollout(p, t), "logprobs": [[0.0]] * len(p)},
                       "not_a_dict": lambda p, t: [1, 2, 3]}.items():
-        trainer.rollout_func = bad
+        trainer.sampler.rollout_func = bad
         try:
-            trainer._sample(trainer.train_prompts, 0, trainer.args.num_generations)
+            trainer.source.next_batch(0)
             errors[name] = None
         except (ValueError, TypeError) as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"

@@ -16,9 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from datasets import Dataset  # noqa: E402
 
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines.gather import named_full_parameters  # noqa: E402
+from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, recorder, watch_split_versions  # noqa: E402
+from recorder import SHARDED_ZERO3, recorder, rollout_worker, watch_split_versions  # noqa: E402
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` shows where a hang is
 OUT = sys.argv[1]
@@ -52,15 +52,14 @@ def full_weights(trainer):
 def record_plans(trainer):
     """Wrap the batch cut to keep, per round, (version, position, holder, trainer rank) of every trained group."""
     plans = []
-    original = trainer._next_batch
+    original = trainer.source.next_batch
 
-    def wrapped():
-        out = original()
-        plan = trainer.last_plan
-        plans.append({"round": trainer.state.generation_round,
-                      "groups": [[v, p, r, plan.destination[p]] for v, p, r in plan.chosen]})
+    def wrapped(round_index):
+        out = original(round_index)
+        plan = trainer.source.last_plan
+        plans.append({"round": round_index, "groups": [[v, p, r, plan.destination[p]] for v, p, r in plan.chosen]})
         return out
-    trainer._next_batch = wrapped
+    trainer.source.next_batch = wrapped
     return plans
 
 
@@ -71,8 +70,9 @@ def teardown(trainer):
     """Several trainers share this process: stop a trainer's worker before the next one starts, and keep the
     trainer referenced: a collected vLLM engine tears down process groups DeepSpeed still uses."""
     KEEP.append(trainer)
-    if getattr(trainer, "worker", None) is not None:
-        trainer.worker.shutdown()
+    worker = rollout_worker(trainer) if isinstance(trainer, AsyncGRPOTrainer) else None
+    if worker is not None:
+        worker.shutdown()
 
 
 rank = None
@@ -142,10 +142,10 @@ def _():
         "dynamic", max_steps=3, drop_zero_std_groups=True, max_staleness=1))
     original = trainer._score
 
-    def spy(batch, group, local=None):
-        seen_groups.append({"rows": len(batch.rollout), "std": local.view(-1, group).std(dim=1).tolist(),
+    def spy(batch, group):
+        seen_groups.append({"rows": len(batch.rollout), "std": batch.rewards.view(-1, group).std(dim=1).tolist(),
                             "idx": batch.columns["idx"][::group]})
-        return original(batch, group, local)
+        return original(batch, group)
     trainer._score = spy
     trainer.train()
     history = trainer.state.log_history
@@ -162,7 +162,7 @@ def _():
     first.train()
     teardown(first)
     ckpt = os.path.join(OUT, "resume", "checkpoint-2")
-    saved = json.load(open(os.path.join(ckpt, f"extra_state_{dist.rank()}.json")))
+    saved = json.load(open(os.path.join(ckpt, f"rollout_state_{dist.rank()}.json")))
     second = AsyncGRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, args=config(
         "resume", max_steps=4, max_staleness=1, save_steps=10**6, async_chunk_groups=1, resume_from_checkpoint=ckpt))
     plans_b = record_plans(second)
@@ -205,7 +205,7 @@ def split_run(name, **overrides):
 def _():
     first = split_run("split", max_steps=4, save_steps=2)
     ckpt = os.path.join(OUT, "split", "checkpoint-2")
-    extra = json.load(open(os.path.join(ckpt, "extra_state_0.json")))
+    extra = json.load(open(os.path.join(ckpt, "rollout_state_0.json")))
     resumed = split_run("split", max_steps=6, resume_from_checkpoint=ckpt)
     return {"first": first, "resumed": resumed, "generator_pools": {r: [g["position"] for g in s["pool"]]
                                                                     for r, s in extra.get("generators", {}).items()},
@@ -234,7 +234,8 @@ def _():
         message = None
     except RuntimeError as exc:
         message = str(exc)
-    alive = trainer.worker._thread.is_alive() if trainer.worker._thread else False
+    worker = rollout_worker(trainer)
+    alive = worker._thread.is_alive() if worker._thread else False
     return {"message": message, "seconds": time.perf_counter() - start, "thread_alive": alive,
             "steps": trainer.state.global_step}
 

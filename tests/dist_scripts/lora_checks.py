@@ -18,7 +18,8 @@ from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines.gather import GatherStats, checkpoint_units, full_parameters  # noqa: E402
+from dsgrpo.engines.gather import GatherStats, full_parameters  # noqa: E402
+from dsgrpo.engines.weights import checkpoint_units  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
 from recorder import SHARDED_ZERO3, policy_logps, recorder, vllm_logps, watch_split_versions  # noqa: E402
 
@@ -57,15 +58,15 @@ def all_weights(trainer):
 def watch_syncs(trainer):
     """After every weight sync: vLLM's and the policy's log-probs of FIXED, and the sync's peak gathered bytes."""
     syncs = []
-    original = trainer._sync_generator
+    original = trainer.source.sync_weights
 
-    def spy(needed=True):
+    def spy(policy_module, round_index, needed=True):
         GatherStats.reset()
-        original(needed)
+        original(policy_module, round_index, needed)
         if needed:
             syncs.append({"round": trainer.state.generation_round, "peak_gathered_bytes": GatherStats.peak_bytes,
                           "vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy)})
-    trainer._sync_generator = spy
+    trainer.source.sync_weights = spy
     return syncs
 
 
@@ -213,8 +214,7 @@ def _():
     trainer = AsyncGRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
                                args=config("async_lora", max_staleness=0))
     KEEP.append(trainer)
-    trainer.train()
-    trainer.worker.shutdown()
+    trainer.train()  # its rollout worker is shut down when train() returns
     return {"history": trainer.state.log_history}
 
 
@@ -227,8 +227,6 @@ def _():
     KEEP.append(trainer)
     by_version = watch_split_versions(trainer)  # merged weights: policy after each broadcast, vLLM once loaded
     trainer.train()
-    if trainer.worker is not None:  # the generating rank's
-        trainer.worker.shutdown()
     return {"trains": trainer.trains, "by_version": by_version,
             "history": trainer.state.log_history if trainer.trains else None}
 

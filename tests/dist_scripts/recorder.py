@@ -49,26 +49,40 @@ def vllm_logps(trainer):
     return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], FIXED[1:])]
 
 
+def after_each_sync(trainer, fn) -> None:
+    """Call fn(needed) right after every weight sync of the trainer's rollout source."""
+    original = trainer.source.sync_weights
+
+    def sync(policy_module, round_index, needed=True):
+        original(policy_module, round_index, needed)
+        fn(needed)
+    trainer.source.sync_weights = sync
+
+
+def rollout_worker(trainer):
+    """The trainer's background rollout worker (AsyncGRPOTrainer), on a training or a generating rank."""
+    owner = trainer.source if trainer.source is not None else trainer.generating_rank
+    return owner.worker
+
+
 def watch_split_versions(trainer) -> dict:
     """Split placement: {weights version: log-probs of FIXED}, from the policy right after each broadcast on a
     training rank, from vLLM once it has loaded them on a generating rank (version 0: before training)."""
     by_version = {}
     if trainer.trains:
-        original_sync = trainer._sync_generator
-
-        def sync(needed=True):
-            original_sync(needed)
+        def sync(needed):
             if needed:
                 by_version[trainer.state.generation_round + 1] = policy_logps(trainer.policy)
-        trainer._sync_generator = sync
+        after_each_sync(trainer, sync)
         by_version[0] = policy_logps(trainer.policy)
     else:
-        original_receive = trainer._receive_weights
+        rank = trainer.generating_rank
+        original_receive = rank.receive_weights
 
         def receive(version):
             original_receive(version)
-            with trainer.worker.paused():
+            with rank.worker.paused():
                 by_version[version] = vllm_logps(trainer)
-        trainer._receive_weights = receive
+        rank.receive_weights = receive
         by_version[0] = vllm_logps(trainer)
     return by_version

@@ -18,10 +18,10 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from recorder import recorder  # noqa: E402
 from dsgrpo.engines import completion_logprobs  # noqa: E402
-from dsgrpo.engines.gather import named_full_parameters  # noqa: E402
+from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.rollout import Rollout  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from dsgrpo.trainer import Batch  # noqa: E402
+from dsgrpo.rollout.batch import Batch  # noqa: E402
 
 OUT = sys.argv[1]
 results = {}

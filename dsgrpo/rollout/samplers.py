@@ -1,0 +1,80 @@
+"""Samplers: how completions are made for some prompt rows. Every rollout source (the synchronous round, the async
+worker's chunk, a split-placement generator) makes them through the one call
+
+    sampler.sample(prompts, indices, counts, seeds) -> Rollout     # counts[j] completions of dataset row indices[j]
+
+- `GeneratorSampler`: the prompts' token ids through a generator (colocated vLLM, or the policy's HF generate);
+- `ToolSampler`: the same, answering tool calls between turns (rollout/tools.py), around any generator;
+- `RolloutFuncSampler`: the user's `rollout_func(prompts, trainer)` (rollout/custom.py), its extra keys kept as
+  the rollout's columns for the reward functions.
+
+Rows come out prompt by prompt, in order; `seeds[j]` seeds prompt j's run (None: unseeded)."""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Protocol
+
+from .base import Generator, Rollout, SamplingConfig
+from .custom import rollout_from_func_output
+from .tools import ToolRunner, run_tool_turns
+
+
+class Sampler(Protocol):
+    uses_tools: bool  # its rollouts carry tool_counts (the tools/* metrics)
+
+    def sample(self, prompts, indices: List[int], counts: List[int], seeds: Optional[List[int]]) -> Rollout: ...
+
+
+class GeneratorSampler:
+    uses_tools = False
+
+    def __init__(self, generator: Generator, sampling: SamplingConfig):
+        self.generator, self.sampling = generator, sampling
+
+    def sample(self, prompts, indices, counts, seeds):
+        return self.generator.generate([prompts.prompt_ids[i] for i in indices], counts, self.sampling, seeds=seeds)
+
+
+class ToolSampler:
+    uses_tools = True
+
+    def __init__(self, generator: Generator, sampling: SamplingConfig, tokenizer, runner: ToolRunner,
+                 max_iterations: Optional[int]):
+        self.generator, self.sampling, self.tokenizer = generator, sampling, tokenizer
+        self.runner, self.max_iterations = runner, max_iterations
+
+    def sample(self, prompts, indices, counts, seeds):
+        rollout, _ = run_tool_turns(self.generator, self.tokenizer, [prompts.prompt_ids[i] for i in indices], counts,
+                                    self.sampling, seeds, self.runner, self.max_iterations,
+                                    chat_template_kwargs=prompts.chat_template_kwargs)
+        return rollout
+
+
+class RolloutFuncSampler:
+    """TRL's rollout_func contract: the user's function generates the rows; its extra keys become columns."""
+    uses_tools = False
+
+    def __init__(self, rollout_func: Callable, trainer, tokenizer, max_tokens: int):
+        self.rollout_func, self.trainer, self.tokenizer, self.max_tokens = rollout_func, trainer, tokenizer, max_tokens
+
+    def sample(self, prompts, indices, counts, seeds):
+        rows, _ = prompts.rows_for(indices, counts)
+        out = self.rollout_func(rows, self.trainer)
+        rollout, extra = rollout_from_func_output(
+            out, len(rows), eos_token_id=self.tokenizer.eos_token_id, max_tokens=self.max_tokens,
+            vocab_size=len(self.tokenizer), dataset_columns=prompts.columns)
+        rollout.columns = extra
+        return rollout
+
+
+def make_sampler(generator: Optional[Generator], sampling: SamplingConfig, *, tokenizer,
+                 tool_runner: Optional[ToolRunner] = None, max_tool_calling_iterations: Optional[int] = None,
+                 rollout_func: Optional[Callable] = None, trainer=None):
+    """The sampler the trainer's arguments ask for (None where this rank has no generator and no rollout_func)."""
+    if rollout_func is not None:
+        return RolloutFuncSampler(rollout_func, trainer, tokenizer, sampling.max_tokens)
+    if generator is None:
+        return None
+    if tool_runner is not None:
+        return ToolSampler(generator, sampling, tokenizer, tool_runner, max_tool_calling_iterations)
+    return GeneratorSampler(generator, sampling)

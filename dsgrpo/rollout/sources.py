@@ -1,0 +1,143 @@
+"""Rollout sources: the one seam through which the training loop gets each round's batch.
+
+    batch = source.next_batch(round)            # this rank's share, scored when the source scores (Batch.rewards)
+    ...update...
+    source.sync_weights(policy, round, needed)  # the new weights reach whatever generates
+    source.end_round(save, stop, preempted)     # what follows the round (split placement tells its generators)
+    with source.paused(): evaluate / checkpoint # the engine and the source's state held still
+    source.state_dict() / load_state_dict()     # what must survive a resume (rollout_state_<rank>.json)
+
+`GenerationSource` generates the round when asked (GRPOTrainer). `AsyncRolloutSource` (rollout/async_source.py)
+cuts it from groups generated in the background (AsyncGRPOTrainer). How completions are made is the sampler's
+business (rollout/samplers.py: plain generation, tool turns, rollout_func), so every source takes every sampler.
+A trainer chooses its source class; the step never asks which one it has."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .. import dist
+from .base import Generator, round_seed
+from .batch import Batch, BatchBuilder
+from .tools import ToolStats
+from .weight_sync import sync_weights
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which ranks train and which generate."""
+    trains: bool            # this rank runs the policy update
+    generates: bool         # this rank runs a generation engine
+    trainers: int           # training ranks (the world a ZeRO-3 engine spans)
+    generators: int         # generating ranks
+    first_generator: int    # global rank of the first generating rank
+
+    @classmethod
+    def colocated(cls) -> "Placement":
+        world = dist.world_size(dist.EVERYONE)
+        return cls(trains=True, generates=True, trainers=world, generators=world, first_generator=0)
+
+
+@dataclass
+class RolloutSetup:
+    """What a source is built from (the trainer makes it once)."""
+    args: object                         # GRPOConfig
+    prompts: object                      # the training PromptSource
+    sampler: object                      # rollout.samplers.Sampler; None on a split-placement training rank
+    generator: Optional[Generator]       # the engine weights are synced into; None where this rank has none
+    build_batch: BatchBuilder
+    reward_matrix: Callable[[Batch], torch.Tensor]  # [L, K] of a batch (the reward stack)
+    scores_anywhere: bool                # the rewards hold no collective (no sharded reward model)
+    placement: Placement
+    prompts_per_round: int
+    steps_per_round: int                 # optimizer steps a round feeds
+    max_steps: int
+    tied: bool                           # tied embeddings: lm_head.weight is sent too
+    timer: object                        # PhaseTimer: sources may add phases (time/wait_for_weights)
+
+
+class RolloutSource:
+    """The synchronous defaults of every method; `next_batch` is each source's own."""
+
+    def __init__(self, setup: RolloutSetup):
+        self.setup = setup
+        self.args = setup.args
+
+    # ---- before anything is built
+    @staticmethod
+    def placement(args) -> Placement:
+        return Placement.colocated()
+
+    @classmethod
+    def check(cls, args, *, placement: Placement, prompts_per_round: int, reward_models: bool, evaluates: bool) -> None:
+        """Refuse settings this source cannot serve, before any model is loaded."""
+
+    # ---- the round
+    def next_batch(self, round_index: int) -> Batch:
+        raise NotImplementedError
+
+    def evaluation_batch(self, prompts, group: int) -> Batch:
+        """Every prompt of `prompts` once (`group` completions each), split over the ranks; wrapped round to a
+        multiple of the world size."""
+        world = self.setup.placement.trainers
+        rows = [i % len(prompts) for i in range(math.ceil(len(prompts) / world) * world)]
+        return self._sample(prompts, rows, 0, group)
+
+    def sync_weights(self, policy_module, round_index: int, needed: bool = True) -> None:
+        """After the round's update (every training rank; the gathers are collective). `needed` is False after the
+        last round: its weights are never sampled from."""
+        if needed and self.setup.generator is not None:
+            sync_weights(policy_module, self.setup.generator, self.args.weight_sync_bucket_bytes, self.setup.tied)
+
+    def end_round(self, save: bool, stop: bool, preempted: bool) -> None:
+        """Told after a round's logging and evaluation what follows (a checkpoint, the end of the run)."""
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Hold the engine and the source's state still (evaluation, checkpoints)."""
+        yield
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: Optional[dict]) -> None:
+        """`state` is what state_dict() saved, or None when the checkpoint holds none for this rank."""
+
+    def close(self) -> None:
+        pass
+
+    # ---- shared by the sources
+    def _sample(self, prompts, rows, round_index: int, group: int) -> Batch:
+        """This rank's slots of a round over dataset rows `rows`, sampled now, seeded from (seed, round, slot) so
+        a resumed run samples exactly what the original would."""
+        world = self.setup.placement.trainers
+        share = prompts.rank_slice(rows, group, dist.rank(), world)
+        seeds = [round_seed(self.args.seed, round_index, share.first_slot + sum(share.counts[:j]))
+                 for j in range(len(share.counts))]
+        rollout = self.setup.sampler.sample(prompts, share.indices, share.counts, seeds)
+        batch = self.setup.build_batch(prompts, share.indices, share.counts, rollout)
+        batch.metrics.update(self._tool_metrics(batch))
+        return batch
+
+    def _tool_metrics(self, batch: Batch) -> dict:
+        """tools/* over every rank's batch (a collective: every rank runs tools, or none does)."""
+        sampler = self.setup.sampler
+        if sampler is None or not sampler.uses_tools:
+            return {}
+        stats = ToolStats.of(batch.rollout)
+        return dist.reduce_metrics(stats.metrics(), stats.weights())
+
+
+class GenerationSource(RolloutSource):
+    """GRPOTrainer's source: each round is generated when the loop asks for it, by every rank's own engine."""
+
+    def next_batch(self, round_index: int) -> Batch:
+        args = self.args
+        rows = self.setup.prompts.round_prompts(round_index, self.setup.prompts_per_round, args.seed,
+                                                args.shuffle_dataset)
+        return self._sample(self.setup.prompts, rows, round_index, args.num_generations)

@@ -1,0 +1,95 @@
+"""dsgrpo/compat.py: every private or version-specific symbol of DeepSpeed, vLLM, torch.distributed, transformers
+and peft that dsgrpo touches still exists with what dsgrpo relies on (an upgrade fails here, not as a hang), and
+no other module reaches behind those packages' public APIs. Imports the packages; launches nothing."""
+
+import os
+import re
+import warnings
+
+import pytest
+
+from dsgrpo import compat
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("pin", compat.PINS, ids=lambda p: p.path)
+def test_every_pinned_symbol_is_still_there(pin):
+    assert pin.versions and pin.why  # each pin says what it was written for and why
+    assert compat.check_pin(pin) is None, compat.check_pin(pin)
+
+
+def test_a_moved_symbol_is_reported():
+    gone = compat.Pin("deepspeed.runtime.compiler:no_such_function", "deepspeed 0.19.8", "test")
+    assert "is gone" in compat.check_pin(gone)
+    renamed_arg = compat.Pin("vllm.distributed.parallel_state:init_distributed_environment", "vllm 0.32.0", "test",
+                             params=("no_such_argument",))
+    assert "no_such_argument" in compat.check_pin(renamed_arg)
+    changed = compat.Pin("deepspeed.runtime.compiler:is_compiling", "deepspeed 0.19.8", "test",
+                         source_has=("text that is not there",))
+    assert "no longer contains" in compat.check_pin(changed)
+
+
+def test_version_check_names_what_differs():
+    tested = {k: v + ".0" if v.count(".") == 1 else v for k, v in compat.TESTED.items()}
+    assert compat.untested_versions(tested) == {}
+    assert compat.untested_versions({**tested, "torch": "2.13.0+cpu"}) == {}  # a local build tag is the same release
+    assert compat.untested_versions({**tested, "vllm": "0.33.1", "deepspeed": "0.19.80"}) == {
+        "vllm": "0.33.1", "deepspeed": "0.19.80"}
+    assert compat.untested_versions() == {}, "this environment is not the tested one: update compat.TESTED " \
+                                            "only after tests/test_compat.py and the dist tests pass"
+
+
+def test_untested_versions_warn_once(monkeypatch):
+    monkeypatch.setattr(compat, "_warned", False)
+    monkeypatch.setattr(compat, "installed_versions", lambda: {"vllm": "0.40.0"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compat.warn_if_untested()
+        compat.warn_if_untested()
+    assert len(caught) == 1
+    assert "vllm 0.40.0 (tested 0.32.0)" in str(caught[0].message)
+
+
+# The spellings of the internals pinned above. Outside compat.py none may appear in dsgrpo's code (comments and
+# docstrings aside): a new touch of an internal belongs in compat.py with a pin.
+PRIVATE_SPELLINGS = [r"_get_default_store", r"\bds_id\b", r"\bds_shape\b", r"\bds_numel\b", r"collective_rpc",
+                     r"unset_hf_deepspeed_config", r"HfDeepSpeedConfig\(", r"deepspeed\.comm\.torch",
+                     r"parallel_state", r"\._name_or_path", r"\.llm_engine\b", r"\.is_compiling\s*=", r"get_delta_weight",
+                     r"peft\.tuners", r"model_loader\.reload"]
+
+
+def _code_lines(path):
+    """Source lines outside docstrings and comments."""
+    text = open(path).read()
+    text = re.sub(r'"""(?:.|\n)*?"""', lambda m: "\n" * m.group(0).count("\n"), text)
+    for number, line in enumerate(text.splitlines(), 1):
+        yield number, line.split("#", 1)[0]
+
+
+def test_no_module_but_compat_touches_the_internals():
+    offenders = []
+    for root, _, files in os.walk(os.path.join(REPO, "dsgrpo")):
+        for name in files:
+            path = os.path.join(root, name)
+            if not name.endswith(".py") or name == "compat.py":
+                continue
+            for number, line in _code_lines(path):
+                for spelling in PRIVATE_SPELLINGS:
+                    if re.search(spelling, line):
+                        offenders.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()}")
+    assert not offenders, "internals touched outside dsgrpo/compat.py:\n" + "\n".join(offenders)
+
+
+def test_only_dist_talks_to_torch_distributed():
+    """Every collective goes through dsgrpo/dist.py (compat.py's pinned replays aside)."""
+    offenders = []
+    for root, _, files in os.walk(os.path.join(REPO, "dsgrpo")):
+        for name in files:
+            path = os.path.join(root, name)
+            if not name.endswith(".py") or name in ("dist.py", "compat.py"):
+                continue
+            for number, line in _code_lines(path):
+                if re.search(r"torch\.distributed|\btdist\b", line):
+                    offenders.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()}")
+    assert not offenders, "torch.distributed used outside dist.py:\n" + "\n".join(offenders)
