@@ -1,4 +1,4 @@
-"""GRPOTrainer's `tools` and `rollout_func` on 2 ranks with real DeepSpeed ZeRO-3 and real in-process vLLM (fp32,
+"""GRPOTrainer's and AsyncGRPOTrainer's `tools` and `rollout_func`, and TrainerControl flags, on 2 ranks with real DeepSpeed ZeRO-3 and real in-process vLLM (fp32,
 CPU). The tool run needs a model that calls tools: the fixture fine-tunes the tiny Qwen2 for a few seconds on one
 conversation per tool (plain torch, one process), then one launch of tests/dist_scripts/api_checks.py records the
 numbers asserted below."""
@@ -79,6 +79,24 @@ def part(results, name):
     return [res[name] for res in results]
 
 
+def check_tool_rows(rows):
+    """Tool turns happened, their results (answers and failures) are inserted tokens with log-prob 0, and every
+    micro-batch's loss mask leaves them out."""
+    with_tools = [r for r in rows if r["n_inserted"]]
+    assert len(with_tools) >= len(rows) // 2
+    for row in with_tools:
+        assert "<tool_response>" in row["inserted"] and row["inserted_logprobs_zero"], row
+    assert all(r["mask_matches"] for r in rows if "mask_matches" in r)
+    assert sum("mask_matches" in r for r in rows) >= 2
+
+
+def check_answers_and_failures(rows):
+    """Over both ranks' rows: some calls were answered (add: 5), some failed (explode raises, stall times out)."""
+    with_tools = [r for r in rows if r["n_inserted"]]
+    assert any("\n5\n</tool_response>" in r["inserted"] for r in with_tools)
+    assert any("Error" in r["inserted"] for r in with_tools)
+
+
 def test_tool_calls_run_and_their_results_are_masked_out_of_the_loss(results):
     for run in part(results, "tools"):
         assert run["prompt_shows_tools"]
@@ -88,18 +106,12 @@ def test_tool_calls_run_and_their_results_are_masked_out_of_the_loss(results):
         # explode raises and stall times out: failures are answered, never fatal
         assert all(0.2 <= h["tools/failure_frequency"] <= 0.9 for h in history), history
         print(f"tool run: {run['seconds']:.1f} s")  # a figure, not a gate (timing is bench/'s business)
-        with_tools = [r for r in run["rows"] if r["n_inserted"]]
-        assert len(with_tools) >= len(run["rows"]) // 2
-        for row in with_tools:
-            assert "<tool_response>" in row["inserted"] and row["inserted_logprobs_zero"], row
-        answered = [r for r in with_tools if "\n5\n</tool_response>" in r["inserted"]]
-        failed = [r for r in with_tools if "Error" in r["inserted"]]
-        assert answered and failed
-        assert all(r["mask_matches"] for r in run["rows"] if "mask_matches" in r)
+        check_tool_rows(run["rows"])
         # the sampler's log-probs line up with the trained (sampled) tokens: fp32, same weights at step 1
         assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3, history[0]
     # the 30 s tool was abandoned at its 0.5 s limit: the model read the timeout, the run went on
     rows = [r for run in part(results, "tools") for r in run["rows"]]
+    check_answers_and_failures(rows)
     assert any("timed out after 0.5 s" in r["inserted"] for r in rows)
 
 
@@ -115,3 +127,43 @@ def test_rollout_func_bad_returns_name_the_key(results):
     assert "logprobs" in errors["missing"]
     assert "logprobs" in errors["short"] and "row" in errors["short"]
     assert errors["not_a_dict"] is not None and "dict" in errors["not_a_dict"]
+
+
+def test_async_trainer_runs_tools_in_its_rollout_workers(results):
+    for run in part(results, "async_tools"):
+        history = run["history"]
+        assert len(history) == 3
+        for h in history:  # both families of metrics, every step
+            assert h["tools/call_frequency"] >= 0.5 and 0.2 <= h["tools/failure_frequency"] <= 0.9, h
+            assert 0 <= h["async/staleness/max"] <= 1 and "async/groups_stolen" in h, h
+        check_tool_rows(run["rows"])
+        # the background scorer got TRL's message lists, tool results included (when the tool turn fitted)
+        assert run["rewards_rows"] > 0 and run["rewards_saw_lists"] == run["rewards_rows"]
+        assert run["rewards_saw_tool_results"] > 0
+        # step 1 trains groups sampled by the initial weights (fp32): the sampler's log-probs equal the trainer's
+        assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3, history[0]
+    check_answers_and_failures([r for run in part(results, "async_tools") for r in run["rows"]])
+
+
+def test_async_trainer_feeds_rollout_func_columns_to_the_rewards(results):
+    ranks = part(results, "async_rollout_func")
+    seen = {t for run in ranks for t in run["tags_seen"]}
+    for rank, run in enumerate(ranks):
+        assert len(run["history"]) == 3 and run["trained_rows"] == [8, 8, 8]
+        for tags in run["trained_tags"]:
+            assert len(tags) == 8 and all(t.startswith(("rank0-row", "rank1-row")) for t in tags), tags
+            assert set(tags) <= seen  # every trained row's column reached a reward function (on either rank)
+        assert all("async/staleness/mean" in h for h in run["history"])
+
+
+def test_callbacks_steer_the_loop_through_trainer_control(results):
+    ranks = part(results, "control")
+    for run in ranks:
+        assert run["steps"] == 4  # should_training_stop at step 4 (asked on rank 0 only) stopped both ranks
+        assert run["logged"] == [1, 3]  # logging_steps=100: the first round, and step 3 because it was asked
+        assert [step for step, _ in run["evaluated"]] == [3] and 0.0 <= run["evaluated"][0][1] <= 1.0
+        # should_save at step 2 (asked on rank 1 only): both ranks wrote their part of checkpoint-2
+        assert run["checkpoints"] == ["checkpoint-2"]
+        assert run["saved"][0][0] == 2 and run["saved"][0][1].endswith("checkpoint-2")
+        assert run["saved"][-1] == [4, None] and run["model_saved"]  # the end of training saves the model
+    assert ranks[0]["metric_lines"] == [[1, False], [3, False], [3, True]]

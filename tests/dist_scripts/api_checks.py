@@ -1,5 +1,5 @@
-"""Run under `torchrun --nproc_per_node 2`: GRPOTrainer's `tools` and `rollout_func` on real DeepSpeed ZeRO-3 and
-real in-process vLLM (fp32, CPU). Each check records numbers in OUT_DIR/result-<rank>.json; tests/test_api_dist.py
+"""Run under `torchrun --nproc_per_node 2`: GRPOTrainer's and AsyncGRPOTrainer's `tools` and `rollout_func`, and
+TrainerControl flags set by a callback, on real DeepSpeed ZeRO-3 and real in-process vLLM (fp32, CPU). Each check records numbers in OUT_DIR/result-<rank>.json; tests/test_api_dist.py
 asserts on them.
 
 Usage: torchrun --nproc_per_node 2 tests/dist_scripts/api_checks.py OUT_DIR TOOL_MODEL
@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from api_checks_tools import TOOLS  # noqa: E402
 from recorder import SHARDED_ZERO3, recorder  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
@@ -51,9 +51,36 @@ def spy_batches(trainer):
 TOOL_PROMPTS = ["What is 2 plus 3?", "Make it explode.", "Wait for me."]
 
 
+saw_tool_messages = []
+
+
 def tool_reward(prompts, completions, **kwargs):
-    """1 when the completion (tool turns included) holds the right sum."""
+    """1 when the completion (tool turns included) holds the right sum. Records, per completion, whether it came
+    as TRL's message list and whether a tool result is in it."""
+    saw_tool_messages.extend((isinstance(c, list), isinstance(c, list) and any(m.get("role") == "tool" for m in c))
+                             for c in completions)
     return [1.0 if "5" in str(c) else 0.0 for c in completions]
+
+
+def tool_rows(trainer, batches):
+    """What the checks assert of a tool run's trained batches: inserted tokens, their log-probs and the loss mask
+    of every micro-batch (tool-result tokens left out)."""
+    rows = []
+    tok = trainer.tokenizer
+    B = trainer.args.per_device_train_batch_size
+    for batch in batches:
+        r = batch.rollout
+        for i in range(len(r)):
+            mask = r.tool_mask[i] if r.tool_mask else [1] * len(r.completion_ids[i])
+            inserted = [t for t, m in zip(r.completion_ids[i], mask) if m == 0]
+            sampled_lp = [lp for lp, m in zip(r.sampler_logprobs[i], mask) if m == 0]
+            rows.append({"text": tok.decode(r.completion_ids[i]), "inserted": tok.decode(inserted),
+                         "n_inserted": len(inserted), "inserted_logprobs_zero": all(lp == 0.0 for lp in sampled_lp),
+                         "length": len(r.completion_ids[i]), "truncated": r.truncated[i]})
+        expected = [sum(r.tool_mask[i]) if r.tool_mask else len(r.completion_ids[i]) for i in range(len(r))]
+        got = [s for mb in batch.micro for s in mb["completion_mask"].sum(1).tolist()]
+        rows[-1]["mask_matches"] = got == expected
+    return rows
 
 
 @check("tools")
@@ -66,21 +93,9 @@ def _():
     batches = spy_batches(trainer)
     start = time.perf_counter()
     trainer.train()
-    rows = []
     tok = trainer.tokenizer
-    for batch in batches:
-        r = batch.rollout
-        for i in range(len(r)):
-            mask = r.tool_mask[i] if r.tool_mask else [1] * len(r.completion_ids[i])
-            inserted = [t for t, m in zip(r.completion_ids[i], mask) if m == 0]
-            sampled_lp = [lp for lp, m in zip(r.sampler_logprobs[i], mask) if m == 0]
-            rows.append({"text": tok.decode(r.completion_ids[i]), "inserted": tok.decode(inserted),
-                         "n_inserted": len(inserted), "inserted_logprobs_zero": all(lp == 0.0 for lp in sampled_lp),
-                         "length": len(r.completion_ids[i]), "truncated": r.truncated[i]})
-        B = trainer.args.per_device_train_batch_size  # the loss mask of the first micro-batch: tool tokens left out
-        expected = [sum(r.tool_mask[i]) if r.tool_mask else len(r.completion_ids[i]) for i in range(B)]
-        rows[-1]["mask_matches"] = batch.micro[0]["completion_mask"].sum(1).tolist() == expected
-    return {"history": trainer.state.log_history, "rows": rows, "seconds": time.perf_counter() - start,
+    return {"history": trainer.state.log_history, "rows": tool_rows(trainer, batches),
+            "seconds": time.perf_counter() - start,
             "prompt_shows_tools": "<tools>" in tok.decode(trainer.train_prompts.prompt_ids[0])}
 
 
@@ -123,6 +138,91 @@ def _():
         except (ValueError, TypeError) as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"
     return {"history": trainer.state.log_history, "tags": tags_seen, "errors": errors}
+
+
+# ------------------------------------------------------------------ 3. AsyncGRPOTrainer with tools
+@check("async_tools")
+def _():
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(12)])
+    saw_tool_messages.clear()
+    trainer = AsyncGRPOTrainer(TOOL_MODEL, tool_reward, train_dataset=data, tools=TOOLS, args=config(
+        "async_tools", max_steps=3, max_completion_length=160, temperature=0.3, max_tool_calling_iterations=2,
+        tool_timeout_s=0.5, shuffle_dataset=False, max_staleness=1, async_chunk_groups=1))
+    KEEP.append(trainer)
+    batches = spy_batches(trainer)
+    trainer.train()
+    return {"history": trainer.state.log_history, "rows": tool_rows(trainer, batches),
+            "rewards_saw_lists": sum(a for a, _ in saw_tool_messages),
+            "rewards_saw_tool_results": sum(b for _, b in saw_tool_messages), "rewards_rows": len(saw_tool_messages)}
+
+
+# ------------------------------------------------------------------ 4. rollout_func under AsyncGRPOTrainer
+async_tags_seen = []
+
+
+def tagged_reward_async(prompts, completions, tag, **kwargs):
+    async_tags_seen.extend(tag)
+    return [len(c) / 10.0 for c in completions]
+
+
+@check("async_rollout_func")
+def _():
+    data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
+    trainer = AsyncGRPOTrainer(tiny_model("qwen2"), tagged_reward_async, train_dataset=data, rollout_func=my_rollout,
+                               args=config("async_rollout_func", max_steps=3, max_completion_length=8))
+    KEEP.append(trainer)
+    batches = spy_batches(trainer)
+    trainer.train()
+    return {"history": trainer.state.log_history, "tags_seen": async_tags_seen,
+            "trained_tags": [b.columns["tag"] for b in batches], "trained_rows": [len(b.rollout) for b in batches]}
+
+
+# ------------------------------------------------------------------ 5. TrainerControl flags set by a callback
+class Steering:
+    """Asks for a checkpoint at step 2 (on rank 1 only), an evaluation and a log line at step 3, and a stop at step 4
+    (on rank 0 only): what one rank asks, every rank does."""
+
+    def __init__(self):
+        self.logged, self.evaluated, self.saved = [], [], []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2 and dist.rank() == 1:
+            control.should_save = True
+        if state.global_step == 3:
+            control.should_evaluate = control.should_log = True
+        if state.global_step == 4 and dist.rank() == 0:
+            control.should_training_stop = True
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logged.append(state.global_step)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.evaluated.append([state.global_step, metrics["eval_reward"]])
+
+    def on_save(self, args, state, control, checkpoint=None, **kwargs):
+        self.saved.append([state.global_step, checkpoint])
+
+
+def digit_fraction(prompts, completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+@check("control")
+def _():
+    data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
+    steering = Steering()
+    out = os.path.join(OUT, "control")
+    trainer = GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=data, eval_dataset=data.select(range(4)),
+                          callbacks=[steering], args=config("control", max_steps=10, logging_steps=100,
+                                                            max_completion_length=8, eval_strategy="no"))
+    KEEP.append(trainer)
+    trainer.train()
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))] if dist.is_main() else []
+    logged_lines = [[r["step"], "eval_reward" in r] for r in records]
+    return {"steps": trainer.state.global_step, "logged": steering.logged, "evaluated": steering.evaluated,
+            "saved": steering.saved, "checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")),
+            "model_saved": os.path.isfile(os.path.join(out, "config.json")), "metric_lines": logged_lines}
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
