@@ -17,7 +17,6 @@ import inspect
 import sys
 import threading
 import types
-import warnings
 from dataclasses import dataclass
 from typing import Iterable, Optional, Tuple
 
@@ -169,8 +168,8 @@ def warn_if_untested() -> None:
     odd = untested_versions()
     if odd:
         found = ", ".join(f"{k} {v} (tested {TESTED[k]})" for k, v in sorted(odd.items()))
-        warnings.warn(f"dsgrpo was tested with other versions: {found}. Run `pytest tests/test_compat.py` to check "
-                      "the internals dsgrpo relies on (dsgrpo/compat.py).", stacklevel=2)
+        print(f"dsgrpo: warning: untested versions: {found}; `pytest tests/test_compat.py` checks the internals "
+              "dsgrpo relies on (dsgrpo/compat.py)", file=sys.stderr, flush=True)
 
 
 # ================================================================================================ DeepSpeed

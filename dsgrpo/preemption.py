@@ -8,10 +8,6 @@ import os
 import signal
 import sys
 
-import torch
-
-from . import dist
-
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -38,7 +34,3 @@ class Preemption:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-    def requested_anywhere(self) -> bool:
-        """Collective: a signal may reach only some ranks; all of them stop if any was asked to."""
-        return bool(dist.all_reduce_max(torch.tensor([float(self.requested)]))[0] > 0)

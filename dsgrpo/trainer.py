@@ -120,10 +120,9 @@ class GRPOTrainer:
         if dist.is_main():
             args.save(os.path.join(args.output_dir, "resolved_config.yaml"))
         # --- the models, the generator and the rollout source -----------------------------------------------
-        if self.placement.trains:
-            self._build_engines(model, optimizers)
+        policy = self._build_engines(model, optimizers) if self.placement.trains else None
         self.generator = make_generator(args, self.placement, model_path=self.model_path,
-                                        policy_engine=getattr(self, "policy", None), tokenizer=self.tokenizer,
+                                        policy_engine=policy, tokenizer=self.tokenizer,
                                         dtype=self.dtype, zero3=is_zero3(self.ds_config))
         self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
                                     max_tool_calling_iterations=args.max_tool_calling_iterations,
@@ -150,9 +149,9 @@ class GRPOTrainer:
         """False on a split-placement generating rank."""
         return self.placement.trains
 
-    def _build_engines(self, model, optimizers) -> None:
+    def _build_engines(self, model, optimizers):
         """Policy (ZeRO-3 partitioned at load; LoRA-wrapped before DeepSpeed), frozen reference (none for a LoRA
-        policy: its adapters are switched off instead), reward models."""
+        policy: its adapters are switched off instead), reward models. Returns the policy engine."""
         args = self.args
         policy_model = (ModelLoader(self.ds_config, self.dtype).load(self.model_path, **(args.model_init_kwargs or {}))
                         if isinstance(model, str) else model)
@@ -169,6 +168,7 @@ class GRPOTrainer:
         self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype)
         if args.use_vllm:
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
+        return self.policy
 
     # ================================================================================================ the loop
     def train(self) -> TrainerState:

@@ -181,7 +181,6 @@ class AsyncRolloutSource(RolloutSource):
             raise ValueError("async_placement='split' needs at least 2 ranks (some train, some generate); launch "
                              "more ranks or use async_placement='colocate'.")
         generators = args.async_generator_ranks or world // 2
-        args.validate(world_size=world - generators)
         trains = dist.split_roles(world - generators)
         return Placement(trains=trains, generates=not trains, trainers=world - generators, generators=generators,
                          first_generator=world - generators)

@@ -67,7 +67,6 @@ def tool_rows(trainer, batches):
     of every micro-batch (tool-result tokens left out)."""
     rows = []
     tok = trainer.tokenizer
-    B = trainer.args.per_device_train_batch_size
     for batch in batches:
         r = batch.rollout
         for i in range(len(r)):
