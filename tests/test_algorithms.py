@@ -196,6 +196,122 @@ def test_unknown_variants_list_the_known_ones():
         policy_loss(logp, old, adv, mask, sampler_per_token_logps=old, vllm_is_mode="seq")
 
 
+def test_sapo_by_hand():
+    # SAPO: -σ(τ(w-1))·4/τ·A, τ = 1.0 where A > 0 (row 0), 1.05 elsewhere (row 1); grpo-style aggregation.
+    # row 0: σ(0.221403) = 0.555126 → -2.220503; σ(-0.259182) = 0.435565 → -1.742259; mean -1.981381
+    # row 1: w = 1 → σ(0) = 0.5 → -0.5·4/1.05·(-2) = +3.809524; its masked token does not count
+    # loss = (-1.981381 + 3.809524) / 2 = 0.914071. SAPO logs no clip ratios (no hard clip).
+    logp, old, adv, mask = _case()
+    loss, m = policy_loss(logp, old, adv, mask, loss_type="sapo")
+    assert close(loss, 0.914071)
+    assert not any(k.startswith("clip_ratio") for k in m)
+    # the gate's slope at w = 1 is 1: on-policy SAPO has GRPO's gradient, -A / (row tokens · rows)
+    x = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    policy_loss(x, None, torch.tensor([0.5]), torch.ones(1, 2), loss_type="sapo")[0].backward()
+    assert close(x.grad, [[-0.25, -0.25]])
+
+
+def test_luspo_by_hand():
+    # the clipped terms of HAND, summed per sequence (row 0: -1.2 - 0.740818 = -1.940818; row 1: +2), then the
+    # mean over sequences: (-1.940818 + 2) / 2 = 0.029591
+    logp, old, adv, mask = _case()
+    loss, m = policy_loss(logp, old, adv, mask, loss_type="luspo", importance_sampling_level="token")
+    assert close(loss, 0.029591) and "clip_ratio/high_mean" in m
+
+
+def test_vespo_by_hand():
+    # sequence log w = Σ masked log-ratios: row 0: 0.2 - 0.3 = -0.1 (w = 0.904837), row 1: 0 (w = 1)
+    # row 0 (A ≥ 0: k = 2, λ = 3): log φ = 3 + 2·(-0.1) - 3·0.904837 = 0.085488 → φ = 1.089248
+    # row 1 (A < 0: k = 3, λ = 2): log φ = 2 + 0 - 2 = 0 → φ = 1
+    # -φ·A·logp: row 0: 1.089248·1, 1.089248·2; row 1: -1·(-2)·(-0.5) = -1 → (3.267744 - 1) / 3 = 0.755915 (dapo)
+    logp, old, adv, mask = _case()
+    loss, m = policy_loss(logp, old, adv, mask, loss_type="vespo")
+    assert close(loss, 0.755915) and close(m["vespo/phi_seq_mean"], (1.089248 + 1) / 2)
+    loss.backward()  # φ is detached: the gradient is -φ·A / 3 per active token
+    assert close(logp.grad, [[-1.089248 / 3, -1.089248 / 3], [2 / 3, 0.0]])
+    # the sampler correction enters φ (a token ρ of e^0.5 on row 1 makes its log w 0.5), not the product
+    sampler = torch.tensor([[-1.2, -1.7], [-1.0, -1.0]])  # old - sampler = (0, 0 | 0.5, masked)
+    loss2, _ = policy_loss(torch.tensor(LOGP), old, adv, mask, loss_type="vespo", sampler_per_token_logps=sampler,
+                           vllm_is_mode="token_truncate", vllm_is_clip_max=10.0)
+    phi1 = math.exp(2 + 3 * 0.5 - 2 * math.exp(0.5))  # k = 3, λ = 2, log w = 0.5
+    assert close(loss2, (3 * 1.089248 - phi1 * 1.0) / 3)
+
+
+def test_off_policy_mask_by_hand():
+    # behaviour = sampler: row 0 equals π_θ (KL 0, and A > 0 anyway: kept); row 1: log π_b - log π_θ = 0 - (-0.5) =
+    # 0.5 on its one active token (the masked 9.0 is ignored) > 0.1 with A < 0: dropped.
+    # dapo: (-1.2 - 0.740818) / 3 = -0.646939 (the normaliser still counts the dropped row's token)
+    logp, old, adv, mask = _case()
+    sampler = torch.tensor([[-1.0, -2.0], [0.0, 9.0]])
+    loss, _ = policy_loss(logp, old, adv, mask, sampler_per_token_logps=sampler, off_policy_mask_threshold=0.1)
+    assert close(loss, -0.646939)
+    assert close(policy_loss(logp, old, adv, mask, sampler_per_token_logps=sampler,
+                             off_policy_mask_threshold=0.6)[0], HAND["dapo"])  # 0.5 ≤ 0.6: kept
+
+
+def test_bias_corrected_kl_by_hand():
+    # ref = (-1.5, -2 | -0.5, 156): r = ref - logp = (-0.5, 0 | 0, masked) → k3 = (0.106531, 0 | 0); the masked
+    # token's 156 would overflow exp in k3 (inf · 0 = NaN) and must not reach it.
+    # corrected: k3 · w = 0.106531 · 1.221403 = 0.130117 → dapo (0.059182 + 0.1 · 0.130117) / 3 = 0.024065
+    # plain: (0.059182 + 0.1 · 0.106531) / 3 = 0.023278
+    logp, old, adv, mask = _case()
+    ref = torch.tensor([[-1.5, -2.0], [-0.5, 156.0]])
+    loss, m = policy_loss(logp, old, adv, mask, beta=0.1, ref_per_token_logps=ref, kl_bias_correction=True)
+    assert close(loss, 0.024065) and close(m["kl"], 0.130117 / 3)
+    plain, _ = policy_loss(torch.tensor(LOGP), old, adv, mask, beta=0.1, ref_per_token_logps=ref)
+    assert close(plain, 0.023278)
+    loss.backward()
+    assert torch.isfinite(logp.grad).all() and logp.grad[1, 1] == 0
+    # on-policy (w ≡ 1) the value is the same but the gradient is not: ∂(k3·w)/∂logp = (1 - e^r) + k3 = -r
+    # at r = -0.5: 0.5·β, against (1 - e^-0.5)·β = 0.393469·β without the correction
+    for corrected, expected in ((True, 0.5), (False, 0.393469)):
+        x = torch.tensor([[-1.0]], requires_grad=True)
+        policy_loss(x, None, torch.zeros(1), torch.ones(1, 1), beta=0.1, ref_per_token_logps=torch.tensor([[-1.5]]),
+                    kl_bias_correction=corrected)[0].backward()
+        assert close(x.grad, [[0.1 * expected]])
+
+
+def test_sampler_correction_bounds_may_be_open():
+    # old - sampler = (0.5, -1.0) → ρ = (1.648721, 0.367879)
+    old, sampler, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
+    assert close(sampler_correction(old, sampler, mask, "token_mask", 0.5, None), [[1.648721, 0.0]])
+    assert close(sampler_correction(old, sampler, mask, "token_truncate", 0.5, None), [[1.648721, 0.5]])
+
+
+def test_entropy_bonus_and_the_high_entropy_keep_mask():
+    # keep_mask drops row 0's second token from the policy term only: dapo (-1.2 + 2) / 3 = 0.266667 (the
+    # normaliser still counts the 3 active tokens, as TRL does). The bonus is the mean entropy over the kept active
+    # tokens, (0.5 + 2.0) / 2 = 1.25, not rescaled by the loss type: loss = 0.266667 - 0.1 · 1.25 = 0.141667
+    logp, old, adv, mask = _case()
+    ent = torch.tensor([[0.5, 1.0], [2.0, 7.0]], requires_grad=True)
+    keep = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    loss, m = policy_loss(logp, old, adv, mask, keep_mask=keep, entropies=ent, entropy_coef=0.1)
+    assert close(loss, 0.141667) and close(m["policy_loss"], 0.266667)
+    loss.backward()
+    assert close(ent.grad, [[-0.05, 0.0], [-0.05, 0.0]])
+    with pytest.raises(ValueError, match="entropies"):
+        policy_loss(logp, old, adv, mask, entropy_coef=0.1)
+
+
+def test_padding_never_overflows_into_nan():
+    # a padded position may hold any log-prob (the reference's reached 156 nats in a real run): exp() of it is inf
+    # in fp32, and inf · a zero mask is NaN. Every variant must stay finite.
+    logp = torch.tensor([[-1.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1.1, -200.0]])
+    sampler = torch.tensor([[-1.0, 200.0]])
+    ref = torch.tensor([[-1.3, 156.0]])
+    mask = torch.tensor([[1.0, 0.0]])
+    for loss_type in ("grpo", "dapo", "cispo", "sapo", "luspo", "vespo", "dr_grpo", "bnpo"):
+        for level in ("token", "sequence"):
+            x = logp.detach().clone().requires_grad_()
+            loss, _ = policy_loss(x, old, torch.tensor([1.0]), mask, loss_type=loss_type, importance_sampling_level=level,
+                                  beta=0.1, ref_per_token_logps=ref, kl_bias_correction=True, max_completion_length=2,
+                                  sampler_per_token_logps=sampler, vllm_is_mode="token_truncate",
+                                  off_policy_mask_threshold=0.5)
+            loss.backward()
+            assert torch.isfinite(loss) and torch.isfinite(x.grad).all() and x.grad[0, 1] == 0, (loss_type, level)
+
+
 # ----------------------------------------------------------------------------------------- gradients
 def _written_formula(logp, old, adv, mask, eps_lo, eps_hi, beta, ref, n_items):
     """The objective written out independently of the implementation (dapo, token level, k3)."""
@@ -254,7 +370,7 @@ def test_dapo_micro_batches_and_ranks_sum_to_the_full_batch_loss(seed, split):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo", "cispo"]),
+@given(st.integers(0, 10_000), st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]),
        st.sampled_from(["token", "sequence"]), st.sampled_from([None, "token_mask", "sequence_truncate"]))
 def test_a_masked_token_never_changes_the_loss(seed, loss_type, level, is_mode):
     g = torch.Generator().manual_seed(seed)

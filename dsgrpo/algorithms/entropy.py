@@ -3,6 +3,8 @@ arXiv:2506.01939)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -20,13 +22,23 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
     return out.reshape(logits.shape[:-1])
 
 
-def entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile: float) -> torch.Tensor:
+def entropy_threshold(active_entropies: torch.Tensor, top_quantile: float) -> torch.Tensor:
+    """The entropy at or above which a token is in the top `top_quantile` fraction of `active_entropies` [N]
+    (TRL gathers these from every rank, so the threshold is the same on all of them)."""
+    if active_entropies.numel() == 0:
+        return torch.tensor(float("inf"))
+    return torch.quantile(active_entropies.float(), 1.0 - top_quantile)
+
+
+def entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile: float,
+                 threshold: Optional[torch.Tensor] = None) -> torch.Tensor:
     """[B, T] → [B, T] bool: the active tokens whose entropy is in the top `top_quantile` fraction.
 
-    top_quantile = 1 keeps every active token; 0 keeps only the highest-entropy ones. Pass entropies gathered
-    from every rank to make the threshold global; the mask is then applied to this rank's slice."""
+    top_quantile = 1 keeps every active token; 0 keeps only the highest-entropy ones. `threshold`: one computed
+    over every rank's active entropies (entropy_threshold); None: over this micro-batch's own."""
     active = mask.bool()
     if top_quantile >= 1.0 or not active.any():
         return active
-    threshold = torch.quantile(entropies[active].float(), 1.0 - top_quantile)
+    if threshold is None:
+        threshold = entropy_threshold(entropies[active], top_quantile)
     return (entropies >= threshold) & active
