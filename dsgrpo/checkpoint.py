@@ -5,6 +5,7 @@ Layout (the Hugging Face convention):
     output_dir/
       checkpoint-<step>/          complete checkpoints only
         engine/                   DeepSpeed's own files: weights, optimizer and scheduler states, per rank
+        reference/                the reference engine, when sync_ref_model mixes it (its state changes)
         trainer_state.json        step, generation round, token count, log history, run identity
         rng_state_<rank>.json     python / numpy / torch RNG states of each rank (JSON: nothing to unpickle)
         rollout_state_<rank>.json what the rollout source keeps of each rank (the async trainer's pool), as JSON
@@ -33,11 +34,12 @@ from . import dist
 from .errors import CheckpointError
 
 ENGINE_TAG = "engine"
+REFERENCE_TAG = "reference"
 COMPLETE = "COMPLETE"
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again", a checkpoint was written; batch scripts requeue on it
 # Settings a checkpoint cannot be continued under: data order, batch geometry or the model would change.
 IDENTITY_FIELDS = ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "seed",
-                   "steps_per_generation", "generation_batch_size", "shuffle_dataset")
+                   "steps_per_generation", "generation_batch_size", "shuffle_dataset", "data_seed")
 
 
 def checkpoint_name(step: int) -> str:
@@ -92,8 +94,12 @@ def run_identity(args, world_size: int, model_config, adapter: Optional[Dict[str
 def check_resume(path: str, args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None) -> None:
     """Before any engine exists: can this checkpoint continue this run?"""
     with open(os.path.join(path, "trainer_state.json")) as fh:
-        saved = json.load(fh)["identity"]
-    check_can_continue(saved, run_identity(args, world_size, model_config, adapter), path)
+        state = json.load(fh)
+    if state.get("model_only"):
+        raise CheckpointError(f"{path} was written with save_only_model=True: it holds the model but no optimizer, "
+                              "scheduler or RNG state, so no run can continue from it. Start a new run with "
+                              f"model={path!r}, or resume from a checkpoint written without save_only_model.")
+    check_can_continue(state["identity"], run_identity(args, world_size, model_config, adapter), path)
 
 
 def _model_fingerprint(config) -> Dict[str, Any]:
@@ -139,9 +145,14 @@ def save(trainer) -> str:
         shutil.rmtree(partial, ignore_errors=True)  # debris of a save that was killed
         os.makedirs(partial)
     dist.barrier("partial checkpoint folder exists before ranks write into it")
-    # a LoRA policy's frozen base weights are reloaded from the model at resume: only the adapter is state
-    trainer.policy.save_checkpoint(partial, tag=ENGINE_TAG, save_latest=False,
-                                   exclude_frozen_parameters=trainer.lora_policy)
+    if args.save_only_model:  # the model in Hugging Face format, nothing to resume from (transformers' meaning)
+        trainer.write_model(partial)
+    else:
+        # a LoRA policy's frozen base weights are reloaded from the model at resume: only the adapter is state
+        trainer.policy.save_checkpoint(partial, tag=ENGINE_TAG, save_latest=False,
+                                       exclude_frozen_parameters=trainer.lora_policy)
+        if args.sync_ref_model and trainer.reference is not None:  # the mixed reference is state too
+            trainer.reference.save_checkpoint(partial, tag=REFERENCE_TAG, save_latest=False)
     with open(os.path.join(partial, f"rng_state_{dist.rank()}.json"), "w") as fh:
         json.dump(rng_state(), fh)
     with open(os.path.join(partial, rollout_state_name(dist.rank())), "w") as fh:
@@ -150,7 +161,8 @@ def save(trainer) -> str:
     if dist.is_main():
         state = {"global_step": step, "generation_round": trainer.state.generation_round,
                  "num_input_tokens_seen": trainer.state.num_input_tokens_seen, "max_steps": trainer.state.max_steps,
-                 "log_history": trainer.state.log_history,
+                 "epoch": trainer.state.epoch, "log_history": trainer.state.log_history,
+                 "entropy_control": trainer.update.entropy_coef.state_dict(), "model_only": bool(args.save_only_model),
                  "identity": run_identity(args, trainer.world, trainer.policy.module.config, trainer.adapter)}
         with open(os.path.join(partial, "trainer_state.json"), "w") as fh:
             json.dump(state, fh)
@@ -227,6 +239,12 @@ def load(trainer, path: str) -> None:
                                                load_module_strict=not trainer.lora_policy)
     if loaded is None:
         raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
+    if trainer.args.sync_ref_model and trainer.reference is not None:
+        if not os.path.isdir(os.path.join(path, REFERENCE_TAG)):
+            raise CheckpointError(f"{path} has no {REFERENCE_TAG}/ (the mixed reference of sync_ref_model): it was "
+                                  "written without sync_ref_model. Resume with the settings that wrote it.")
+        trainer.reference.load_checkpoint(path, tag=REFERENCE_TAG, load_optimizer_states=False,
+                                          load_lr_scheduler_states=False)
     with open(rng_file) as fh:
         set_rng_state(json.load(fh))
     try:
@@ -236,7 +254,10 @@ def load(trainer, path: str) -> None:
     trainer.state.global_step = state["global_step"]
     trainer.state.generation_round = state["generation_round"]
     trainer.state.num_input_tokens_seen = state["num_input_tokens_seen"]
+    trainer.state.epoch = state.get("epoch", 0.0)
     trainer.state.log_history = state["log_history"]
+    if "entropy_control" in state:
+        trainer.update.entropy_coef.load_state_dict(state["entropy_control"])
     trainer.last_checkpoint = path
 
 

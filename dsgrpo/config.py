@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import json
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,17 +22,29 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 SCALE_REWARDS = ("group", "batch", "none")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-VLLM_MODES = ("colocate",)
+VLLM_MODES = ("colocate", "server")
 ASYNC_PLACEMENTS = ("colocate", "split")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-EVAL_STRATEGIES = ("no", "steps")
-LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
-REPORT_TO = ("none", "wandb", "jsonl")
+INTERVALS = ("no", "steps", "epoch")
+SAVE_STRATEGIES = ("no", "steps", "epoch")
+HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
+LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
+# transformers' get_scheduler names; reduce_lr_on_plateau needs an eval metric every step, which GRPO has not
+LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                 "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
+# the AdamW family maps to DeepSpeed's AdamW; anything else must come in through `optimizers=`
+ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_apex_fused", "adamw_torch_xla", "adamw_torch_npu_fused",
+                "adamw_anyprecision")
+REPORT_SINKS = ("none", "jsonl", "wandb")  # the sinks dsgrpo has (metrics.jsonl is always written)
+# fields that hold a dict and may also be given as a JSON string (TRL/transformers CLIs pass them so)
+JSON_DICT_FIELDS = ("model_init_kwargs", "generation_kwargs", "chat_template_kwargs", "lr_scheduler_kwargs",
+                    "gradient_checkpointing_kwargs", "accelerator_config", "transformers_continuous_batching_config",
+                    "liger_kernel_config", "fsdp_config")
 
 DS_CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ds_configs")
 
@@ -40,19 +53,45 @@ def _help(text: str, **extra: Any) -> dict:
     return {"help": text, **extra}
 
 
+def _inert(default: Any, why: str, text: str, factory=None):
+    """A TRL/TrainingArguments field that means nothing under DeepSpeed + vLLM: accepted, and a value other than
+    the default warns once, naming the field and why."""
+    metadata = {"help": f"{text} No effect in dsgrpo: {why}.", "inert": why}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class GRPOConfig:
     """Configuration of a GRPO run. Every field has a `help` in its metadata; `dsgrpo train --help` lists them."""
 
-    # ------------------------------------------------------------------ output and bookkeeping
-    output_dir: str = field(default="trainer_output", metadata=_help("Where checkpoints, metrics.jsonl, the resolved config and the final model go."))
+    # ------------------------------------------------------------------ output, logging and checkpoints
+    output_dir: Optional[str] = field(default=None, metadata=_help("Where checkpoints, metrics.jsonl, the resolved config and the final model go (None: 'trainer_output')."))
     seed: int = field(default=42, metadata=_help("Seed for model init, data order and sampling."))
-    logging_steps: int = field(default=10, metadata=_help("Log metrics every this many optimizer steps (TRL default 10)."))
-    save_steps: int = field(default=500, metadata=_help("Save a checkpoint every this many optimizer steps."))
+    data_seed: Optional[int] = field(default=None, metadata=_help("Seed of the prompt order only (None: seed)."))
+    logging_strategy: str = field(default="steps", metadata=_help("'steps' (every logging_steps), 'epoch' (at the end of each pass over the prompts) or 'no'.", choices=INTERVALS))
+    logging_steps: float = field(default=10, metadata=_help("Log every this many optimizer steps; below 1, a fraction of the run (0.1: ten log lines)."))
+    logging_first_step: bool = field(default=False, metadata=_help("Also log the first optimizer step."))
+    log_level: str = field(default="passive", metadata=_help("Verbosity of transformers' and dsgrpo's loggers on rank 0 ('passive' leaves them as they are).", choices=LOG_LEVELS))
+    log_level_replica: str = field(default="warning", metadata=_help("The same for the other ranks.", choices=LOG_LEVELS))
+    disable_tqdm: Optional[bool] = field(default=None, metadata=_help("No progress bar (None: a bar when stderr is a terminal or no other sink prints)."))
+    save_strategy: str = field(default="steps", metadata=_help("'steps' (every save_steps), 'epoch' (after each pass over the prompts) or 'no' (only the final model).", choices=SAVE_STRATEGIES))
+    save_steps: float = field(default=500, metadata=_help("Save a checkpoint every this many optimizer steps; below 1, a fraction of the run (0.1: every tenth)."))
     save_total_limit: Optional[int] = field(default=None, metadata=_help("Keep at most this many checkpoints (None: keep all)."))
-    report_to: Union[str, list] = field(default="none", metadata=_help("Metric sinks besides console and metrics.jsonl: 'none' or 'wandb' (or a list)."))
+    save_only_model: bool = field(default=False, metadata=_help("Checkpoints hold the model in Hugging Face format only (no optimizer, scheduler or RNG state): smaller, but a run cannot resume from them."))
+    report_to: Union[None, str, list] = field(default="none", metadata=_help("Metric sinks besides the console and metrics.jsonl: 'none', 'wandb', 'all' (every installed sink dsgrpo has), or a list."))
+    project: str = field(default="huggingface", metadata=_help("Project name of the wandb run (WANDB_PROJECT, when set, wins)."))
     run_name: Optional[str] = field(default=None, metadata=_help("Run name for wandb."))
-    resume_from_checkpoint: Optional[str] = field(default=None, metadata=_help("Checkpoint directory to resume from."))
+    resume_from_checkpoint: Optional[str] = field(default=None, metadata=_help("Checkpoint directory to resume from, or true/'latest' for the newest complete one in output_dir."))
+    ddp_timeout: int = field(default=1800, metadata=_help("Seconds a collective may wait for the other ranks before the run fails (DEEPSPEED_TIMEOUT, minutes, overrides it)."))
+    push_to_hub: bool = field(default=False, metadata=_help("Upload the model to the Hugging Face Hub (hub_model_id) as hub_strategy says, from a background thread; checked at start-up."))
+    hub_model_id: Optional[str] = field(default=None, metadata=_help("Hub repository to push to (None: the name of output_dir)."))
+    hub_strategy: str = field(default="every_save", metadata=_help("'end' (the final model), 'every_save' (the model at every save), 'checkpoint' (also the latest checkpoint folder), 'all_checkpoints' (every checkpoint folder).", choices=HUB_STRATEGIES))
+    hub_token: Optional[str] = field(default=None, metadata=_help("Hub token (None: HF_TOKEN or the cached login)."))
+    hub_private_repo: Optional[bool] = field(default=None, metadata=_help("Create the Hub repository as private (None: the Hub's default)."))
+    hub_revision: Optional[str] = field(default=None, metadata=_help("Hub branch to push to (None: main)."))
+    hub_always_push: bool = field(default=False, metadata=_help("Start the next upload even while the previous one runs (False: skip saves while an upload is in flight, as transformers does)."))
 
     # ------------------------------------------------------------------ optimisation (TrainingArguments names)
     learning_rate: float = field(default=1e-6, metadata=_help("Peak learning rate of AdamW (TRL default 1e-6)."))
@@ -60,70 +99,121 @@ class GRPOConfig:
     adam_beta1: float = field(default=0.9, metadata=_help("AdamW beta1."))
     adam_beta2: float = field(default=0.999, metadata=_help("AdamW beta2."))
     adam_epsilon: float = field(default=1e-8, metadata=_help("AdamW epsilon."))
+    optim: str = field(default="adamw_torch_fused", metadata=_help("Optimizer: the AdamW family (adamw_torch, adamw_torch_fused, adamw_apex_fused, ...) is DeepSpeed's AdamW; other optimizers come in through GRPOTrainer(optimizers=(opt, None))."))
     max_grad_norm: float = field(default=1.0, metadata=_help("Gradient clipping norm (0 disables clipping)."))
-    lr_scheduler_type: str = field(default="linear", metadata=_help("Learning-rate schedule.", choices=LR_SCHEDULERS))
-    warmup_ratio: float = field(default=0.0, metadata=_help("Fraction of total steps used for linear warm-up."))
-    warmup_steps: int = field(default=0, metadata=_help("Warm-up steps; overrides warmup_ratio when > 0."))
+    lr_scheduler_type: str = field(default="linear", metadata=_help("Learning-rate schedule (transformers' get_scheduler).", choices=LR_SCHEDULERS))
+    lr_scheduler_kwargs: Optional[Union[dict, str]] = field(default=None, metadata=_help("Extra arguments of the schedule, e.g. {min_lr_rate: 0.1} for cosine_with_min_lr (a dict or its JSON)."))
+    warmup_ratio: float = field(default=0.0, metadata=_help("Fraction of total steps used for linear warm-up (transformers 5 spells it warmup_steps < 1)."))
+    warmup_steps: float = field(default=0, metadata=_help("Warm-up steps; below 1, a fraction of the run. Wins over warmup_ratio when > 0."))
     per_device_train_batch_size: int = field(default=8, metadata=_help("Completions per rank per micro-batch."))
     gradient_accumulation_steps: int = field(default=1, metadata=_help("Micro-batches per optimizer step."))
     max_steps: int = field(default=-1, metadata=_help("Total optimizer steps; -1 means num_train_epochs decides."))
     num_train_epochs: float = field(default=3.0, metadata=_help("Passes over the prompt set when max_steps is -1."))
     bf16: Optional[bool] = field(default=None, metadata=_help("bf16 weights and compute. None: True on GPU, False on CPU (CPU tests run fp32)."))
+    fp16: bool = field(default=False, metadata=_help("fp16 weights with DeepSpeed's loss scaling (GPU only; prefer bf16)."))
+    tf32: Optional[bool] = field(default=None, metadata=_help("Allow TF32 matmuls on Ampere and newer GPUs (None: torch's default)."))
     gradient_checkpointing: bool = field(default=True, metadata=_help("Recompute activations in backward (TRL default True)."))
-    eval_strategy: str = field(default="no", metadata=_help("'no' or 'steps'.", choices=EVAL_STRATEGIES))
-    eval_steps: Optional[int] = field(default=None, metadata=_help("Evaluate every this many steps when eval_strategy='steps' (None: logging_steps)."))
+    gradient_checkpointing_kwargs: Optional[Union[dict, str]] = field(default=None, metadata=_help("Arguments of gradient_checkpointing_enable (default {use_reentrant: false})."))
+    torch_empty_cache_steps: Optional[int] = field(default=None, metadata=_help("Empty the CUDA cache every this many optimizer steps (GPU only; None: never)."))
+    eval_strategy: str = field(default="no", metadata=_help("'no', 'steps' (every eval_steps) or 'epoch'.", choices=INTERVALS))
+    eval_steps: Optional[float] = field(default=None, metadata=_help("Evaluate every this many steps when eval_strategy='steps' (None: logging_steps); below 1, a fraction of the run."))
+    eval_delay: float = field(default=0, metadata=_help("No evaluation before this many optimizer steps."))
+    eval_on_start: bool = field(default=False, metadata=_help("Evaluate once before the first step (a baseline)."))
+    per_device_eval_batch_size: int = field(default=8, metadata=_help("Completions per rank per evaluation generation call."))
+    do_train: bool = field(default=False, metadata=_help("For scripts that read it (the trainer always trains when train() is called)."))
+    do_eval: bool = field(default=False, metadata=_help("For scripts that read it; True when eval_strategy is not 'no'."))
+    do_predict: bool = field(default=False, metadata=_help("For scripts that read it (GRPO has no prediction step)."))
+    local_rank: int = field(default=-1, metadata=_help("Set by launchers (--local_rank); the rank's LOCAL_RANK decides."))
 
-    # ------------------------------------------------------------------ data and generation (TRL GRPOConfig)
-    model_init_kwargs: Optional[dict] = field(default=None, metadata=_help("Keyword arguments for from_pretrained when the model is given by name."))
+    # ------------------------------------------------------------------ models, data and generation (TRL GRPOConfig)
+    model_init_kwargs: Optional[Union[dict, str]] = field(default=None, metadata=_help("Keyword arguments of from_pretrained for every model loaded by name: the policy, the reference and reward models (a dict or its JSON)."))
+    trust_remote_code: bool = field(default=False, metadata=_help("Let transformers and vLLM run the model repository's own code (config, tokenizer, model)."))
+    disable_dropout: bool = field(default=False, metadata=_help("Set every dropout of the policy and reference to 0 (sampling and training then see the same network)."))
+    cast_lm_head_to_fp32: bool = field(default=False, metadata=_help("Compute the policy's and reference's logits in fp32 (the lm_head matmul of a bf16 model; its weights stay bf16 and ZeRO-3 sharded)."))
+    remove_unused_columns: Optional[bool] = field(default=False, metadata=_help("True: reward functions get only the prompt, not the dataset's other columns (TRL's default False keeps them)."))
     num_generations: int = field(default=8, metadata=_help("Completions sampled per prompt (group size G)."))
     num_generations_eval: Optional[int] = field(default=None, metadata=_help("Group size at evaluation (None: num_generations)."))
     max_prompt_length: Optional[int] = field(default=None, metadata=_help("Prompts longer than this many tokens are an error (None: only the engine's context bounds them)."))
     max_completion_length: int = field(default=512, metadata=_help("Most tokens generated per completion."))
     shuffle_dataset: bool = field(default=True, metadata=_help("Shuffle the prompt set each epoch."))
+    pad_to_multiple_of: Optional[Union[int, str]] = field(default="auto", metadata=_help("Pad prompt and completion lengths of a micro-batch to a multiple of this ('auto': no padding off Trainium, as TRL; None: none)."))
     generation_batch_size: Optional[int] = field(default=None, metadata=_help("Completions generated per generation round, over all ranks. Exclusive with steps_per_generation."))
     steps_per_generation: Optional[int] = field(default=None, metadata=_help("Micro-steps one generation round feeds (default gradient_accumulation_steps). Exclusive with generation_batch_size."))
     temperature: float = field(default=1.0, metadata=_help("Sampling temperature."))
     top_p: float = field(default=1.0, metadata=_help("Nucleus sampling mass, in (0, 1]."))
-    top_k: Optional[int] = field(default=None, metadata=_help("Top-k sampling (None or 0 disables it)."))
+    top_k: Optional[int] = field(default=0, metadata=_help("Top-k sampling (0 or None disables it)."))
     min_p: Optional[float] = field(default=None, metadata=_help("Min-p sampling, in [0, 1]."))
     repetition_penalty: float = field(default=1.0, metadata=_help("Repetition penalty (1.0 disables it)."))
-    generation_kwargs: Optional[dict] = field(default=None, metadata=_help("Extra SamplingParams / GenerationConfig keyword arguments."))
-    chat_template_kwargs: Optional[dict] = field(default=None, metadata=_help("Extra keyword arguments for apply_chat_template."))
+    generation_kwargs: Optional[Union[dict, str]] = field(default=None, metadata=_help("Extra SamplingParams / GenerationConfig keyword arguments (a dict or its JSON)."))
+    chat_template_kwargs: Optional[Union[dict, str]] = field(default=None, metadata=_help("Extra keyword arguments for apply_chat_template (a dict or its JSON)."))
+    cache_implementation: Optional[str] = field(default=None, metadata=_help("KV-cache implementation of HF generate (use_vllm=False), e.g. 'static'."))
+    ds3_gather_for_generation: bool = field(default=True, metadata=_help("use_vllm=False under ZeRO-3: gather the whole policy once per generation call (fast, needs the memory); False generates layer by layer from the shards."))
 
     # ------------------------------------------------------------------ the objective (TRL GRPOConfig)
     beta: float = field(default=0.0, metadata=_help("KL coefficient; 0 skips the reference model entirely."))
     kl_estimator: str = field(default="k3", metadata=_help("KL estimator when beta != 0.", choices=KL_ESTIMATORS))
+    use_bias_correction_kl: bool = field(default=True, metadata=_help("Multiply the KL term by the importance ratio π_θ/π_old, which makes its gradient the unbiased reverse-KL gradient (DeepSeek-V3.2; TRL's default). Changes the KL gradient whenever beta != 0."))
     num_iterations: int = field(default=1, metadata=_help("Policy updates per generated batch (mu in the GRPO paper)."))
     epsilon: float = field(default=0.2, metadata=_help("Lower clip range of the ratio."))
-    epsilon_high: Optional[float] = field(default=None, metadata=_help("Upper clip range (None: epsilon). DAPO recommends 0.28."))
+    epsilon_high: Optional[float] = field(default=None, metadata=_help("Upper clip range (None: epsilon). DAPO recommends 0.28; for cispo it is ε_max (ScaleRL recommends 5.0)."))
     delta: Optional[float] = field(default=None, metadata=_help("Two-sided clip: the ratio is capped at delta before the min (None: off)."))
-    loss_type: str = field(default="dapo", metadata=_help("Loss aggregation.", choices=LOSS_TYPES))
+    loss_type: str = field(default="dapo", metadata=_help("Loss: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo (needs sequence-level ratios), vespo.", choices=LOSS_TYPES))
     importance_sampling_level: str = field(default="token", metadata=_help("'token' (GRPO) or 'sequence' (GSPO) ratios.", choices=IMPORTANCE_SAMPLING_LEVELS))
+    sapo_temperature_pos: float = field(default=1.0, metadata=_help("sapo: gate temperature of tokens with a positive advantage."))
+    sapo_temperature_neg: float = field(default=1.05, metadata=_help("sapo: gate temperature of tokens with a non-positive advantage."))
+    vespo_k_pos: float = field(default=2.0, metadata=_help("vespo: power k of the gamma weight for non-negative advantages (how hard low ratios are down-weighted)."))
+    vespo_lambda_pos: float = field(default=3.0, metadata=_help("vespo: decay λ of the gamma weight for non-negative advantages (how hard high ratios are down-weighted)."))
+    vespo_k_neg: float = field(default=3.0, metadata=_help("vespo: power k for negative advantages."))
+    vespo_lambda_neg: float = field(default=2.0, metadata=_help("vespo: decay λ for negative advantages."))
     scale_rewards: Union[str, bool] = field(default="group", metadata=_help("Advantage scaling: 'group', 'batch' or 'none' (True/False accepted as TRL does).", choices=SCALE_REWARDS))
     multi_objective_aggregation: str = field(default="sum_then_normalize", metadata=_help("How several rewards become one advantage.", choices=MULTI_OBJECTIVE_AGGREGATIONS))
     reward_weights: Optional[list] = field(default=None, metadata=_help("One weight per reward function (None: all 1.0)."))
     reward_errors_as_none: bool = field(default=False, metadata=_help("Score a batch as None (no opinion) when a reward function raises, instead of stopping."))
     mask_truncated_completions: bool = field(default=False, metadata=_help("Exclude completions cut at max_completion_length from the loss."))
-    top_entropy_quantile: float = field(default=1.0, metadata=_help("Train only on the top-rho quantile of tokens by entropy (1.0 keeps all)."))
+    top_entropy_quantile: float = field(default=1.0, metadata=_help("Train only on the top-rho quantile of tokens by entropy, the threshold taken over every rank's micro-batch (1.0 keeps all; 0.2 is the paper's)."))
+    entropy_coef: float = field(default=0.0, metadata=_help("Entropy bonus: the loss minus this times the mean per-token entropy (the same meaning for every loss type). With use_adaptive_entropy, the starting coefficient."))
+    use_adaptive_entropy: bool = field(default=False, metadata=_help("Skywork-OR1's adaptive entropy control: after each optimizer step the coefficient moves by entropy_coef_delta toward keeping the entropy at entropy_target, and applies only while entropy <= entropy_target."))
+    entropy_coef_min: float = field(default=0.0, metadata=_help("Lower bound of the adaptive entropy coefficient."))
+    entropy_coef_max: float = field(default=1.0, metadata=_help("Upper bound of the adaptive entropy coefficient."))
+    entropy_coef_delta: float = field(default=0.005, metadata=_help("Step of the adaptive entropy coefficient per optimizer step."))
+    entropy_target: float = field(default=0.2, metadata=_help("Target mean per-token entropy (nats) of adaptive entropy control, over the tokens the policy loss uses."))
+    off_policy_mask_threshold: Optional[float] = field(default=None, metadata=_help("DeepSeek-V3.2's off-policy sequence mask: drop a sequence with a negative advantage whose mean per-token KL from the sampler exceeds this (e.g. 0.5; None: off)."))
+    sync_ref_model: bool = field(default=False, metadata=_help("TR-DPO: every ref_model_sync_steps steps the reference becomes α·policy + (1-α)·reference, partition by partition under ZeRO-3."))
+    ref_model_mixup_alpha: float = field(default=0.6, metadata=_help("α of sync_ref_model."))
+    ref_model_sync_steps: int = field(default=512, metadata=_help("Optimizer steps between two sync_ref_model mixes."))
+    router_aux_loss_coef: Optional[float] = field(default=None, metadata=_help("MoE policies: weight of the router's load-balancing loss added to the GRPO loss (None: the model config's, when it reports one)."))
     vllm_importance_sampling_correction: bool = field(default=True, metadata=_help("Correct for sampler/trainer logprob mismatch."))
     vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata=_help("How the sampler correction is applied.", choices=VLLM_IS_MODES))
-    vllm_importance_sampling_clip_max: float = field(default=3.0, metadata=_help("Upper bound C of the sampler correction."))
+    vllm_importance_sampling_clip_max: Optional[float] = field(default=3.0, metadata=_help("Upper bound C_max of the sampler correction (None: no upper bound)."))
+    vllm_importance_sampling_clip_min: Optional[float] = field(default=None, metadata=_help("Lower bound C_min of the sampler correction (None: no lower bound)."))
+    vllm_importance_sampling_cap: Optional[float] = field(default=None, metadata=_help("Deprecated in TRL: the old name of vllm_importance_sampling_clip_max (set here, it sets that)."))
     max_tool_calling_iterations: Optional[int] = field(default=None, metadata=_help("With `tools`: most rounds of tool calls per completion (None: until the model stops calling tools or max_completion_length is reached)."))
     tool_timeout_s: float = field(default=10.0, metadata=_help("With `tools`: seconds a tool call may run; a call past it is answered with an error message."))
-    log_completions: bool = field(default=False, metadata=_help("Log a sample of (prompt, completion, reward) every logging step."))
+
+    # ------------------------------------------------------------------ logging completions (TRL GRPOConfig)
+    log_completions: bool = field(default=False, metadata=_help("Log every rank's (prompt, completion, rewards, advantage) rows at each logging step: printed on rank 0 and in completions.jsonl."))
+    num_completions_to_print: Optional[int] = field(default=None, metadata=_help("With log_completions: print at most this many rows (None: all; the file keeps all)."))
+    log_unique_prompts: bool = field(default=False, metadata=_help("With log_completions: one row per distinct prompt."))
 
     # ------------------------------------------------------------------ vLLM (TRL names)
-    use_vllm: bool = field(default=True, metadata=_help("Generate with a colocated vLLM engine; False uses HF generate (slower, no extra memory)."))
-    vllm_mode: str = field(default="colocate", metadata=_help("Only 'colocate' (one in-process engine per rank).", choices=VLLM_MODES))
+    use_vllm: bool = field(default=True, metadata=_help("Generate with vLLM; False uses the policy's own HF generate (slower, no extra memory)."))
+    vllm_mode: str = field(default="colocate", metadata=_help("'colocate' (one in-process engine per rank) or 'server' (a `dsgrpo vllm-serve` process elsewhere).", choices=VLLM_MODES))
+    vllm_model_impl: str = field(default="vllm", metadata=_help("vLLM's model implementation: 'vllm' or 'transformers'.", choices=("vllm", "transformers", "auto")))
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata=_help("Fraction of GPU memory vLLM may take (GPU only; on CPU vllm_kv_cache_bytes bounds it)."))
     vllm_tensor_parallel_size: int = field(default=1, metadata=_help("vLLM tensor parallel size; only 1 is supported in colocate mode."))
     vllm_enable_sleep_mode: bool = field(default=False, metadata=_help("Release vLLM's GPU memory while training (GPU only)."))
+    vllm_max_model_length: Optional[int] = field(default=None, metadata=_help("vLLM context length (None: max_prompt_length + max_completion_length, or the model's)."))
+    vllm_structured_outputs_regex: Optional[str] = field(default=None, metadata=_help("Constrain every completion to this regular expression (vLLM structured outputs)."))
+    vllm_server_base_url: Optional[str] = field(default=None, metadata=_help("vllm_mode='server': the server's URL (wins over host and port)."))
+    vllm_server_host: str = field(default="0.0.0.0", metadata=_help("vllm_mode='server': the server's host."))
+    vllm_server_port: int = field(default=8000, metadata=_help("vllm_mode='server': the server's port."))
+    vllm_server_timeout: float = field(default=240.0, metadata=_help("vllm_mode='server': seconds to wait for the server at start-up."))
+    vllm_group_port: int = field(default=51216, metadata=_help("vllm_mode='server': port of the weight-update communicator."))
 
     # ------------------------------------------------------------------ dsgrpo's own
     deepspeed: Union[str, dict] = field(default="zero3.json", metadata=_help("Policy DeepSpeed config: a path, a file name in ds_configs/, or a dict. 'auto' values are filled from this config."))
     ref_deepspeed: Union[str, dict] = field(default="zero3_inference.json", metadata=_help("Reference-model DeepSpeed config (built only when beta != 0)."))
     vllm_kv_cache_bytes: Optional[int] = field(default=None, metadata=_help("KV-cache size per vLLM engine in bytes (None: sized from the machine, at most 1 GiB per rank on CPU)."))
-    vllm_max_model_len: Optional[int] = field(default=None, metadata=_help("vLLM context length (None: max_prompt_length + max_completion_length, or the model's)."))
     weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket."))
     save_merged_model: bool = field(default=False, metadata=_help("With `peft_config`: the final save writes the merged model (base + adapter, Hugging Face format) to output_dir/merged beside the adapter."))
     num_threads: Optional[int] = field(default=None, metadata=_help("CPU threads per rank (None: cores / local ranks)."))
@@ -136,13 +226,137 @@ class GRPOConfig:
     async_chunk_groups: Optional[int] = field(default=None, metadata=_help("Prompt groups a rank claims and generates at once (None: a quarter of its share of a round, at least 1). Smaller balances better, larger batches vLLM better."))
     drop_zero_std_groups: bool = field(default=False, metadata=_help("DAPO dynamic sampling: discard groups whose rewards all agree and keep sampling until the batch is full of useful groups (AsyncGRPOTrainer)."))
 
+    # ------------------------------------------------------------------ accepted for TRL/transformers configs, no effect
+    # Each means nothing under DeepSpeed + an in-process vLLM engine (or is transformers' own machinery dsgrpo does
+    # not use); set to anything but its default it warns once, naming the field and why.
+    use_liger_kernel: bool = _inert(False, "dsgrpo computes log-probs from the completion positions' logits only and never takes a cross-entropy over the vocabulary, which is what Liger's fused kernel replaces", "Liger kernels.")
+    liger_kernel_config: Optional[Union[dict, str]] = _inert(None, "see use_liger_kernel", "Liger kernel options.")
+    log_multimodal: bool = _inert(True, "dsgrpo trains text-only policies", "Log images of multimodal prompts.")
+    log_completions_hub_repo: Optional[str] = _inert(None, "completions are logged to completions.jsonl and the sinks; nothing is pushed to the Hub", "Hub dataset for completion logs.")
+    use_transformers_continuous_batching: bool = _inert(False, "use_vllm=False generates with the policy engine's own generate()", "transformers' continuous batching.")
+    transformers_continuous_batching_config: Optional[Union[dict, str]] = _inert(None, "see use_transformers_continuous_batching", "Its options.")
+    use_transformers_paged: bool = _inert(False, "see use_transformers_continuous_batching", "transformers' paged generation (deprecated in TRL).")
+    average_tokens_across_devices: bool = _inert(True, "token-normalised losses (dapo, cispo, vespo) always divide by the token count of all ranks", "Token counts across ranks.")
+    label_smoothing_factor: float = _inert(0.0, "GRPO has no labels", "Label smoothing.")
+    bf16_full_eval: bool = _inert(False, "evaluation generates with the engine's own dtype", "bf16 evaluation.")
+    fp16_full_eval: bool = _inert(False, "evaluation generates with the engine's own dtype", "fp16 evaluation.")
+    torch_compile: bool = _inert(False, "the policy runs inside a DeepSpeed engine and vLLM compiles its own graphs", "torch.compile the model.")
+    torch_compile_backend: Optional[str] = _inert(None, "see torch_compile", "torch.compile backend.")
+    torch_compile_mode: Optional[str] = _inert(None, "see torch_compile", "torch.compile mode.")
+    use_cache: bool = _inert(False, "training forwards never use a KV cache and generation always does", "The model's KV cache in training.")
+    neftune_noise_alpha: Optional[float] = _inert(None, "NEFTune is for supervised fine-tuning", "NEFTune embedding noise.")
+    auto_find_batch_size: bool = _inert(False, "the batch geometry is part of a run's identity (exact resume); run `dsgrpo plan` instead", "Halve the batch on OOM.")
+    log_on_each_node: bool = _inert(True, "rank 0 logs; every rank's lines carry their rank", "Log on each node's first rank.")
+    logging_nan_inf_filter: bool = _inert(True, "a non-finite loss or gradient norm stops the run (NonFiniteError)", "Skip NaN/inf losses in the logged mean.")
+    include_num_input_tokens_seen: Union[str, bool] = _inert("no", "num_tokens (prompt + completion tokens so far) is always logged", "Count input tokens.")
+    trackio_space_id: Optional[str] = _inert(None, "there is no trackio sink yet (report_to refuses 'trackio')", "trackio Space.")
+    trackio_bucket_id: Optional[str] = _inert(None, "see trackio_space_id", "trackio bucket.")
+    trackio_static_space_id: Optional[str] = _inert(None, "see trackio_space_id", "trackio static Space.")
+    prediction_loss_only: bool = _inert(False, "evaluation generates and scores; it has no loss", "Evaluation returns the loss only.")
+    eval_do_concat_batches: bool = _inert(True, "evaluation scores the whole set at once", "Concatenate eval batches.")
+    eval_use_gather_object: bool = _inert(False, "evaluation gathers rewards as tensors", "gather_object in evaluation.")
+    eval_accumulation_steps: Optional[int] = _inert(None, "evaluation keeps only rewards, not logits", "Accumulate eval outputs.")
+    include_for_metrics: list = _inert(None, "GRPO evaluation has no compute_metrics", "Inputs for compute_metrics.", factory=list)
+    batch_eval_metrics: bool = _inert(False, "GRPO evaluation has no compute_metrics", "Batched compute_metrics.")
+    save_on_each_node: bool = _inert(False, "rank 0 writes shared files; every rank writes its own shards, on a shared file system", "Save on every node.")
+    enable_jit_checkpoint: bool = _inert(False, "SIGTERM/SIGUSR1 already end the round with a checkpoint and exit 75 (preemption)", "Checkpoint on SIGTERM.")
+    load_best_model_at_end: bool = _inert(False, "there is no eval metric to rank checkpoints by; the final model is the last step's", "Load the best checkpoint at the end.")
+    metric_for_best_model: Optional[str] = _inert(None, "see load_best_model_at_end", "Metric of the best checkpoint.")
+    greater_is_better: Optional[bool] = _inert(None, "see load_best_model_at_end", "Direction of metric_for_best_model.")
+    ignore_data_skip: bool = _inert(False, "resuming never replays data: the prompt order is a function of the round", "Skip the data replay on resume.")
+    restore_callback_states_from_checkpoint: bool = _inert(False, "callbacks keep no state in checkpoints", "Restore callback states.")
+    full_determinism: bool = _inert(False, "runs are seeded per round and slot, and resume exactly; torch's deterministic-algorithms mode is not forced (vLLM kernels refuse it)", "Deterministic algorithms everywhere.")
+    use_cpu: bool = _inert(False, "dsgrpo/device.py picks the device (CUDA when present); hide GPUs with CUDA_VISIBLE_DEVICES", "Force the CPU.")
+    accelerator_config: Optional[Union[dict, str]] = _inert(None, "dsgrpo uses DeepSpeed directly, not Accelerate", "Accelerate options.")
+    parallelism_config: Optional[Any] = _inert(None, "parallelism is DeepSpeed's (the deepspeed config) and vLLM's", "Accelerate parallelism.")
+    dataloader_drop_last: bool = _inert(False, "prompts are handed out by generation round, not by a DataLoader", "DataLoader option.")
+    dataloader_num_workers: int = _inert(0, "see dataloader_drop_last", "DataLoader option.")
+    dataloader_pin_memory: bool = _inert(True, "see dataloader_drop_last", "DataLoader option.")
+    dataloader_persistent_workers: bool = _inert(False, "see dataloader_drop_last", "DataLoader option.")
+    dataloader_prefetch_factor: Optional[int] = _inert(None, "see dataloader_drop_last", "DataLoader option.")
+    dataloader_multiprocessing_context: Optional[str] = _inert(None, "see dataloader_drop_last", "DataLoader option.")
+    dataloader_in_order: bool = _inert(True, "see dataloader_drop_last", "DataLoader option.")
+    label_names: Optional[list] = _inert(None, "GRPO has no labels", "Label columns.")
+    train_sampling_strategy: str = _inert("random", "shuffle_dataset decides the prompt order", "Sampler kind.")
+    length_column_name: str = _inert("length", "GRPO does not group by length", "Length column.")
+    ddp_find_unused_parameters: Optional[bool] = _inert(None, "DeepSpeed, not DDP, reduces gradients", "DDP option.")
+    ddp_bucket_cap_mb: Optional[int] = _inert(None, "DeepSpeed's reduce_bucket_size decides (the deepspeed config)", "DDP option.")
+    ddp_broadcast_buffers: Optional[bool] = _inert(None, "DeepSpeed, not DDP, holds the model", "DDP option.")
+    ddp_static_graph: Optional[bool] = _inert(None, "DeepSpeed, not DDP, holds the model", "DDP option.")
+    ddp_backend: Optional[str] = _inert(None, "dsgrpo/device.py picks NCCL on GPU and gloo on CPU", "Process-group backend.")
+    fsdp: Optional[Union[str, list]] = _inert(None, "dsgrpo shards with DeepSpeed ZeRO (the deepspeed config), not FSDP", "FSDP.")
+    fsdp_config: Optional[Union[dict, str]] = _inert(None, "see fsdp", "FSDP options.")
+    debug: Union[str, list] = _inert("", "transformers' debug options hook its own Trainer", "Debug options.")
+    skip_memory_metrics: bool = _inert(True, "memory is measured by bench/ scripts and planned by `dsgrpo plan`", "Memory metrics.")
+    optim_args: Optional[str] = _inert(None, "DeepSpeed's AdamW takes its parameters from the optimizer fields (learning_rate, adam_*, weight_decay) and the deepspeed config", "Optimizer arguments.")
+    optim_target_modules: Optional[Union[str, list]] = _inert(None, "only GaLore-style optimizers use it, and they are not DeepSpeed optimizers", "Modules of a GaLore optimizer.")
+
     # ------------------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
+        self._normalise()
         # Under a launcher (torchrun, deepspeed, srun wrappers) WORLD_SIZE is known before any process group
         # exists; the trainer validates again with the real world size.
         self.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")))
+        if int(os.environ.get("RANK", "0")) == 0:
+            for line in self.inert_warnings():
+                print(f"dsgrpo: warning: {line}", file=sys.stderr, flush=True)
+
+    def _normalise(self) -> None:
+        """What TRL's and transformers' own __post_init__ resolve, done once at construction: JSON strings for dict
+        fields, output_dir's default, the deprecated vllm_importance_sampling_cap and pad_to_multiple_of's "auto"."""
+        for name in JSON_DICT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, str):
+                try:
+                    setattr(self, name, json.loads(value))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{name}={value!r} is neither a dict nor its JSON ({exc}). Write it as "
+                                     f'{name}=\'{{"key": "value"}}\' or as a YAML mapping.') from None
+        if self.output_dir is None:
+            self.output_dir = "trainer_output"  # transformers' default
+        if self.vllm_importance_sampling_cap is not None:
+            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
+            self.vllm_importance_sampling_cap = None
+        if isinstance(self.pad_to_multiple_of, str):
+            text = self.pad_to_multiple_of.lower()
+            if text == "auto":  # TRL pads only on Trainium (one compiled graph per shape); nowhere here
+                self.pad_to_multiple_of = None
+            elif text in ("none", "null"):
+                self.pad_to_multiple_of = None
+            elif text.isdigit():
+                self.pad_to_multiple_of = int(text)
+            else:
+                raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of!r}: give a positive integer, 'auto' or None.")
+        if self.eval_strategy != "no":
+            self.do_eval = True  # transformers' rule
+
+    def inert_warnings(self) -> list:
+        """One line for each field set to something other than its default that has no effect here."""
+        lines = []
+        for f in dataclasses.fields(self):
+            why = f.metadata.get("inert")
+            if why is None:
+                continue
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            value = getattr(self, f.name)
+            if value != default:
+                lines.append(f"{f.name}={value!r} has no effect: {why}.")
+        return lines
 
     # -- derived values: computed, never stored, so there is one source of truth ----------------------
+    @property
+    def model_load_kwargs(self) -> dict:
+        """from_pretrained keyword arguments of every model loaded by name (policy, reference, reward models).
+        A dtype in model_init_kwargs is left out: the engines hold weights in the precision bf16/fp16 choose,
+        which is what DeepSpeed trains in."""
+        kwargs = {k: v for k, v in (self.model_init_kwargs or {}).items() if k not in ("dtype", "torch_dtype")}
+        return {**kwargs, "trust_remote_code": self.trust_remote_code}
+
+    @property
+    def order_seed(self) -> int:
+        """The seed of the prompt order (data_seed when set, else seed)."""
+        return self.seed if self.data_seed is None else self.data_seed
+
     @property
     def effective_epsilon_high(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
@@ -175,9 +389,13 @@ class GRPOConfig:
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
             if choices and not isinstance(value, bool) and value not in choices:
-                if isinstance(value, list) and f.name == "report_to" and all(v in choices for v in value):
-                    continue
                 raise ValueError(f"{f.name}={value!r} is not one of {list(choices)}. Set {f.name} to one of them.")
+        self._check_report_to()
+        self._check_steps()
+        if self.optim not in ADAMW_OPTIMS:
+            raise ValueError(f"optim={self.optim!r}: dsgrpo's optimizer is DeepSpeed's AdamW, which the AdamW family "
+                             f"{list(ADAMW_OPTIMS)} all map to. For another optimizer pass it to the trainer: "
+                             "GRPOTrainer(..., optimizers=(torch.optim.SGD(model.parameters(), lr=...), None)).")
         if self.num_generations < 2:
             raise ValueError(
                 f"num_generations={self.num_generations}: GRPO needs at least 2 completions per prompt to compute "
@@ -185,7 +403,8 @@ class GRPOConfig:
         if self.num_generations_eval is not None and self.num_generations_eval < 1:
             raise ValueError(f"num_generations_eval={self.num_generations_eval} must be >= 1 (or None).")
         for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
-                     "max_completion_length", "logging_steps", "save_steps", "weight_sync_bucket_bytes"):
+                     "max_completion_length", "weight_sync_bucket_bytes", "per_device_eval_batch_size",
+                     "ref_model_sync_steps", "ddp_timeout"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
@@ -197,6 +416,8 @@ class GRPOConfig:
                              "Set max_steps > 0 or num_train_epochs > 0.")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1].")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 or None disables it).")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p={self.min_p} must be in [0, 1].")
         if self.temperature <= 0:
@@ -208,11 +429,18 @@ class GRPOConfig:
         if self.delta is not None and self.delta <= 1 + self.effective_epsilon_high:
             raise ValueError(f"delta={self.delta} must be > 1 + epsilon_high ({1 + self.effective_epsilon_high}); it caps "
                              "the ratio above the clip range. Raise delta or set it to None.")
-        if self.vllm_importance_sampling_clip_max <= 0:
-            raise ValueError(f"vllm_importance_sampling_clip_max={self.vllm_importance_sampling_clip_max} must be > 0.")
+        self._check_sampler_correction()
+        self._check_objective()
+        if self.bf16 and self.fp16:
+            raise ValueError("bf16=True and fp16=True: pick one precision (bf16 is the GPU default).")
         if self.vllm_tensor_parallel_size != 1:
             raise ValueError(f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size}: colocate mode runs one engine "
                              "per rank; set vllm_tensor_parallel_size=1.")
+        for name in ("vllm_server_port", "vllm_group_port"):
+            if not 0 < getattr(self, name) < 65536:
+                raise ValueError(f"{name}={getattr(self, name)} is not a TCP port (1-65535).")
+        if self.vllm_server_timeout <= 0:
+            raise ValueError(f"vllm_server_timeout={self.vllm_server_timeout} must be > 0 seconds.")
         if self.reward_weights is not None and not all(isinstance(w, (int, float)) for w in self.reward_weights):
             raise TypeError(f"reward_weights={self.reward_weights!r} must be a list of numbers, one per reward function.")
         if self.max_staleness < 0:
@@ -230,6 +458,74 @@ class GRPOConfig:
                 f"{self.gradient_accumulation_steps}: a generation round must feed whole optimizer steps. "
                 "Make steps_per_generation (or generation_batch_size / (per_device_train_batch_size x world size)) "
                 "a multiple of gradient_accumulation_steps.")
+
+    def _check_report_to(self) -> None:
+        for sink in self.report_sinks(installed_only=False):
+            if sink not in REPORT_SINKS:
+                raise ValueError(f"report_to={self.report_to!r}: dsgrpo has no {sink!r} sink yet (it has "
+                                 f"{list(REPORT_SINKS)}; metrics.jsonl is always written). Remove {sink!r} rather than "
+                                 "have it silently dropped.")
+
+    def report_sinks(self, installed_only: bool = True) -> list:
+        """The sinks report_to names ('all': every sink dsgrpo has whose package is installed; 'none': none)."""
+        names = self.report_to if isinstance(self.report_to, list) else [self.report_to]
+        out = []
+        for name in names:
+            if name is None or name == "none":
+                continue
+            if name == "all":
+                import importlib.util
+                out += [s for s in REPORT_SINKS[1:] if s == "jsonl" or importlib.util.find_spec(s) is not None]
+            else:
+                out.append(name)
+        return [s for s in dict.fromkeys(out) if not installed_only or s in REPORT_SINKS]
+
+    def _check_steps(self) -> None:
+        """transformers' rules: a step count below 1 is a fraction of the run; above 1 it is a whole number."""
+        for name in ("logging_steps", "save_steps", "eval_steps", "warmup_steps"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value < 0 or (value == 0 and name != "warmup_steps"):
+                raise ValueError(f"{name}={value} must be > 0 (a count, or below 1 a fraction of the run).")
+            if value > 1 and value != int(value):
+                raise ValueError(f"{name}={value}: above 1 it counts optimizer steps and must be a whole number "
+                                 "(below 1 it is a fraction of the run).")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1).")
+        if self.eval_delay < 0:
+            raise ValueError(f"eval_delay={self.eval_delay} must be >= 0.")
+
+    def _check_sampler_correction(self) -> None:
+        lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if hi is not None and hi <= 0:
+            raise ValueError(f"vllm_importance_sampling_clip_max={hi} must be > 0 (or None for no upper bound).")
+        if lo is not None and lo < 0:
+            raise ValueError(f"vllm_importance_sampling_clip_min={lo} must be >= 0 (or None for no lower bound).")
+        if lo is not None and hi is not None and lo >= hi:
+            raise ValueError(f"vllm_importance_sampling_clip_min={lo} must be less than vllm_importance_sampling_clip_max={hi}.")
+        if self.vllm_importance_sampling_correction and lo is None and hi is None:
+            raise ValueError("vllm_importance_sampling_correction=True with neither vllm_importance_sampling_clip_min "
+                             "nor _clip_max: the correction would be unbounded. Set at least one, or turn it off.")
+        if (self.loss_type == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction
+                and not self.vllm_importance_sampling_mode.startswith("token_")):
+            raise ValueError(f"loss_type='vespo' folds the sampler correction into its sequence weight token by token: "
+                             f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r} must be "
+                             "'token_truncate' or 'token_mask'.")
+
+    def _check_objective(self) -> None:
+        if self.off_policy_mask_threshold is not None and self.off_policy_mask_threshold <= 0:
+            raise ValueError(f"off_policy_mask_threshold={self.off_policy_mask_threshold} must be > 0 (e.g. 0.5), or None.")
+        if not 0 <= self.ref_model_mixup_alpha <= 1:
+            raise ValueError(f"ref_model_mixup_alpha={self.ref_model_mixup_alpha} must be in [0, 1].")
+        if self.entropy_coef_min > self.entropy_coef_max or self.entropy_coef_delta < 0:
+            raise ValueError(f"entropy_coef_min={self.entropy_coef_min}, entropy_coef_max={self.entropy_coef_max}, "
+                             f"entropy_coef_delta={self.entropy_coef_delta}: need min <= max and delta >= 0.")
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0.")
+        if self.pad_to_multiple_of is not None and (not isinstance(self.pad_to_multiple_of, int) or self.pad_to_multiple_of < 1):
+            raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of!r} must be a positive integer, 'auto' or None.")
 
     def _check_batch_divisibility(self, world_size: int) -> None:
         per_step = self.per_device_train_batch_size * world_size

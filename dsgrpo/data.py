@@ -45,7 +45,8 @@ class RoundSlice:
 
 class PromptSource:
     def __init__(self, dataset, tokenizer, *, max_prompt_length: Optional[int], context_length: Optional[int],
-                 max_completion_length: int, chat_template_kwargs: Optional[dict] = None, field: str = "train_dataset"):
+                 max_completion_length: int, chat_template_kwargs: Optional[dict] = None, field: str = "train_dataset",
+                 keep_columns: bool = True):
         if dataset is None:
             raise ValueError(f"{field} is None: pass a datasets.Dataset with a 'prompt' column.")
         if "prompt" not in dataset.column_names:
@@ -55,7 +56,8 @@ class PromptSource:
             raise ValueError(f"{field} is empty: it needs at least one prompt.")
         self.dataset = dataset
         self.field = field
-        self.columns = [c for c in dataset.column_names if c != "prompt"]
+        # the columns reward functions get (remove_unused_columns=True: none but the prompt)
+        self.columns = [c for c in dataset.column_names if c != "prompt"] if keep_columns else []
         self.conversational = is_conversational(dataset[0]["prompt"])
         if self.conversational and not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"{field} holds conversational prompts (lists of messages) but the tokenizer has no chat "
@@ -89,7 +91,7 @@ class PromptSource:
         if context_length is not None and n + max_completion_length > context_length:
             raise ValueError(f"{self.field}[{longest}] has {n} prompt tokens; with max_completion_length="
                              f"{max_completion_length} that exceeds the generation context of {context_length} "
-                             "tokens. Raise vllm_max_model_len, lower max_completion_length, or filter long prompts.")
+                             "tokens. Raise vllm_max_model_length, lower max_completion_length, or filter long prompts.")
 
     # ------------------------------------------------------------------------------------ ordering
     def order(self, epoch: int, seed: int, shuffle: bool) -> List[int]:

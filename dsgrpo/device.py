@@ -25,9 +25,32 @@ def dist_backend() -> str:
     return "nccl" if on_gpu() else "gloo"
 
 
-def use_bf16(requested) -> bool:
-    """bf16 default: on for GPU, off for CPU (tests compare to fp32 references)."""
+def use_bf16(requested, fp16: bool = False) -> bool:
+    """bf16 default: on for GPU, off for CPU (tests compare to fp32 references) and off when fp16 is asked for."""
+    if fp16:
+        return False
     return on_gpu() if requested is None else bool(requested)
+
+
+def train_dtype(bf16, fp16: bool = False) -> torch.dtype:
+    """The dtype the engines hold weights in. fp16 needs a GPU (DeepSpeed's loss scaling; CPU kernels lack it)."""
+    if fp16:
+        if not on_gpu():
+            raise ValueError("fp16=True needs a GPU; on CPU train in fp32 (the default) or bf16=True.")
+        return torch.float16
+    return torch.bfloat16 if use_bf16(bf16) else torch.float32
+
+
+def set_tf32(allowed) -> None:
+    """TrainingArguments.tf32: TF32 matmuls on Ampere+ GPUs (None leaves torch's default)."""
+    if allowed is not None and on_gpu():
+        torch.backends.cuda.matmul.allow_tf32 = bool(allowed)
+        torch.backends.cudnn.allow_tf32 = bool(allowed)
+
+
+def empty_cache() -> None:
+    if on_gpu():
+        torch.cuda.empty_cache()
 
 
 def prepare_process(local_world_size: int, num_threads=None) -> int:

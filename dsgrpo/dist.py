@@ -23,8 +23,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init() -> None:
-    """Initialise the default process group (idempotent). Must run BEFORE the vLLM engine is created."""
+def init(timeout_s: float = 1800) -> None:
+    """Initialise the default process group (idempotent). Must run BEFORE the vLLM engine is created.
+    `timeout_s` bounds every collective (TrainingArguments' ddp_timeout); DEEPSPEED_TIMEOUT (minutes) wins."""
     if dist.is_available() and dist.is_initialized():
         return
     adopt_slurm_env()
@@ -39,7 +40,8 @@ def init() -> None:
 
     # DeepSpeed 0.19 calls torch.distributed APIs that torch 2.13 deprecates, once per collective
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.distributed\..* is deprecated")
-    timeout = datetime.timedelta(minutes=float(os.environ.get("DEEPSPEED_TIMEOUT", "30")))
+    minutes = os.environ.get("DEEPSPEED_TIMEOUT")
+    timeout = datetime.timedelta(minutes=float(minutes)) if minutes else datetime.timedelta(seconds=timeout_s)
     deepspeed.init_distributed(dist_backend=device.dist_backend(), timeout=timeout)
     if device.on_gpu():
         torch.cuda.set_device(local_rank())
@@ -183,6 +185,19 @@ def all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     parts = [torch.empty_like(tensor) for _ in range(world_size(group))]
     dist.all_gather(parts, tensor.contiguous(), group=_group(group))
     return torch.cat(parts, dim=0)
+
+
+def all_gather_ragged(values: torch.Tensor, group=None) -> torch.Tensor:
+    """Concatenate every rank's 1-D `values` (lengths may differ), in rank order. Two collectives: the lengths,
+    then the values padded to the longest."""
+    if not _many(group):
+        return values
+    lengths = all_gather(torch.tensor([values.numel()], dtype=torch.long), group)
+    longest = int(lengths.max())
+    padded = torch.zeros(longest, dtype=values.dtype)
+    padded[:values.numel()] = values
+    gathered = all_gather(padded, group).view(-1, longest) if longest else padded.view(0, 0)
+    return torch.cat([gathered[r, :int(n)] for r, n in enumerate(lengths)]) if longest else values[:0]
 
 
 def all_reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:

@@ -12,6 +12,8 @@ from typing import Dict, List, Optional
 class MetricSinks:
     def __init__(self, args, total_steps: int, enabled: bool):
         self.enabled = enabled
+        self.print_rows = args.num_completions_to_print
+        self.unique_prompts = args.log_unique_prompts
         self.jsonl = None
         self.wandb = None
         self.bar = None
@@ -19,16 +21,16 @@ class MetricSinks:
             return
         os.makedirs(args.output_dir, exist_ok=True)
         self.jsonl = open(os.path.join(args.output_dir, "metrics.jsonl"), "a")
-        report = args.report_to if isinstance(args.report_to, list) else [args.report_to]
-        if "wandb" in report:
+        if "wandb" in args.report_sinks():
             import wandb
-            self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "dsgrpo"), name=args.run_name,
+            self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", args.project), name=args.run_name,
                                     config=args.to_dict(), dir=args.output_dir)
-        try:
-            from tqdm.auto import tqdm
-            self.bar = tqdm(total=total_steps, desc="GRPO", dynamic_ncols=True, file=sys.stderr)
-        except ImportError:
-            self.bar = None
+        if not args.disable_tqdm:
+            try:
+                from tqdm.auto import tqdm
+                self.bar = tqdm(total=total_steps, desc="GRPO", dynamic_ncols=True, file=sys.stderr)
+            except ImportError:
+                self.bar = None
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
         if not self.enabled:
@@ -61,8 +63,16 @@ class MetricSinks:
             self.bar.update(steps)
 
     def log_completions(self, step: int, rows: List[dict]) -> None:
+        """Every rank's rows of a round (TRL's completions table): to completions.jsonl and wandb; at most
+        num_completions_to_print of them printed; with log_unique_prompts, one row per distinct prompt."""
         if not self.enabled:
             return
+        if self.unique_prompts:
+            rows = list({r["prompt"]: r for r in reversed(rows)}.values())[::-1]
+        shown = rows if self.print_rows is None else rows[:self.print_rows]
+        for r in shown:
+            print(f"[step {step}] reward {r['reward']:.3f}  advantage {r['advantage']:+.3f}\n  prompt: {r['prompt']}\n"
+                  f"  completion: {r['completion']}", file=sys.stderr, flush=True)
         path = os.path.join(os.path.dirname(self.jsonl.name), "completions.jsonl")
         with open(path, "a") as fh:
             for row in rows:
@@ -91,6 +101,7 @@ def _plain(v) -> Optional[float]:
 def learning_curve_summary(history: List[Dict[str, float]], rows: int = 8, window: int = 5) -> str:
     """A short text learning curve: mean reward over a few evenly spaced windows of steps, and the ratio of
     the last window to the first."""
+    history = [h for h in history if "reward" in h]  # training rounds (not evaluation or the summary row)
     if not history:
         return "no steps were run"
     rewards = [h["reward"] for h in history]

@@ -4,7 +4,8 @@ One generation round (`_grpo_step`) is the story of the product:
 
     rollout → rewards → advantages → reference / old log-probs → policy update → weight sync → metrics
 
-Everything it calls is a module named after its stage: rollout/, rewards/, algorithms/, engines/.
+Everything it calls is a module named after its stage: rollout/ (sources, samplers, generators), rewards/,
+algorithms/, update.py (the policy update), engines/; schedule.py says when to log, evaluate and save.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ from typing import Dict, List, Optional
 import torch
 
 from . import checkpoint, compat, device, dist
-from .algorithms import compute_advantages, entropy_mask, nan_std, policy_loss
+from .algorithms import compute_advantages, nan_std
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
 from .data import PromptSource, load_dataset_spec
 from .engines import ModelLoader, build_inference_engine, build_policy_engine, completion_logprobs, is_zero3, resolve
 from .engines import lora
+from .engines.builder import prepare_model
 from .engines.weights import named_full_parameters
 from .logging import MetricSinks
-from .metrics import MetricAccumulator
 from .preemption import Preemption
 from .rewards import RewardStack
 from .rollout import SamplingConfig, check_against_checkpoint, make_generator
@@ -36,11 +37,11 @@ from .rollout.generating_rank import GeneratingRank
 from .rollout.samplers import make_sampler
 from .rollout.sources import GenerationSource, RolloutSetup
 from .rollout.tools import ToolRunner
+from .schedule import Schedule
 from .timing import PhaseTimer
+from .update import NonFiniteError, PolicyUpdate
 
-
-class NonFiniteError(RuntimeError):
-    """Training produced a NaN/inf loss or gradient norm; the run stops instead of training on."""
+__all__ = ["GRPOTrainer", "NonFiniteError", "save_hf_model"]
 
 
 @dataclass
@@ -72,29 +73,23 @@ class GRPOTrainer:
         self.rollout_func = rollout_func
         self.args = args = args or GRPOConfig()
         # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
+        self._check_supported(args)
         device.prepare_process(dist.local_world_size(), args.num_threads)
-        dist.init()
+        device.set_tf32(args.tf32)
+        dist.init(timeout_s=args.ddp_timeout)
+        set_log_levels(args)
         if dist.is_main():
             compat.warn_if_untested()
         self.placement = self.rollout_source.placement(args)  # split placement makes its process groups here
         self.world = self.placement.trainers
         args.validate(world_size=self.world)
+        self.dtype = device.train_dtype(args.bf16, args.fp16)
         self.model_path, model_config = self._model_source(model, processing_class)
         self.tokenizer = self._tokenizer(processing_class)
-        self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none)
-        context = args.vllm_max_model_len or getattr(model_config, "max_position_embeddings", None)
+        self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none,
+                                   trust_remote_code=args.trust_remote_code)
         self.tool_runner = ToolRunner(tools, args.tool_timeout_s) if tools else None  # checks the schemas now
-        template_kwargs = dict(args.chat_template_kwargs or {})
-        if self.tool_runner is not None:
-            template_kwargs["tools"] = self.tool_runner.schemas  # the chat template lists them in the prompt
-        lengths = dict(max_prompt_length=args.max_prompt_length, context_length=context,
-                       max_completion_length=args.max_completion_length, chat_template_kwargs=template_kwargs)
-        self.train_prompts = PromptSource(load_dataset_spec(train_dataset), self.tokenizer, **lengths)
-        if self.tool_runner is not None and not self.train_prompts.conversational:
-            raise ValueError("tools need conversational prompts (lists of messages): the chat template is what shows "
-                             "the model the tools. Give train_dataset a 'prompt' column of message lists.")
-        self.eval_prompts = (PromptSource(load_dataset_spec(eval_dataset), self.tokenizer, field="eval_dataset", **lengths)
-                             if eval_dataset is not None else None)
+        self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
         hidden = getattr(model_config, "hidden_size", None)
         self.ds_config = resolve(args.deepspeed, args, hidden, "deepspeed", train=True)
         if self.ds_config.get("gradient_accumulation_steps", args.gradient_accumulation_steps) != args.gradient_accumulation_steps:
@@ -102,18 +97,25 @@ class GRPOTrainer:
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
         self.ref_ds_config = (resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False)
                               if args.beta and not self.lora_policy else None)
+        if args.sync_ref_model and self.lora_policy:
+            raise ValueError("sync_ref_model=True with a LoRA policy: its reference is the base model with the adapter "
+                             "switched off, which has nothing to mix into. Drop sync_ref_model or train without LoRA.")
         self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
         self.resume_path = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
         if self.resume_path:  # refuse a checkpoint this run cannot continue before anything is written
             checkpoint.check_resume(self.resume_path, args, self.world, model_config, self.adapter)
         self.spg = args.resolved_steps_per_generation(self.world)
         self.prompts_per_round = args.resolved_generation_batch_size(self.world) // args.num_generations
-        self.state = TrainerState(max_steps=self._total_steps(), is_world_process_zero=dist.is_main())
+        total = self._total_steps()
+        self.schedule = Schedule.from_args(args, total)
+        self.state = TrainerState(max_steps=total, is_world_process_zero=dist.is_main(),
+                                  is_local_process_zero=dist.local_rank() == 0, logging_steps=self.schedule.logging_every,
+                                  save_steps=self.schedule.save_every, eval_steps=self.schedule.eval_every,
+                                  train_batch_size=args.per_device_train_batch_size, num_train_epochs=args.num_train_epochs)
         self.control = TrainerControl()
         self.callbacks = CallbackHandler(callbacks)
         self.timer = PhaseTimer()
         self.sampling = SamplingConfig.from_args(args)
-        self.dtype = torch.bfloat16 if device.use_bf16(args.bf16) else torch.float32
         self.rollout_source.check(args, placement=self.placement, prompts_per_round=self.prompts_per_round,
                                   reward_models=self.rewards.has_models,
                                   evaluates=self.eval_prompts is not None and args.eval_strategy != "no")
@@ -129,15 +131,32 @@ class GRPOTrainer:
                                     rollout_func=rollout_func, trainer=self)
         setup = RolloutSetup(
             args=args, prompts=self.train_prompts, sampler=self.sampler, generator=self.generator,
-            build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size),
+            build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),
             reward_matrix=self._reward_matrix, scores_anywhere=not self.rewards.has_models, placement=self.placement,
-            prompts_per_round=self.prompts_per_round, steps_per_round=args.num_iterations * self.spg // args.gradient_accumulation_steps,
+            prompts_per_round=self.prompts_per_round, steps_per_round=self._steps_per_round(),
             max_steps=self.state.max_steps, tied=self.tied, timer=self.timer)
         # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
         self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
         self.source = self.rollout_source(setup) if self.placement.trains else None
+        self.update = (PolicyUpdate(args, self.policy, self.world, self.state, self._end_optimizer_step)
+                       if self.placement.trains else None)
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
-        self.last_checkpoint: Optional[str] = None
+        self.control = self.callbacks.fire("on_init_end", args, self.state, self.control)
+
+    @staticmethod
+    def _check_supported(args) -> None:
+        """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
+        if args.vllm_mode == "server" and args.use_vllm:
+            raise NotImplementedError("vllm_mode='server' is parsed and validated, but dsgrpo does not talk to a vLLM "
+                                      "server yet: use vllm_mode='colocate' (one engine per rank).")
+
+    @property
+    def last_checkpoint(self) -> Optional[str]:
+        return self.update.last_checkpoint if self.update is not None else None
+
+    @last_checkpoint.setter
+    def last_checkpoint(self, path: Optional[str]) -> None:
+        self.update.last_checkpoint = path
 
     @property
     def lora_policy(self) -> bool:
@@ -149,11 +168,37 @@ class GRPOTrainer:
         """False on a split-placement generating rank."""
         return self.placement.trains
 
+    @property
+    def model(self):
+        """The policy as TRL users read it: the (ZeRO-3 partitioned) Hugging Face module inside the engine."""
+        return self.policy.module if self.placement.trains else None
+
+    @property
+    def processing_class(self):
+        return self.tokenizer
+
+    @property
+    def optimizer(self):
+        return self.policy.optimizer if self.placement.trains else None
+
+    @property
+    def lr_scheduler(self):
+        return self.policy.lr_scheduler if self.placement.trains else None
+
+    def add_callback(self, callback) -> None:
+        self.callbacks.add(callback)
+
+    def pop_callback(self, callback):
+        return self.callbacks.pop(callback)
+
+    def remove_callback(self, callback) -> None:
+        self.callbacks.pop(callback)
+
     def _build_engines(self, model, optimizers):
         """Policy (ZeRO-3 partitioned at load; LoRA-wrapped before DeepSpeed), frozen reference (none for a LoRA
         policy: its adapters are switched off instead), reward models. Returns the policy engine."""
         args = self.args
-        policy_model = (ModelLoader(self.ds_config, self.dtype).load(self.model_path, **(args.model_init_kwargs or {}))
+        policy_model = (ModelLoader(self.ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
                         if isinstance(model, str) else model)
         if self.peft_config is not None:
             policy_model = lora.wrap_with_lora(policy_model, self.peft_config, args.seed)
@@ -161,17 +206,30 @@ class GRPOTrainer:
             lora.check_lora_layers(policy_model)
         if self.lora_policy and dist.is_main():
             print(f"dsgrpo: {lora.adapter_summary(policy_model)}", flush=True)
+        prepare_model(policy_model, args)
         self.policy = build_policy_engine(policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps)
         self.zero3 = is_zero3(self.ds_config)
-        self.reference = (build_inference_engine(ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path),
-                                                 self.ref_ds_config) if self.ref_ds_config else None)
+        self.reference = None
+        if self.ref_ds_config:
+            reference = ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
+            prepare_model(reference, args)
+            self.reference = build_inference_engine(reference, self.ref_ds_config)
         self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype)
         if args.use_vllm:
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
+        self.callbacks.context.update(model=self.policy.module, processing_class=self.tokenizer,
+                                      optimizer=self.policy.optimizer, lr_scheduler=self.policy.lr_scheduler)
         return self.policy
 
     # ================================================================================================ the loop
-    def train(self) -> TrainerState:
+    def train(self, resume_from_checkpoint=None) -> TrainerState:
+        """Train to max_steps. `resume_from_checkpoint` (TRL's argument): True for the newest complete checkpoint
+        in output_dir, a checkpoint path, or None for what the config says."""
+        if resume_from_checkpoint not in (None, False):
+            self.resume_path = checkpoint.resolve_resume(resume_from_checkpoint, self.args.output_dir)
+            if self.resume_path:
+                checkpoint.check_resume(self.resume_path, self.args, self.world, self.policy.module.config
+                                        if self.placement.trains else None, self.adapter)
         if self.generating_rank is not None:  # split placement: this rank samples for the trainers until they stop
             resumed = checkpoint.generator_state(self.resume_path, dist.rank(dist.EVERYONE)) if self.resume_path else None
             if self.generating_rank.run(resumed):
@@ -186,13 +244,17 @@ class GRPOTrainer:
         args, state = self.args, self.state
         if self.resume_path:
             self._resume(self.resume_path)
+        start, steps_before = time.perf_counter(), state.global_step
         self.control = self.callbacks.fire("on_train_begin", args, state, self.control)
+        if args.eval_on_start and self.eval_prompts is not None:
+            self.evaluate()
         with Preemption() as preemption:
             while state.global_step < state.max_steps and not self.control.should_training_stop:
-                step_before = state.global_step
+                step_before, epochs_before = state.global_step, self._epochs_completed()
                 metrics = self._grpo_step()
-                state.log_history.append({"step": state.global_step, **metrics})
-                end = self._round_end(step_before, preemption.requested)
+                state.epoch = state.generation_round * self.prompts_per_round / len(self.train_prompts)
+                state.log_history.append({"step": state.global_step, "epoch": state.epoch, **metrics})
+                end = self._round_end(step_before, epochs_before, preemption.requested)
                 if end.log:
                     self.sinks.log(state.global_step, metrics)
                     self.control = self.callbacks.fire("on_log", args, state, self.control, logs=metrics)
@@ -205,34 +267,34 @@ class GRPOTrainer:
                     self.sinks.close()
                     raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
         self.save_model(args.output_dir)
+        self._log_summary(time.perf_counter() - start, state.global_step - steps_before)
         self.control = self.callbacks.fire("on_train_end", args, state, self.control)
         self.sinks.close()
         return state
 
-    def _round_end(self, step_before: int, preempt_requested: bool) -> RoundEnd:
-        """What follows this round: the schedule's choices, or'ed with what callbacks asked for through
-        TrainerControl (should_log / should_evaluate / should_save / should_training_stop) and with a preemption
-        signal. One collective: a signal or a callback's wish may reach only some ranks, and all ranks must
-        agree (a checkpoint or an evaluation is collective)."""
-        a, s, c = self.args, self.state, self.control
-        wanted = torch.tensor([
-            float(preempt_requested),
-            float(c.should_log or s.global_step % a.logging_steps == 0 or s.global_step >= s.max_steps
-                  or s.generation_round == 1),
-            float(c.should_evaluate or self._eval_due()),
-            float(c.should_save or s.global_step // a.save_steps > step_before // a.save_steps),
-            float(c.should_training_stop or s.global_step >= s.max_steps)])
+    def _round_end(self, step_before: int, epochs_before: int, preempt_requested: bool) -> RoundEnd:
+        """What follows this round: the schedule's choices (schedule.py), or'ed with what callbacks asked for
+        through TrainerControl (should_log / should_evaluate / should_save / should_training_stop) and with a
+        preemption signal. One collective: a signal or a callback's wish may reach only some ranks, and all ranks
+        must agree (a checkpoint or an evaluation is collective)."""
+        s, c = self.state, self.control
+        log, evaluate, save = self.schedule.due(step_before, s.global_step, epochs_before, self._epochs_completed())
+        wanted = torch.tensor([float(preempt_requested), float(c.should_log or log), float(c.should_evaluate or evaluate),
+                               float(c.should_save or save), float(c.should_training_stop or s.global_step >= s.max_steps)])
         preempted, log, evaluate, save, stop = (dist.all_reduce_max(wanted) > 0).tolist()
         c.should_log = c.should_evaluate = c.should_save = False  # done; a callback asks again for a later round
         c.should_training_stop = stop
         return RoundEnd(log=log, evaluate=evaluate and self.eval_prompts is not None, save=save or preempted,
                         stop=stop or preempted, preempted=preempted)
 
+    def _epochs_completed(self) -> int:
+        return self.state.generation_round * self.prompts_per_round // len(self.train_prompts)
+
     def save_checkpoint(self) -> str:
         """checkpoint-<step>/ with engine, trainer, rollout-source and RNG states (every rank calls it)."""
         with self.source.paused():  # a still source: the checkpoint holds exactly what was sampled so far
             path = checkpoint.save(self)
-        self.last_checkpoint = path
+        self.update.last_checkpoint = path
         self.control = self.callbacks.fire("on_save", self.args, self.state, self.control, checkpoint=path)
         return path
 
@@ -256,7 +318,7 @@ class GRPOTrainer:
             several = args.num_iterations > 1 or self.spg > args.gradient_accumulation_steps
             old_logps = self._logprobs(self.policy, batch) if several else None
         with timer("train"):
-            train_metrics = self._update(batch, advantages, old_logps, ref_logps)
+            train_metrics = self.update.run(batch.micro, batch.rollout.truncated, advantages, old_logps, ref_logps)
         with timer("sync"):  # the last round's weights are never sampled from
             self.source.sync_weights(self.policy.module, state.generation_round, needed=state.global_step < state.max_steps)
         state.generation_round += 1
@@ -293,10 +355,12 @@ class GRPOTrainer:
         for k, name in enumerate(self.rewards.names):
             metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards[:, k]).item()
             metrics[f"rewards/{name}/std"] = nan_std(rewards[:, k], dim=0).item()
-        if args.log_completions and dist.is_main():
-            self.sinks.log_completions(self.state.global_step, [
-                {"prompt": str(p), "completion": str(c), "reward": float(stats["rewards"][i]), "advantage": float(mine[i])}
-                for i, (p, c) in enumerate(zip(batch.prompts, batch.completions))])
+        if args.log_completions:  # every rank's rows (a collective), written by rank 0
+            offset = dist.rank() * L
+            rows = [{"prompt": str(p), "completion": str(c), "reward": float(stats["rewards"][offset + i]),
+                     "advantage": float(mine[i]), "rank": dist.rank()}
+                    for i, (p, c) in enumerate(zip(batch.prompts, batch.completions))]
+            self.sinks.log_completions(self.state.global_step, [r for part in dist.all_gather_object(rows) for r in part])
         return mine, metrics
 
     @torch.no_grad()
@@ -311,88 +375,16 @@ class GRPOTrainer:
                 return self._logprobs(self.policy, batch)
         return self._logprobs(self.reference, batch)
 
-    def _update(self, batch: Batch, advantages: torch.Tensor, old_logps, ref_logps) -> Dict[str, float]:
-        """num_iterations passes over the round's micro-batches, GA micro-batches per optimizer step."""
-        args, GA, B = self.args, self.args.gradient_accumulation_steps, self.args.per_device_train_batch_size
-        masks = [self._loss_mask(mb, batch.rollout.truncated[j * B:(j + 1) * B]) for j, mb in enumerate(batch.micro)]
-        # dapo/cispo normalise by the active tokens of each optimizer step over all ranks: one collective per round
-        step_tokens = dist.all_reduce_sum(torch.stack([sum(masks[j].sum() for j in range(s, s + GA))
-                                                       for s in range(0, len(masks), GA)]))
-        acc = MetricAccumulator()
-        for _ in range(args.num_iterations):
-            for step, first in enumerate(range(0, len(batch.micro), GA)):
-                if self.state.global_step >= self.state.max_steps:
-                    break
-                loss = sum(self._micro_step(batch.micro[j], masks[j], advantages[j * B:(j + 1) * B],
-                                            old_logps[j] if old_logps else None, ref_logps[j] if ref_logps else None,
-                                            step_tokens[step], acc) for j in range(first, first + GA))
-                self._end_optimizer_step(loss, acc)
-        metrics = {**acc.reduce(), "learning_rate": self.policy.get_lr()[0]}
-        self._check_finite(metrics, step=self.state.global_step)
-        return metrics
-
-    def _micro_step(self, mb: dict, mask: torch.Tensor, advantages, old_logps, ref_logps, step_tokens, acc) -> float:
-        """Forward, loss and backward of one micro-batch; returns its share of the optimizer step's loss."""
-        args = self.args
-        logps, entropy = completion_logprobs(self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1],
-                                             args.temperature, with_entropy=True)
-        if args.top_entropy_quantile < 1.0:
-            mask = entropy_mask(entropy, mask, args.top_entropy_quantile).float()
-        loss, metrics = policy_loss(
-            logps, old_logps, advantages, mask, loss_type=args.loss_type, epsilon_low=args.epsilon,
-            epsilon_high=args.effective_epsilon_high, delta=args.delta,
-            importance_sampling_level=args.importance_sampling_level, beta=args.beta, ref_per_token_logps=ref_logps,
-            kl_estimator=args.kl_estimator, sampler_per_token_logps=mb["sampler_logps"], vllm_is_mode=self._is_mode(),
-            vllm_is_clip_max=args.vllm_importance_sampling_clip_max, max_completion_length=args.max_completion_length,
-            num_items_in_batch=step_tokens, num_processes=self.world,
-            gradient_accumulation_steps=args.gradient_accumulation_steps)
-        self.policy.backward(loss, scale_wrt_gas=False)  # the loss already carries its share of the step
-        self.policy.step()                               # DeepSpeed only steps at the accumulation boundary
-        tokens = float(mb["completion_mask"].sum())
-        acc.add("entropy", (entropy * mb["completion_mask"]).sum() / max(tokens, 1.0), tokens)
-        # how far the generator's log-probs are from the trainer's for the same tokens (TRL's names): a weight
-        # sync that went wrong shows up here first
-        gap = ((logps.detach() if old_logps is None else old_logps) - mb["sampler_logps"]).abs()[mb["completion_mask"].bool()]
-        if gap.numel():
-            acc.add("sampling/sampling_logp_difference/mean", gap.mean(), gap.numel())
-            acc.add("sampling/sampling_logp_difference/max", gap.max())
-        for name, value in metrics.items():
-            acc.add(name, value, float(mask.sum()))
-        return loss.item()
-
-    # ================================================================================================ helpers
-    def _loss_mask(self, mb: dict, truncated: List[bool]) -> torch.Tensor:
-        mask = mb["completion_mask"]
-        if self.args.mask_truncated_completions:
-            mask = mask * (1.0 - torch.tensor(truncated, dtype=mask.dtype)).unsqueeze(1)
-        return mask
-
-    def _is_mode(self) -> Optional[str]:
-        a = self.args
-        return a.vllm_importance_sampling_mode if (a.use_vllm and a.vllm_importance_sampling_correction) else None
-
-    def _end_optimizer_step(self, step_loss: float, acc: MetricAccumulator) -> None:
-        grad_norm = self.policy.get_global_grad_norm()  # global over ranks: every rank sees the same value
-        grad_norm = float(grad_norm) if grad_norm is not None else 0.0
-        if not math.isfinite(grad_norm):
-            self._check_finite({"grad_norm": grad_norm, "loss": step_loss}, step=self.state.global_step + 1)
-        acc.add("loss", step_loss)
-        acc.add("grad_norm", grad_norm)
-        self.state.global_step += 1
+    def _end_optimizer_step(self) -> None:
+        """After each optimizer step (PolicyUpdate calls it)."""
+        a, state = self.args, self.state
+        state.global_step += 1
+        if a.sync_ref_model and self.reference is not None and state.global_step % a.ref_model_sync_steps == 0:
+            mix_reference(self.reference, self.policy, a.ref_model_mixup_alpha)
+        if a.torch_empty_cache_steps and state.global_step % a.torch_empty_cache_steps == 0:
+            device.empty_cache()
         self.sinks.advance()
-        self.control = self.callbacks.fire("on_step_end", self.args, self.state, self.control)
-
-    def _check_finite(self, metrics: Dict[str, float], step: int) -> None:
-        bad = {k: v for k, v in metrics.items() if k in ("loss", "grad_norm") and not math.isfinite(v)}
-        if bad:
-            raise NonFiniteError(f"Non-finite training values at optimizer step {step}: {bad}. "
-                                 f"Last checkpoint: {self.last_checkpoint or 'none saved yet'}. Lower learning_rate, "
-                                 "check the rewards for NaN/inf, or use fp32; the run was stopped rather than continued.")
-
-    def _eval_due(self) -> bool:
-        a = self.args
-        return (self.eval_prompts is not None and a.eval_strategy == "steps"
-                and self.state.global_step % (a.eval_steps or a.logging_steps) == 0)
+        self.control = self.callbacks.fire("on_step_end", a, state, self.control)
 
     def evaluate(self) -> Dict[str, float]:
         """Generate on the whole eval set (split across ranks) and log eval_reward and per-function means."""
@@ -402,14 +394,31 @@ class GRPOTrainer:
             _, metrics = self._score(batch, group)
         out = {"eval_reward": metrics["reward"],
                **{f"eval_{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
+        self.state.log_history.append({"step": self.state.global_step, "epoch": self.state.epoch, **out})
         self.sinks.log(self.state.global_step, out)
         self.control = self.callbacks.fire("on_evaluate", self.args, self.state, self.control, metrics=out)
         return out
 
-    def save_model(self, output_dir: str) -> None:
+    def _log_summary(self, seconds: float, steps: int) -> None:
+        """transformers' last log_history row: train_runtime, throughput and the mean loss of this train() call."""
+        losses = [h["loss"] for h in self.state.log_history if "loss" in h and "train_runtime" not in h]
+        rounds = max(1, math.ceil(steps / max(1, self._steps_per_round())))
+        row = {"train_runtime": seconds, "train_samples_per_second": rounds * self.prompts_per_round / max(seconds, 1e-9),
+               "train_steps_per_second": steps / max(seconds, 1e-9), "total_flos": self.state.total_flos,
+               "train_loss": sum(losses) / len(losses) if losses else float("nan"),
+               "epoch": self.state.epoch, "step": self.state.global_step}
+        self.state.log_history.append(row)
+        self.sinks.log(self.state.global_step, {k: v for k, v in row.items() if k != "step"})
+
+    def save_model(self, output_dir: Optional[str] = None) -> None:
         """Hugging Face format (config, safetensors, tokenizer), loadable by AutoModelForCausalLM and vLLM. A LoRA
         policy saves its adapter in PEFT's format (as TRL does), and with `save_merged_model` the merged model in
         output_dir/merged too. Every rank takes part in the gathers; rank 0 writes."""
+        self.write_model(output_dir or self.args.output_dir)
+        self.control = self.callbacks.fire("on_save", self.args, self.state, self.control)
+
+    def write_model(self, output_dir: str) -> None:
+        """save_model without the callback (checkpoints with save_only_model write this)."""
         module, bucket = self.policy.module, self.args.weight_sync_bucket_bytes
         if self.lora_policy:
             lora.save_adapter(module, output_dir, bucket, dist.is_main())
@@ -420,9 +429,26 @@ class GRPOTrainer:
         if dist.is_main():
             self.tokenizer.save_pretrained(output_dir)
         dist.barrier("model saved before anyone reads it")
-        self.control = self.callbacks.fire("on_save", self.args, self.state, self.control)
 
     # ================================================================================================ set-up
+    def _prompt_sources(self, train_dataset, eval_dataset, model_config):
+        """The training prompts (and evaluation prompts, or None), tokenised and checked against the context."""
+        args = self.args
+        template_kwargs = dict(args.chat_template_kwargs or {})
+        if self.tool_runner is not None:
+            template_kwargs["tools"] = self.tool_runner.schemas  # the chat template lists them in the prompt
+        context = args.vllm_max_model_length or getattr(model_config, "max_position_embeddings", None)
+        common = dict(max_prompt_length=args.max_prompt_length, context_length=context,
+                      max_completion_length=args.max_completion_length, chat_template_kwargs=template_kwargs,
+                      keep_columns=not args.remove_unused_columns)
+        train = PromptSource(load_dataset_spec(train_dataset), self.tokenizer, **common)
+        if self.tool_runner is not None and not train.conversational:
+            raise ValueError("tools need conversational prompts (lists of messages): the chat template is what shows "
+                             "the model the tools. Give train_dataset a 'prompt' column of message lists.")
+        evaluation = (PromptSource(load_dataset_spec(eval_dataset), self.tokenizer, field="eval_dataset", **common)
+                      if eval_dataset is not None else None)
+        return train, evaluation
+
     def _model_source(self, model, processing_class=None):
         """(path vLLM can load, model config). A PreTrainedModel (or PeftModel) instance is saved once, with its
         tokenizer, so vLLM can load it."""
@@ -432,7 +458,7 @@ class GRPOTrainer:
         if isinstance(model, str):
             check_model_source(model)
             try:
-                return model, AutoConfig.from_pretrained(model)
+                return model, AutoConfig.from_pretrained(model, trust_remote_code=self.args.trust_remote_code)
             except (OSError, ValueError) as exc:
                 raise OSError(f"model={model!r}: cannot read its config ({exc}). Pass a folder saved with "
                               "save_pretrained or a cached hub id.") from None
@@ -458,7 +484,8 @@ class GRPOTrainer:
     def _tokenizer(self, processing_class):
         from transformers import AutoTokenizer
 
-        tok = processing_class or AutoTokenizer.from_pretrained(self.model_path)
+        tok = processing_class or AutoTokenizer.from_pretrained(self.model_path,
+                                                                trust_remote_code=self.args.trust_remote_code)
         tok.padding_side = "left"
         if tok.pad_token is None:
             warnings.warn(f"The tokenizer has no pad token; using eos ({tok.eos_token!r}) for padding.")
@@ -467,13 +494,37 @@ class GRPOTrainer:
             raise ValueError("The tokenizer has no eos token: completions could never end. Set tokenizer.eos_token.")
         return tok
 
+    def _steps_per_round(self) -> int:
+        return self.args.num_iterations * self.spg // self.args.gradient_accumulation_steps
+
     def _total_steps(self) -> int:
         a = self.args
-        steps_per_round = a.num_iterations * self.spg // a.gradient_accumulation_steps
         if a.max_steps > 0:
             return a.max_steps
         rounds = math.ceil(a.num_train_epochs * len(self.train_prompts) / self.prompts_per_round)
-        return rounds * steps_per_round
+        return rounds * self._steps_per_round()
+
+
+def set_log_levels(args) -> None:
+    """log_level (rank 0) / log_level_replica (the others) for transformers' and dsgrpo's loggers."""
+    import logging
+
+    import transformers
+
+    level = args.log_level if dist.is_main() else args.log_level_replica
+    if level == "passive":
+        return
+    transformers.logging.set_verbosity(getattr(logging, level.upper()))
+    logging.getLogger("dsgrpo").setLevel(getattr(logging, level.upper()))
+
+
+@torch.no_grad()
+def mix_reference(reference, policy, alpha: float) -> None:
+    """TR-DPO's reference update, π_ref ← α·π_θ + (1 − α)·π_ref, on each rank's own ZeRO-3 partitions: both
+    engines partition the same architecture over the same ranks, so partition i of a reference parameter holds
+    the same elements as partition i of the policy's. Nothing is gathered."""
+    from .engines.weights import mix_partitions
+    mix_partitions(reference.module, policy.module, alpha)
 
 
 def save_hf_model(module, output_dir: str, bucket_bytes: int, tokenizer=None, gathers_on_every_rank: bool = True) -> None:

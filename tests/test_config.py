@@ -7,7 +7,7 @@ from dsgrpo import GRPOConfig
 from dsgrpo.config import load_deepspeed_config, parse_cli_overrides
 
 TRL_DEFAULTS = dict(
-    learning_rate=1e-6, num_generations=8, max_completion_length=512, temperature=1.0, top_p=1.0, top_k=None,
+    learning_rate=1e-6, num_generations=8, max_completion_length=512, temperature=1.0, top_p=1.0, top_k=0,
     min_p=None, repetition_penalty=1.0, beta=0.0, epsilon=0.2, epsilon_high=None, delta=None, loss_type="dapo",
     importance_sampling_level="token", scale_rewards="group", multi_objective_aggregation="sum_then_normalize",
     reward_weights=None, mask_truncated_completions=False, num_iterations=1, steps_per_generation=None,

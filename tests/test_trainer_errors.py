@@ -48,7 +48,7 @@ def test_prompt_longer_than_the_limits(tmp_path):
     with pytest.raises(ValueError, match=r"train_dataset\[0\] has \d+ prompt tokens, more than max_prompt_length=8"):
         GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path, max_prompt_length=8), train_dataset=long)
     with pytest.raises(ValueError, match="exceeds the generation context of 40 tokens"):
-        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path, vllm_max_model_len=40), train_dataset=long)
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path, vllm_max_model_length=40), train_dataset=long)
 
 
 def test_model_and_deepspeed_config_errors(tmp_path):

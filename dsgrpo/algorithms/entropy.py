@@ -14,11 +14,11 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
     Rows are processed `chunk_size` at a time so that the softmax of a large vocabulary is never held for the
     whole batch at once next to the logits themselves."""
     flat = logits.reshape(-1, logits.shape[-1])                       # [B*T, V]
-    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    parts = []
     for start in range(0, flat.shape[0], chunk_size):
         z = flat[start:start + chunk_size].float()
-        logz = torch.logsumexp(z, dim=-1)
-        out[start:start + chunk_size] = logz - (torch.softmax(z, dim=-1) * z).sum(-1)
+        parts.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1))
+    out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])
 
 
@@ -42,3 +42,38 @@ def entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile: floa
     if threshold is None:
         threshold = entropy_threshold(entropies[active], top_quantile)
     return (entropies >= threshold) & active
+
+
+class AdaptiveEntropyCoef:
+    """Skywork-OR1's adaptive entropy control (arXiv:2505.22312), TRL 1.16's rule: after each optimizer step the
+    coefficient moves by `delta` up when the step's entropy (over every rank's tokens) was at or below `target`
+    and down otherwise, within [low, high]; the bonus applies only on steps that follow one at or below target.
+    Static control (adaptive off) keeps `coef` and always applies it."""
+
+    def __init__(self, coef: float, adaptive: bool, low: float, high: float, delta: float, target: float):
+        self.coef, self.adaptive = coef, adaptive
+        self.low, self.high, self.delta, self.target = low, high, delta, target
+        self.last_entropy = float("inf")  # no step yet: above any target, so no bonus until measured
+
+    @property
+    def enabled(self) -> bool:
+        return self.adaptive or self.coef != 0.0
+
+    def applied(self) -> float:
+        """The coefficient the current optimizer step uses (fixed by the end of the previous one)."""
+        if self.adaptive:
+            return self.coef if self.last_entropy <= self.target else 0.0
+        return self.coef
+
+    def update(self, step_entropy: float) -> None:
+        if not self.adaptive:
+            return
+        step = self.delta if step_entropy <= self.target else -self.delta
+        self.coef = min(self.high, max(self.low, self.coef + step))
+        self.last_entropy = step_entropy
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef, "last_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef, self.last_entropy = state["coef"], state["last_entropy"]

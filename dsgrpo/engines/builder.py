@@ -5,14 +5,14 @@ model is partitioned as it loads (never whole on one rank)."""
 from __future__ import annotations
 
 import copy
-import math
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
 from .. import compat, device, dist
 from ..config import GRPOConfig, load_deepspeed_config
+from ..schedule import lr_scheduler_factory
 
 
 def is_zero3(ds_config: dict) -> bool:
@@ -23,13 +23,16 @@ def fill_auto_values(ds_config: dict, args: GRPOConfig, *, hidden_size: Optional
                      train: bool = True) -> dict:
     """Replace every "auto" in a DeepSpeed config with the value the GRPOConfig implies; refuse leftovers."""
     cfg = copy.deepcopy(ds_config)
-    bf16 = device.use_bf16(args.bf16)
+    bf16 = device.use_bf16(args.bf16, args.fp16)
     fills = {
         ("train_micro_batch_size_per_gpu",): args.per_device_train_batch_size,
         ("gradient_accumulation_steps",): args.gradient_accumulation_steps if train else 1,
         ("gradient_clipping",): args.max_grad_norm,
         ("bf16", "enabled"): bf16,
-        ("fp16", "enabled"): False,
+        ("fp16", "enabled"): bool(args.fp16),
+        # DeepSpeed's fused AdamW JIT-compiles for minutes on CPU; torch's is as good there. adamw_apex_fused asks
+        # for the fused kernel on GPU.
+        ("optimizer", "params", "torch_adam"): not device.on_gpu() or args.optim != "adamw_apex_fused",
         ("optimizer", "params", "lr"): args.learning_rate,
         ("optimizer", "params", "betas"): [args.adam_beta1, args.adam_beta2],
         ("optimizer", "params", "eps"): args.adam_epsilon,
@@ -45,6 +48,8 @@ def fill_auto_values(ds_config: dict, args: GRPOConfig, *, hidden_size: Optional
             node = node.get(key, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict) and node.get(path[-1]) == "auto":
             node[path[-1]] = value
+    if args.fp16 and "fp16" not in cfg:
+        cfg["fp16"] = {"enabled": True}
     if cfg.get("train_batch_size") == "auto":
         del cfg["train_batch_size"]  # DeepSpeed derives it from micro batch × accumulation × world
     leftovers = [k for k, v in _walk(cfg) if v == "auto"]
@@ -59,22 +64,6 @@ def _walk(node, prefix=""):
             yield from _walk(v, f"{prefix}{k}.")
     else:
         yield prefix.rstrip("."), node
-
-
-def lr_lambda(args: GRPOConfig, total_steps: int) -> Callable[[int], float]:
-    """Multiplier of the peak learning rate at optimizer step s (TrainingArguments' schedules)."""
-    warmup = args.warmup_steps if args.warmup_steps > 0 else math.ceil(args.warmup_ratio * total_steps)
-
-    def fn(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / (warmup + 1) if args.lr_scheduler_type != "constant" else 1.0
-        if args.lr_scheduler_type in ("constant", "constant_with_warmup"):
-            return 1.0
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        if args.lr_scheduler_type == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-        return max(0.0, 1.0 - progress)  # linear
-    return fn
 
 
 class ModelLoader:
@@ -110,6 +99,27 @@ def check_model_source(name_or_path: str, field: str = "model") -> None:
                                 "(saved with save_pretrained) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'.")
 
 
+def prepare_model(model, args) -> None:
+    """What GRPOConfig asks of a model before DeepSpeed wraps it: no dropout (disable_dropout) and fp32 logits
+    (cast_lm_head_to_fp32). Works on a ZeRO-3 partitioned model: only module attributes change."""
+    if args.disable_dropout:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    if args.cast_lm_head_to_fp32:
+        head = model.get_output_embeddings()
+        if head is None or not isinstance(head, torch.nn.Linear):
+            raise ValueError(f"cast_lm_head_to_fp32=True: {type(model).__name__} has no linear output layer to cast "
+                             "(a LoRA adapter on lm_head, or another head). Set cast_lm_head_to_fp32=False.")
+
+        # ZeRO-3's hooks gather the weight around the module's call; the matmul then runs in fp32 while the
+        # stored (and trained) weight keeps its dtype and its partitioning
+        def fp32_forward(hidden_states, _head=head):
+            bias = None if _head.bias is None else _head.bias.float()
+            return torch.nn.functional.linear(hidden_states.float(), _head.weight.float(), bias)
+        head.forward = fp32_forward
+
+
 def build_policy_engine(model, args: GRPOConfig, ds_config: dict, optimizer=None, scheduler=None, total_steps: int = 1):
     """The trainable policy: a DeepSpeed engine with AdamW (from the config unless the user passed one) and the
     GRPOConfig's learning-rate schedule."""
@@ -120,10 +130,10 @@ def build_policy_engine(model, args: GRPOConfig, ds_config: dict, optimizer=None
         ds_config.pop("optimizer", None)  # the user's optimizer wins; DeepSpeed refuses two
     if args.gradient_checkpointing:
         model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False, **(args.gradient_checkpointing_kwargs or {})})
     if scheduler is None:
-        schedule = lr_lambda(args, total_steps)
-        scheduler = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule)  # noqa: E731
+        scheduler = lr_scheduler_factory(args, total_steps)
     # `optimizer` may be an instance or a callable params -> optimizer (DeepSpeed calls it with model_parameters)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            model_parameters=[p for p in model.parameters() if p.requires_grad],

@@ -87,13 +87,13 @@ class RewardModel:
             hidden = getattr(model.config, "hidden_size", None)
         else:
             name = _name(spec)
-            config = AutoConfig.from_pretrained(spec)
+            config = AutoConfig.from_pretrained(spec, trust_remote_code=args.trust_remote_code)
             check_reward_model_config(config, spec)
             hidden = getattr(config, "hidden_size", None)
         ds_config = resolve(ds_spec, args, hidden, "ref_deepspeed", train=False)
         if not isinstance(spec, PreTrainedModel):
             model = ModelLoader(ds_config, dtype).load(spec, cls=AutoModelForSequenceClassification,
-                                                       field="reward_funcs", num_labels=1)
+                                                       field="reward_funcs", num_labels=1, **args.model_load_kwargs)
         tok = reward_tokenizer(tokenizer if tokenizer is not None else compat.name_or_path(model.config), name)
         engine = build_inference_engine(model, ds_config)
         return cls(engine, tok, model.config, args.per_device_train_batch_size, name)

@@ -31,7 +31,8 @@ class RewardError(ValueError):
 
 class RewardStack:
     def __init__(self, reward_funcs: Any, reward_weights=None, reward_processing_classes=None,
-                 errors_as_none: bool = False):
+                 errors_as_none: bool = False, trust_remote_code: bool = False):
+        self.trust_remote_code = trust_remote_code
         sources = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not sources:
             raise ValueError("reward_funcs is empty: give at least one reward function or model.")
@@ -61,7 +62,7 @@ class RewardStack:
 
             from .models import check_reward_model_config
             try:
-                config = AutoConfig.from_pretrained(src)
+                config = AutoConfig.from_pretrained(src, trust_remote_code=self.trust_remote_code)
             except (OSError, ValueError) as exc:
                 raise ValueError(f"reward_funcs[{index}] = {src!r} is neither a built-in reward "
                                  f"({BUILTIN_REWARDS.names()}) nor a loadable reward model ({exc}).") from None

@@ -18,4 +18,5 @@ def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dty
         from .vllm_engine import VLLMGenerator
         return VLLMGenerator(model_path, args, dtype=dtype)
     from .hf_generate import HFGenerator
-    return HFGenerator(policy_engine, tokenizer, zero3=zero3)
+    return HFGenerator(policy_engine, tokenizer, zero3=zero3, gather_for_generation=args.ds3_gather_for_generation,
+                       cache_implementation=args.cache_implementation)

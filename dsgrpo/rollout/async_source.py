@@ -49,7 +49,7 @@ class GroupExchange:
         a, self.setup, self.args = setup.args, setup, setup.args
         self.placement: Placement = setup.placement
         self.stream = PromptStream(setup.prompts, setup.prompts_per_round, a.num_generations,
-                                   self.placement.generators, a.seed, a.shuffle_dataset)
+                                   self.placement.generators, a.seed, a.shuffle_dataset, order_seed=a.order_seed)
         self.pool = GroupPool()
         self.counter = ClaimCounter(shared=a.async_load_balancing)
         self.worker: Optional[RolloutWorker] = None

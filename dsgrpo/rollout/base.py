@@ -12,6 +12,11 @@ from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
 import torch
 
 
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# generation_kwargs spell some sampling fields the way transformers' generate() does
+HF_NAMES = {"max_new_tokens": "max_tokens"}
+
+
 @dataclass
 class SamplingConfig:
     max_tokens: int
@@ -20,13 +25,23 @@ class SamplingConfig:
     top_k: Optional[int] = None
     min_p: Optional[float] = None
     repetition_penalty: float = 1.0
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)     # generation_kwargs that are not one of the fields above
+    regex: Optional[str] = None                   # vllm_structured_outputs_regex
 
     @classmethod
     def from_args(cls, args) -> "SamplingConfig":
-        return cls(max_tokens=args.max_completion_length, temperature=args.temperature, top_p=args.top_p,
-                   top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                   extra=dict(args.generation_kwargs or {}))
+        """The config's sampling fields, overridden by generation_kwargs where it names one (TRL lets
+        generation_kwargs win: `{"top_k": 10}` is top_k=10, not a duplicate argument)."""
+        named = dict(max_tokens=args.max_completion_length, temperature=args.temperature, top_p=args.top_p,
+                     top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty)
+        extra = {}
+        for key, value in (args.generation_kwargs or {}).items():
+            key = HF_NAMES.get(key, key)
+            if key in SAMPLING_FIELDS:
+                named[key] = value
+            else:
+                extra[key] = value
+        return cls(**named, extra=extra, regex=getattr(args, "vllm_structured_outputs_regex", None))
 
 
 ROLLOUT_LISTS = ("prompt_ids", "completion_ids", "sampler_logprobs", "truncated")
@@ -91,12 +106,15 @@ class Rollout:
     def __len__(self) -> int:
         return len(self.completion_ids)
 
-    def tensors(self, pad_id: int, rows: Optional[slice] = None) -> dict:
+    def tensors(self, pad_id: int, rows: Optional[slice] = None, pad_to_multiple_of: Optional[int] = None) -> dict:
         """Padded tensors for rows: input_ids [B, P+T] (prompts left-padded, completions right-padded),
-        attention_mask [B, P+T], completion_mask [B, T] (0 at padding and tool-result tokens), sampler_logps [B, T]."""
+        attention_mask [B, P+T], completion_mask [B, T] (0 at padding and tool-result tokens), sampler_logps [B, T].
+        With `pad_to_multiple_of`, P and T are rounded up to a multiple of it (fewer distinct shapes)."""
         idx = range(len(self))[rows or slice(None)]
         P = max(len(self.prompt_ids[i]) for i in idx)
         T = max(1, max(len(self.completion_ids[i]) for i in idx))
+        if pad_to_multiple_of:
+            P, T = (-(-n // pad_to_multiple_of) * pad_to_multiple_of for n in (P, T))
         B = len(idx)
         input_ids = torch.full((B, P + T), pad_id, dtype=torch.long)
         attention = torch.zeros((B, P + T), dtype=torch.long)

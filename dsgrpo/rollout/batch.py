@@ -26,13 +26,13 @@ class Batch:
 class BatchBuilder:
     """Rollout rows + their dataset rows → Batch (completions decoded, micro-batches padded)."""
 
-    def __init__(self, tokenizer, micro_batch_size: int):
-        self.tokenizer, self.micro_batch_size = tokenizer, micro_batch_size
+    def __init__(self, tokenizer, micro_batch_size: int, pad_to_multiple_of: Optional[int] = None):
+        self.tokenizer, self.micro_batch_size, self.pad_to_multiple_of = tokenizer, micro_batch_size, pad_to_multiple_of
 
     def __call__(self, prompts, indices: Sequence[int], counts: Sequence[int], rollout: Rollout,
                  micro: bool = True) -> Batch:
         B = self.micro_batch_size
-        tensors = [rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B))
+        tensors = [rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B), self.pad_to_multiple_of)
                    for s in range(0, len(rollout), B)] if micro else []
         rows, columns = prompts.rows_for(indices, counts)
         if rollout.columns:

@@ -1,10 +1,13 @@
 """Generation with the policy engine's own Hugging Face `generate` (use_vllm=False).
 
 Under ZeRO-3 every forward gathers parameters collectively, so all ranks must run the same number of decoding
-steps: `synced_gpus=True` keeps finished ranks stepping until every rank is done."""
+steps: `synced_gpus=True` keeps finished ranks stepping until every rank is done. With ds3_gather_for_generation
+(TRL's default) the whole policy is gathered once for the call, so decoding reads full weights instead of gathering
+every layer at every token (the memory of one full copy for the call's duration)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterable, List, Optional, Tuple
 
 import torch
@@ -14,10 +17,14 @@ from .base import Rollout, SamplingConfig
 
 
 class HFGenerator:
-    def __init__(self, engine, tokenizer, *, zero3: bool):
+    def __init__(self, engine, tokenizer, *, zero3: bool, gather_for_generation: bool = True,
+                 cache_implementation: Optional[str] = None):
         self.engine = engine
         self.tokenizer = tokenizer
+        self.zero3, self.gather = zero3, gather_for_generation and zero3
+        # ranks still step together while gathered: ZeRO-3's module hooks run on every forward and must match
         self.synced = zero3 and dist.world_size() > 1
+        self.cache_implementation = cache_implementation
 
     def needs_weight_sync(self) -> bool:
         return False  # generation reads the policy's own parameters
@@ -25,6 +32,13 @@ class HFGenerator:
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         for _ in named_tensors:
             pass
+
+    def _gathered(self, model):
+        """The whole policy gathered for one generate call (ds3_gather_for_generation), or nothing to do."""
+        if not self.gather:
+            return contextlib.nullcontext()
+        import deepspeed
+        return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
 
     @torch.no_grad()
     def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
@@ -44,11 +58,14 @@ class HFGenerator:
             input_ids[i, P - len(r):] = torch.tensor(r)
             attention[i, P - len(r):] = 1
         device = next(model.parameters()).device
-        out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
-                             max_new_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                             top_k=sampling.top_k or 0, min_p=sampling.min_p, repetition_penalty=sampling.repetition_penalty,
-                             pad_token_id=pad, eos_token_id=eos, use_cache=True, synced_gpus=self.synced,
-                             output_scores=True, return_dict_in_generate=True, **sampling.extra)
+        with self._gathered(model):
+            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
+                                 max_new_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                                 top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p,
+                                 repetition_penalty=sampling.repetition_penalty, pad_token_id=pad, eos_token_id=eos,
+                                 use_cache=True, synced_gpus=self.synced, output_scores=True,
+                                 return_dict_in_generate=True, cache_implementation=self.cache_implementation,
+                                 **hf_generate_kwargs(sampling))
         if was_training:
             model.train()
         new = out.sequences[:, P:].cpu()                                               # [B, T']
@@ -63,3 +80,11 @@ class HFGenerator:
             rollout.sampler_logprobs.append(logps[i, :stop].tolist())
             rollout.truncated.append(eos not in tokens[:stop])
         return rollout
+
+
+def hf_generate_kwargs(sampling: SamplingConfig) -> dict:
+    """generation_kwargs that transformers' GenerationConfig knows (vLLM-only keys stay out)."""
+    from transformers import GenerationConfig
+
+    known = set(GenerationConfig().to_dict())
+    return {k: v for k, v in sampling.extra.items() if k in known}

@@ -45,14 +45,16 @@ class Group:
 class PromptStream:
     """Position → (dataset row, sampling seed), and each rank's fixed share when balancing is off."""
 
-    def __init__(self, source, prompts_per_round: int, num_generations: int, world: int, seed: int, shuffle: bool):
+    def __init__(self, source, prompts_per_round: int, num_generations: int, world: int, seed: int, shuffle: bool,
+                 order_seed: Optional[int] = None):
         self.source, self.P, self.G, self.world = source, prompts_per_round, num_generations, world
         self.seed, self.shuffle = seed, shuffle
+        self.order_seed = seed if order_seed is None else order_seed  # data_seed, when the config has one
         self.per_rank = prompts_per_round // world  # n: groups of a round each rank owns without balancing
 
     def prompt_index(self, position: int) -> int:
         epoch, offset = divmod(position, len(self.source))
-        return self.source.order(epoch, self.seed, self.shuffle)[offset]
+        return self.source.order(epoch, self.order_seed, self.shuffle)[offset]
 
     def sampling_seed(self, position: int) -> int:
         # the synchronous trainer's seed for the run of slots that starts this group: the same samples

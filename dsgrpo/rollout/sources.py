@@ -138,6 +138,6 @@ class GenerationSource(RolloutSource):
 
     def next_batch(self, round_index: int) -> Batch:
         args = self.args
-        rows = self.setup.prompts.round_prompts(round_index, self.setup.prompts_per_round, args.seed,
+        rows = self.setup.prompts.round_prompts(round_index, self.setup.prompts_per_round, args.order_seed,
                                                 args.shuffle_dataset)
         return self._sample(self.setup.prompts, rows, round_index, args.num_generations)

@@ -35,8 +35,9 @@ class VLLMGenerator:
 
         kwargs = dict(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
                       seed=args.seed + dist.rank(),  # ranks must sample different completions
-                      max_model_len=args.vllm_max_model_len or _default_max_model_len(args),
+                      max_model_len=args.vllm_max_model_length or _default_max_model_len(args),
                       logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
+                      trust_remote_code=args.trust_remote_code, model_impl=args.vllm_model_impl,
                       enable_sleep_mode=args.vllm_enable_sleep_mode and device.on_gpu(),
                       tensor_parallel_size=1)
         if dist.world_size() > 1:
@@ -60,9 +61,10 @@ class VLLMGenerator:
         from vllm import SamplingParams
 
         seeds = seeds or [None] * len(counts)
+        extra = vllm_sampling_kwargs(sampling)
         params = [SamplingParams(n=n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p or 0.0,
-                                 repetition_penalty=sampling.repetition_penalty, logprobs=0, seed=seed, **sampling.extra)
+                                 repetition_penalty=sampling.repetition_penalty, logprobs=0, seed=seed, **extra)
                   for n, seed in zip(counts, seeds)]
         todo = [(ids, p) for ids, p in zip(prompt_ids, params) if p.n > 0]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in todo], [p for _, p in todo],
@@ -88,6 +90,18 @@ class VLLMGenerator:
             self.llm.wake_up(tags=["kv_cache"])
 
 
+def vllm_sampling_kwargs(sampling: SamplingConfig) -> dict:
+    """generation_kwargs SamplingParams takes (keys only transformers' generate knows, like num_beams or
+    do_sample, stay out of vLLM) and the structured-output regex."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    known = compat.vllm_sampling_param_names()
+    kwargs = {k: v for k, v in sampling.extra.items() if k in known}
+    if sampling.regex is not None:
+        kwargs["structured_outputs"] = StructuredOutputsParams(regex=sampling.regex)
+    return kwargs
+
+
 def join_engine_setup_without_engine(model_path: str, args, *, dtype: torch.dtype) -> None:
     """Split placement, on a training rank: take part in the world-wide collectives the generating ranks' vLLM
     engines run while they start, without building an engine (compat.join_vllm_startup_collectives)."""
@@ -95,7 +109,8 @@ def join_engine_setup_without_engine(model_path: str, args, *, dtype: torch.dtyp
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     engine_args = EngineArgs(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
-                             max_model_len=args.vllm_max_model_len or _default_max_model_len(args),
+                             max_model_len=args.vllm_max_model_length or _default_max_model_len(args),
+                             trust_remote_code=args.trust_remote_code, model_impl=args.vllm_model_impl,
                              distributed_executor_backend="external_launcher", tensor_parallel_size=1,
                              enforce_eager=not device.on_gpu(),
                              kv_cache_memory_bytes=args.vllm_kv_cache_bytes or default_kv_cache_bytes())

@@ -1,0 +1,134 @@
+"""The update stage of a round: num_iterations passes over the round's micro-batches, gradient_accumulation_steps
+micro-batches per optimizer step, each a forward of the policy engine, the GRPO loss (algorithms/policy_loss.py)
+and DeepSpeed's backward and step.
+
+What crosses ranks here, every rank in the same order: the active-token counts of the round's optimizer steps
+(dapo/cispo/vespo normalise by them, one collective per round), the high-entropy threshold of a micro-batch
+(top_entropy_quantile < 1: TRL's quantile over every rank's active tokens), the step's entropy for adaptive entropy
+control, and the metric reduction at the end."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from . import dist
+from .algorithms import AdaptiveEntropyCoef, LossHyperparams, entropy_mask, entropy_threshold, policy_loss
+from .engines import completion_logprobs
+from .metrics import MetricAccumulator
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a NaN/inf loss or gradient norm; the run stops instead of training on."""
+
+
+class PolicyUpdate:
+    def __init__(self, args, policy, world: int, state, on_optimizer_step: Callable[[], None]):
+        """`state` is the trainer's TrainerState (its global_step and max_steps bound the round);
+        `on_optimizer_step()` is called after every optimizer step (it advances the step count)."""
+        self.args, self.policy, self.world, self.state = args, policy, world, state
+        self.on_optimizer_step = on_optimizer_step
+        a = args
+        self.hyperparams = LossHyperparams(
+            epsilon_low=a.epsilon, epsilon_high=a.effective_epsilon_high, delta=a.delta,
+            sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg,
+            vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg,
+            vespo_lambda_neg=a.vespo_lambda_neg)
+        self.entropy_coef = AdaptiveEntropyCoef(a.entropy_coef, a.use_adaptive_entropy, a.entropy_coef_min,
+                                                a.entropy_coef_max, a.entropy_coef_delta, a.entropy_target)
+        self.sampler_correction = a.vllm_importance_sampling_mode if (
+            a.use_vllm and a.vllm_importance_sampling_correction) else None
+        self.last_checkpoint: Optional[str] = None  # named in a non-finite error
+
+    def run(self, micro: List[dict], truncated: List[bool], advantages: torch.Tensor, old_logps, ref_logps) -> Dict[str, float]:
+        args, GA, B = self.args, self.args.gradient_accumulation_steps, self.args.per_device_train_batch_size
+        masks = [self._loss_mask(mb, truncated[j * B:(j + 1) * B]) for j, mb in enumerate(micro)]
+        # dapo/cispo/vespo normalise by the active tokens of each optimizer step over all ranks: one collective
+        step_tokens = dist.all_reduce_sum(torch.stack([sum(masks[j].sum() for j in range(s, s + GA))
+                                                       for s in range(0, len(masks), GA)]))
+        acc = MetricAccumulator()
+        for _ in range(args.num_iterations):
+            for step, first in enumerate(range(0, len(micro), GA)):
+                if self.state.global_step >= self.state.max_steps:
+                    break
+                entropy_window = torch.zeros(2, dtype=torch.float64)  # Σ entropy, tokens of this optimizer step
+                shares = [self._micro_step(micro[j], masks[j], advantages[j * B:(j + 1) * B],
+                                           old_logps[j] if old_logps else None, ref_logps[j] if ref_logps else None,
+                                           step_tokens[step], acc, entropy_window) for j in range(first, first + GA)]
+                self._end_optimizer_step(sum(s[0] for s in shares), sum(s[1] for s in shares), acc, entropy_window)
+        metrics = {**acc.reduce(), "learning_rate": self.policy.get_lr()[0]}
+        if self.entropy_coef.enabled:
+            metrics["entropy_coef"] = self.entropy_coef.coef
+        self._check_finite(metrics, step=self.state.global_step)
+        return metrics
+
+    def _micro_step(self, mb: dict, mask: torch.Tensor, advantages, old_logps, ref_logps, step_tokens, acc,
+                    entropy_window) -> tuple:
+        """Forward, loss and backward of one micro-batch; returns its share of the optimizer step's (loss, policy loss)."""
+        args = self.args
+        bonus = self.entropy_coef.enabled
+        logps, entropy = completion_logprobs(self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1],
+                                             args.temperature, with_entropy=True, entropy_grad=bonus)
+        keep = None
+        if args.top_entropy_quantile < 1.0:
+            # TRL's threshold: the quantile of every rank's active-token entropies of this micro-batch
+            active = entropy.detach()[mask.bool()]
+            threshold = entropy_threshold(dist.all_gather_ragged(active.float()), args.top_entropy_quantile)
+            keep = entropy_mask(entropy.detach(), mask, args.top_entropy_quantile, threshold=threshold).float()
+        loss, metrics = policy_loss(
+            logps, old_logps, advantages, mask, loss_type=args.loss_type, hyperparams=self.hyperparams,
+            importance_sampling_level=args.importance_sampling_level, beta=args.beta, ref_per_token_logps=ref_logps,
+            kl_estimator=args.kl_estimator, kl_bias_correction=args.use_bias_correction_kl,
+            sampler_per_token_logps=mb["sampler_logps"], vllm_is_mode=self.sampler_correction,
+            vllm_is_clip_max=args.vllm_importance_sampling_clip_max,
+            vllm_is_clip_min=args.vllm_importance_sampling_clip_min,
+            off_policy_mask_threshold=args.off_policy_mask_threshold, keep_mask=keep,
+            entropies=entropy if bonus else None, entropy_coef=self.entropy_coef.applied() if bonus else 0.0,
+            max_completion_length=args.max_completion_length, num_items_in_batch=step_tokens,
+            num_processes=self.world, gradient_accumulation_steps=args.gradient_accumulation_steps)
+        self.policy.backward(loss, scale_wrt_gas=False)  # the loss already carries its share of the step
+        self.policy.step()                               # DeepSpeed only steps at the accumulation boundary
+        tokens = float(mb["completion_mask"].sum())
+        acc.add("entropy", (entropy.detach() * mb["completion_mask"]).sum() / max(tokens, 1.0), tokens)
+        effective = mask if keep is None else mask * keep
+        entropy_window += torch.stack([(entropy.detach() * effective).sum(), effective.sum()]).double()
+        # how far the generator's log-probs are from the trainer's for the same tokens (TRL's names): a weight
+        # sync that went wrong shows up here first
+        gap = ((logps.detach() if old_logps is None else old_logps) - mb["sampler_logps"]).abs()[mb["completion_mask"].bool()]
+        if gap.numel():
+            acc.add("sampling/sampling_logp_difference/mean", gap.mean(), gap.numel())
+            acc.add("sampling/sampling_logp_difference/max", gap.max())
+        policy_share = float(metrics.pop("policy_loss", loss.detach()))
+        for name, value in metrics.items():
+            acc.add(name, value, float(mask.sum()))
+        return loss.item(), policy_share
+
+    def _end_optimizer_step(self, step_loss: float, step_policy_loss: float, acc: MetricAccumulator,
+                            entropy_window: torch.Tensor) -> None:
+        grad_norm = self.policy.get_global_grad_norm()  # global over ranks: every rank sees the same value
+        grad_norm = float(grad_norm) if grad_norm is not None else 0.0
+        if not math.isfinite(grad_norm):
+            self._check_finite({"grad_norm": grad_norm, "loss": step_loss}, step=self.state.global_step + 1)
+        acc.add("loss", step_loss)
+        acc.add("grad_norm", grad_norm)
+        if self.entropy_coef.enabled:
+            acc.add("policy_loss", step_policy_loss)
+        if self.entropy_coef.adaptive:  # the step's entropy over every rank's tokens moves the coefficient
+            total = dist.all_reduce_sum(entropy_window)
+            self.entropy_coef.update(float(total[0] / total[1].clamp(min=1.0)))
+        self.on_optimizer_step()
+
+    def _loss_mask(self, mb: dict, truncated: List[bool]) -> torch.Tensor:
+        mask = mb["completion_mask"]
+        if self.args.mask_truncated_completions:
+            mask = mask * (1.0 - torch.tensor(truncated, dtype=mask.dtype)).unsqueeze(1)
+        return mask
+
+    def _check_finite(self, metrics: Dict[str, float], step: int) -> None:
+        bad = {k: v for k, v in metrics.items() if k in ("loss", "grad_norm") and not math.isfinite(v)}
+        if bad:
+            raise NonFiniteError(f"Non-finite training values at optimizer step {step}: {bad}. Last checkpoint: "
+                                 f"{self.last_checkpoint or 'none saved yet'}. Lower learning_rate, check the rewards "
+                                 "for NaN/inf, or use fp32; the run was stopped rather than continued.")
