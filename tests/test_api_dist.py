@@ -160,10 +160,11 @@ def test_callbacks_steer_the_loop_through_trainer_control(results):
     ranks = part(results, "control")
     for run in ranks:
         assert run["steps"] == 4  # should_training_stop at step 4 (asked on rank 0 only) stopped both ranks
-        assert run["logged"] == [1, 3]  # logging_steps=100: the first round, and step 3 because it was asked
+        assert run["logged"] == [3]  # logging_steps=100 (and no logging_first_step): step 3 because it was asked
         assert [step for step, _ in run["evaluated"]] == [3] and 0.0 <= run["evaluated"][0][1] <= 1.0
         # should_save at step 2 (asked on rank 1 only): both ranks wrote their part of checkpoint-2
         assert run["checkpoints"] == ["checkpoint-2"]
         assert run["saved"][0][0] == 2 and run["saved"][0][1].endswith("checkpoint-2")
         assert run["saved"][-1] == [4, None] and run["model_saved"]  # the end of training saves the model
-    assert ranks[0]["metric_lines"] == [[1, False], [3, False], [3, True]]
+    # step 3's training and evaluation rows, then the summary row at the end (transformers' train_runtime row)
+    assert ranks[0]["metric_lines"] == [[3, False], [3, True], [4, False]]

@@ -76,7 +76,7 @@ def test_sigusr1_checkpoints_and_exits_75(runs):
 def test_resume_at_an_epoch_boundary_trains_the_remaining_steps(runs):
     # 8 prompts, 4 per round: checkpoint-2 and checkpoint-4 sit on epoch boundaries; every step 1..6 was trained
     records = [json.loads(l) for l in open(runs["chain"] / "metrics.jsonl")]
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records if "reward" in r] == [1, 2, 3, 4, 5, 6]  # training rounds (no summary rows)
     kept = sorted(p for p in os.listdir(runs["chain"]) if p.startswith("checkpoint-"))
     assert kept == ["checkpoint-5", "checkpoint-6"]  # save_total_limit=2, pruned after each complete save
 

@@ -107,7 +107,7 @@ def test_missing_pad_token_falls_back_to_eos_with_a_warning(tmp_path):
 @pytest.mark.slow
 def test_non_finite_training_stops_with_the_step_named(tmp_path):
     import torch
-    cfg = args(tmp_path, max_steps=4)
+    cfg = args(tmp_path, max_steps=4, logging_steps=1)
     trainer = GRPOTrainer(tiny_model("qwen2"), reward, args=cfg, train_dataset=PROMPTS)
     # from the second optimizer step on, the training forward (the only one with autograd on) yields NaN logits
     def poison(module, inputs, output):

@@ -17,7 +17,7 @@ from datasets import Dataset  # noqa: E402
 
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from api_checks_tools import TOOLS  # noqa: E402
-from recorder import SHARDED_ZERO3, recorder  # noqa: E402
+from recorder import SHARDED_ZERO3, recorder, training_rows  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
@@ -93,7 +93,7 @@ def _():
     start = time.perf_counter()
     trainer.train()
     tok = trainer.tokenizer
-    return {"history": trainer.state.log_history, "rows": tool_rows(trainer, batches),
+    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches),
             "seconds": time.perf_counter() - start,
             "prompt_shows_tools": "<tools>" in tok.decode(trainer.train_prompts.prompt_ids[0])}
 
@@ -136,7 +136,7 @@ def _():
             errors[name] = None
         except (ValueError, TypeError) as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"
-    return {"history": trainer.state.log_history, "tags": tags_seen, "errors": errors}
+    return {"history": training_rows(trainer), "tags": tags_seen, "errors": errors}
 
 
 # ------------------------------------------------------------------ 3. AsyncGRPOTrainer with tools
@@ -150,7 +150,7 @@ def _():
     KEEP.append(trainer)
     batches = spy_batches(trainer)
     trainer.train()
-    return {"history": trainer.state.log_history, "rows": tool_rows(trainer, batches),
+    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches),
             "rewards_saw_lists": sum(a for a, _ in saw_tool_messages),
             "rewards_saw_tool_results": sum(b for _, b in saw_tool_messages), "rewards_rows": len(saw_tool_messages)}
 
@@ -172,7 +172,7 @@ def _():
     KEEP.append(trainer)
     batches = spy_batches(trainer)
     trainer.train()
-    return {"history": trainer.state.log_history, "tags_seen": async_tags_seen,
+    return {"history": training_rows(trainer), "tags_seen": async_tags_seen,
             "trained_tags": [b.columns["tag"] for b in batches], "trained_rows": [len(b.rollout) for b in batches]}
 
 

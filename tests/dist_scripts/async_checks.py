@@ -18,7 +18,7 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, recorder, rollout_worker, watch_split_versions  # noqa: E402
+from recorder import SHARDED_ZERO3, recorder, rollout_worker, training_rows, watch_split_versions  # noqa: E402
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` shows where a hang is
 OUT = sys.argv[1]
@@ -87,14 +87,14 @@ def _():
     initial = full_weights(sync)
     sync.train()
     w_sync = full_weights(sync)
-    sync_rewards = [h["reward"] for h in sync.state.log_history]
+    sync_rewards = [h["reward"] for h in training_rows(sync)]
     teardown(sync)
     asyn = AsyncGRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, args=config(
         "async_equiv", max_staleness=0, async_load_balancing=False, async_chunk_groups=2))
     plans = record_plans(asyn)
     asyn.train()
     w_async = full_weights(asyn)
-    async_rewards = [h["reward"] for h in asyn.state.log_history]
+    async_rewards = [h["reward"] for h in training_rows(asyn)]
     teardown(asyn)
     moved = max((w_sync[n] - initial[n]).abs().max().item() for n in initial)
     diff = max((w_sync[n] - w_async[n]).abs().max().item() for n in initial)
@@ -117,7 +117,7 @@ def straggler_run(name, balanced):
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
-    history = trainer.state.log_history
+    history = training_rows(trainer)
     teardown(trainer)
     return {"wall_s": wall, "plans": plans, "history": history}
 
@@ -148,7 +148,7 @@ def _():
         return original(batch, group)
     trainer._score = spy
     trainer.train()
-    history = trainer.state.log_history
+    history = training_rows(trainer)
     teardown(trainer)
     return {"seen": seen_groups, "history": history}
 
@@ -184,9 +184,9 @@ def _():
     trainer = AsyncGRPOTrainer(tiny_model("qwen2-tied"), digit_fraction, train_dataset=prompts, args=config(
         "learning", max_steps=steps, max_staleness=1, beta=0.05))
     trainer.train()
-    history = trainer.state.log_history
+    history = training_rows(trainer)
     teardown(trainer)
-    return {"history": history, "sync_history": sync.state.log_history}
+    return {"history": history, "sync_history": training_rows(sync)}
 
 
 # ------------------------------------------------------------------ 6. split placement: rank 0 trains, rank 1 generates
@@ -198,7 +198,7 @@ def split_run(name, **overrides):
     trainer.train()
     teardown(trainer)
     return {"trains": trainer.trains, "by_version": by_version, "plans": plans,
-            "history": trainer.state.log_history if trainer.trains else None}
+            "history": training_rows(trainer) if trainer.trains else None}
 
 
 @check("split")

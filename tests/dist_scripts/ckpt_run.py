@@ -25,6 +25,7 @@ from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines import completion_logprobs  # noqa: E402
 from dsgrpo.rollout import Rollout  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import training_rows  # noqa: E402
 
 OUT = sys.argv[1]
 FAULT = sys.argv[2] if len(sys.argv) > 2 else ""
@@ -90,5 +91,5 @@ with torch.no_grad():
 if dist.is_main():
     with open(os.path.join(OUT, "final_logps.json"), "w") as fh:
         json.dump({"logps": lp[0].tolist(), "resumed_from": resumed_from, "steps": trainer.state.global_step,
-                   "history_steps": [h["step"] for h in trainer.state.log_history]}, fh)
+                   "history_steps": [h["step"] for h in training_rows(trainer)]}, fh)
 dist.barrier("final log-probs written")

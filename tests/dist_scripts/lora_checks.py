@@ -21,7 +21,7 @@ from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.gather import GatherStats, full_parameters  # noqa: E402
 from dsgrpo.engines.weights import checkpoint_units  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, policy_logps, recorder, vllm_logps, watch_split_versions  # noqa: E402
+from recorder import SHARDED_ZERO3, policy_logps, recorder, training_rows, vllm_logps, watch_split_versions  # noqa: E402
 
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
@@ -146,7 +146,7 @@ def _():
         "model_bytes": sum(u.nbytes() for u in units),
         "largest_unit_bytes": max(u.nbytes() for u in units),
         "unit_names": [u.name for u in units],
-        "at_start": at_start, "syncs": syncs, "history": trainer.state.log_history, "final_policy": final_policy,
+        "at_start": at_start, "syncs": syncs, "history": training_rows(trainer), "final_policy": final_policy,
     }
     ckpt = os.path.join(OUT, "lora", "checkpoint-2")
     out["checkpoint_bytes"] = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ckpt) for f in fs
@@ -173,7 +173,7 @@ def _():
     again = all_weights(resumed)
     out["resume_adapter_diff"] = max(float((again[n] - final_adapter[n]).abs().max()) for n in trainable)
     out["resume_frozen_diff"] = max(float((again[n] - after[n]).abs().max()) for n in after if n not in trainable)
-    out["resumed_steps"] = [h["step"] for h in resumed.state.log_history]
+    out["resumed_steps"] = [h["step"] for h in training_rows(resumed)]
     return out
 
 
@@ -205,7 +205,7 @@ def _():
     at_start = {"vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy)}
     trainer.train()
     return {"expected": expected, "at_start": at_start, "reference_engine": trainer.reference is not None,
-            "kl": trainer.state.log_history[0]["kl"]}
+            "kl": training_rows(trainer)[0]["kl"]}
 
 
 # ------------------------------------------------------------------ 4. AsyncGRPOTrainer (colocate) with a LoRA policy
@@ -215,7 +215,7 @@ def _():
                                args=config("async_lora", max_staleness=0))
     KEEP.append(trainer)
     trainer.train()  # its rollout worker is shut down when train() returns
-    return {"history": trainer.state.log_history}
+    return {"history": training_rows(trainer)}
 
 
 # ------------------------------------------------------------------ 5. split placement: rank 1 generates, rank 0 trains
@@ -228,7 +228,7 @@ def _():
     by_version = watch_split_versions(trainer)  # merged weights: policy after each broadcast, vLLM once loaded
     trainer.train()
     return {"trains": trainer.trains, "by_version": by_version,
-            "history": trainer.state.log_history if trainer.trains else None}
+            "history": training_rows(trainer) if trainer.trains else None}
 
 
 with open(os.path.join(OUT, f"result-{dist.rank(dist.EVERYONE)}.json"), "w") as fh:

@@ -49,6 +49,12 @@ def vllm_logps(trainer):
     return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], FIXED[1:])]
 
 
+def training_rows(trainer) -> list:
+    """The training rounds of a trainer's log_history (evaluation rows and transformers' final summary row, with
+    train_runtime and train_loss, left out)."""
+    return [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+
+
 def after_each_sync(trainer, fn) -> None:
     """Call fn(needed) right after every weight sync of the trainer's rollout source."""
     original = trainer.source.sync_weights

@@ -16,7 +16,7 @@ from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.rewards import RemoteReward  # noqa: E402
 from dsgrpo.rewards.models import RewardModel  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import recorder  # noqa: E402
+from recorder import recorder, training_rows  # noqa: E402
 
 OUT = sys.argv[1]
 results = {}
@@ -63,7 +63,7 @@ def _():
     trainer = GRPOTrainer(tiny_model("qwen2"), [length_bonus, tiny_model("qwen2-reward"), remote], args=args,
                           train_dataset=data)
     trainer.train()
-    return {"names": trainer.rewards.names, "metrics": trainer.state.log_history[0]}
+    return {"names": trainer.rewards.names, "metrics": training_rows(trainer)[0]}
 
 
 with open(os.path.join(OUT, f"result-{rank}.json"), "w") as fh:

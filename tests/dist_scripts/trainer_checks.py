@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from datasets import Dataset  # noqa: E402
 
 from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from recorder import recorder  # noqa: E402
+from recorder import recorder, training_rows  # noqa: E402
 from dsgrpo.engines import completion_logprobs  # noqa: E402
 from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.rollout import Rollout  # noqa: E402
@@ -110,7 +110,7 @@ trainer.train()
 
 @check("vllm_run")
 def _():
-    return {"history": trainer.state.log_history, "final_logps": fixed_logps(), "callback_steps": counter.steps,
+    return {"history": training_rows(trainer), "final_logps": fixed_logps(), "callback_steps": counter.steps,
             "callback_logs": counter.logs, "began": counter.began, "ended": counter.ended,
             "max_steps": trainer.state.max_steps, "columns_ok": all(seen_columns) and bool(seen_columns),
             "evals": counter.evals}
@@ -166,7 +166,7 @@ def _():
     micro = [rollout.tensors(hf_trainer.tokenizer.pad_token_id, slice(s, s + B)) for s in range(0, 4, B)]
     batch = Batch(rollout, [None] * 4, [""] * 4, {}, micro)
     before = {n: t for n, t in named_full_parameters(hf_trainer.policy.module, 1 << 30)}
-    metrics = hf_trainer._update(batch, adv[mine], None, None)
+    metrics = hf_trainer.update.run(batch.micro, batch.rollout.truncated, adv[mine], None, None)
     after = {n: t for n, t in named_full_parameters(hf_trainer.policy.module, 1 << 30)}
     # reference: the same loss written out, one process, all 8 rows in one batch
     from transformers import AutoModelForCausalLM
@@ -199,7 +199,7 @@ def _():
     before = [p.detach().clone() for p in z2.policy.module.parameters()]
     z2.train()
     moved = max((p.detach() - b).abs().max().item() for p, b in zip(z2.policy.module.parameters(), before))
-    return {"steps": z2.state.global_step, "moved": moved, "loss": [h["loss"] for h in z2.state.log_history],
+    return {"steps": z2.state.global_step, "moved": moved, "loss": [h["loss"] for h in training_rows(z2)],
             "stage": z2.policy.zero_optimization_stage()}
 
 
