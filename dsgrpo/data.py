@@ -19,7 +19,7 @@ def load_dataset_spec(spec: Any, split: str = "train"):
     """A `datasets.Dataset` as is; a local .jsonl/.json/.parquet file; or a hub id (from the local cache)."""
     import datasets
 
-    if spec is None or isinstance(spec, (datasets.Dataset, list)):
+    if spec is None or isinstance(spec, (datasets.Dataset, datasets.IterableDataset, list)):
         return datasets.Dataset.from_list(spec) if isinstance(spec, list) else spec
     if isinstance(spec, str):
         ext = os.path.splitext(spec)[1]
@@ -44,6 +44,8 @@ class RoundSlice:
 
 
 class PromptSource:
+    streaming = False
+
     def __init__(self, dataset, tokenizer, *, max_prompt_length: Optional[int], context_length: Optional[int],
                  max_completion_length: int, chat_template_kwargs: Optional[dict] = None, field: str = "train_dataset",
                  keep_columns: bool = True):
@@ -78,20 +80,17 @@ class PromptSource:
         return prompt
 
     def _tokenize_all(self) -> List[List[int]]:
-        texts = [self.text(p) for p in self.dataset["prompt"]]
+        return self.tokenize(self.dataset["prompt"])
+
+    def tokenize(self, prompts: Sequence[Any]) -> List[List[int]]:
+        texts = [self.text(p) for p in prompts]
         # chat templates already contain their special tokens; plain text gets the tokenizer's defaults
         return self.tokenizer(texts, add_special_tokens=not self.conversational)["input_ids"]
 
     def _check_lengths(self, max_prompt_length, context_length, max_completion_length) -> None:
         longest = max(range(len(self.prompt_ids)), key=lambda i: len(self.prompt_ids[i]))
-        n = len(self.prompt_ids[longest])
-        if max_prompt_length is not None and n > max_prompt_length:
-            raise ValueError(f"{self.field}[{longest}] has {n} prompt tokens, more than max_prompt_length="
-                             f"{max_prompt_length}. Raise max_prompt_length or filter long prompts out.")
-        if context_length is not None and n + max_completion_length > context_length:
-            raise ValueError(f"{self.field}[{longest}] has {n} prompt tokens; with max_completion_length="
-                             f"{max_completion_length} that exceeds the generation context of {context_length} "
-                             "tokens. Raise vllm_max_model_length, lower max_completion_length, or filter long prompts.")
+        check_prompt_length(self.field, longest, len(self.prompt_ids[longest]), max_prompt_length, context_length,
+                            max_completion_length)
 
     # ------------------------------------------------------------------------------------ ordering
     def order(self, epoch: int, seed: int, shuffle: bool) -> List[int]:
@@ -132,6 +131,103 @@ class PromptSource:
         rows = [self.dataset[i] for i in indices]
         prompts = [r["prompt"] for r, n in zip(rows, counts) for _ in range(n)]
         return prompts, {c: [r[c] for r, n in zip(rows, counts) for _ in range(n)] for c in self.columns}
+
+
+def check_prompt_length(field: str, row, n: int, max_prompt_length, context_length, max_completion_length) -> None:
+    if max_prompt_length is not None and n > max_prompt_length:
+        raise ValueError(f"{field}[{row}] has {n} prompt tokens, more than max_prompt_length="
+                         f"{max_prompt_length}. Raise max_prompt_length or filter long prompts out.")
+    if context_length is not None and n + max_completion_length > context_length:
+        raise ValueError(f"{field}[{row}] has {n} prompt tokens; with max_completion_length="
+                         f"{max_completion_length} that exceeds the generation context of {context_length} "
+                         "tokens. Raise vllm_max_model_length, lower max_completion_length, or filter long prompts.")
+
+
+class StreamingPromptSource(PromptSource):
+    """A `datasets.IterableDataset` read as a stream (TRL accepts those for train_dataset): nothing is tokenised up
+    front; a round's rows are read and tokenised when the round asks for them, and only the current round's are
+    kept. A stream position is the row's index (rows repeat when the stream is read again, epoch after epoch, in
+    the stream's own order: shuffle_dataset does not apply). A resumed run reads the stream up to its round's
+    position, so it samples what the interrupted run would have."""
+
+    streaming = True
+
+    def __init__(self, dataset, tokenizer, *, max_prompt_length: Optional[int], context_length: Optional[int],
+                 max_completion_length: int, chat_template_kwargs: Optional[dict] = None, field: str = "train_dataset",
+                 keep_columns: bool = True):
+        self.dataset, self.field, self.tokenizer = dataset, field, tokenizer
+        self.chat_template_kwargs = chat_template_kwargs or {}
+        self.limits = (max_prompt_length, context_length, max_completion_length)
+        self._iterator, self._position = None, 0          # the next row the stream gives has this position
+        self._rows: Dict[int, dict] = {}                 # position → row, the current round's
+        self.prompt_ids = _LazyPromptIds(self)
+        first = next(iter(dataset), None)
+        if first is None:
+            raise ValueError(f"{field} is empty: it needs at least one prompt.")
+        if "prompt" not in first:
+            raise ValueError(f"{field} has no 'prompt' column (columns: {sorted(first)}). Rename the column that "
+                             "holds the prompts to 'prompt'.")
+        self.columns = [c for c in first if c != "prompt"] if keep_columns else []
+        self.conversational = is_conversational(first["prompt"])
+        if self.conversational and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"{field} holds conversational prompts (lists of messages) but the tokenizer has no chat "
+                             "template. Pass a processing_class with a chat_template, or give plain-text prompts.")
+
+    def __len__(self) -> int:
+        raise TypeError(f"{self.field} is an IterableDataset: it has no length (set max_steps; epoch-based "
+                        "strategies need a map-style datasets.Dataset).")
+
+    def round_prompts(self, round_index: int, prompts_per_round: int, seed: int, shuffle: bool) -> List[int]:
+        positions = list(range(round_index * prompts_per_round, (round_index + 1) * prompts_per_round))
+        self._read(positions)
+        return positions
+
+    def _read(self, positions: Sequence[int]) -> None:
+        """Rows at `positions` (increasing, from the current round on) into the cache; older rows dropped."""
+        first = min(positions)
+        self._rows = {p: r for p, r in self._rows.items() if p >= first}
+        if self._iterator is None or first < self._position and first not in self._rows:
+            self._iterator, self._position = iter(self.dataset), 0
+        while self._position <= max(positions):
+            try:
+                row = next(self._iterator)
+            except StopIteration:  # the end of one pass: the next epoch reads the stream again
+                self._iterator = iter(self.dataset)
+                row = next(self._iterator)
+            if self._position >= first:
+                self._rows[self._position] = dict(row, _ids=None)
+            self._position += 1
+
+    def row_ids(self, position: int) -> List[int]:
+        row = self._rows[position]
+        if row["_ids"] is None:
+            row["_ids"] = self.tokenize([row["prompt"]])[0]
+            check_prompt_length(self.field, position, len(row["_ids"]), *self.limits)
+        return row["_ids"]
+
+    def rows_for(self, indices: Sequence[int], counts: Sequence[int]):
+        rows = [self._rows[i] for i in indices]
+        prompts = [r["prompt"] for r, n in zip(rows, counts) for _ in range(n)]
+        return prompts, {c: [r[c] for r, n in zip(rows, counts) for _ in range(n)] for c in self.columns}
+
+
+class _LazyPromptIds:
+    """prompt_ids[position] of a streaming source, tokenised on first use."""
+
+    def __init__(self, source: StreamingPromptSource):
+        self.source = source
+
+    def __getitem__(self, position: int) -> List[int]:
+        return self.source.row_ids(position)
+
+
+def make_prompt_source(dataset, tokenizer, **kwargs) -> PromptSource:
+    """A PromptSource for a map-style dataset, a StreamingPromptSource for an IterableDataset."""
+    import datasets
+
+    if isinstance(dataset, datasets.IterableDataset):
+        return StreamingPromptSource(dataset, tokenizer, **kwargs)
+    return PromptSource(dataset, tokenizer, **kwargs)
 
 
 def completions_for_rewards(texts: Sequence[str], conversational: bool) -> list:

@@ -23,11 +23,12 @@ from . import checkpoint, compat, device, dist
 from .algorithms import compute_advantages, nan_std
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
-from .data import PromptSource, load_dataset_spec
+from .data import PromptSource, load_dataset_spec, make_prompt_source
 from .engines import ModelLoader, build_inference_engine, build_policy_engine, completion_logprobs, is_zero3, resolve
 from .engines import lora
 from .engines.builder import prepare_model
 from .engines.weights import named_full_parameters
+from .hub import make_pusher
 from .logging import MetricSinks
 from .preemption import Preemption
 from .rewards import RewardStack
@@ -84,6 +85,7 @@ class GRPOTrainer:
         self.world = self.placement.trainers
         args.validate(world_size=self.world)
         self.dtype = device.train_dtype(args.bf16, args.fp16)
+        self.hub = make_pusher(args) if self.placement.trains else None  # a Hub that cannot take uploads fails now
         self.model_path, model_config = self._model_source(model, processing_class)
         self.tokenizer = self._tokenizer(processing_class)
         self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none,
@@ -118,7 +120,8 @@ class GRPOTrainer:
         self.sampling = SamplingConfig.from_args(args)
         self.rollout_source.check(args, placement=self.placement, prompts_per_round=self.prompts_per_round,
                                   reward_models=self.rewards.has_models,
-                                  evaluates=self.eval_prompts is not None and args.eval_strategy != "no")
+                                  evaluates=bool(self.eval_prompts) and args.eval_strategy != "no",
+                                  streaming=self.train_prompts.streaming)
         if dist.is_main():
             args.save(os.path.join(args.output_dir, "resolved_config.yaml"))
         # --- the models, the generator and the rollout source -----------------------------------------------
@@ -246,13 +249,14 @@ class GRPOTrainer:
             self._resume(self.resume_path)
         start, steps_before = time.perf_counter(), state.global_step
         self.control = self.callbacks.fire("on_train_begin", args, state, self.control)
-        if args.eval_on_start and self.eval_prompts is not None:
+        if args.eval_on_start and self.eval_prompts:
             self.evaluate()
         with Preemption() as preemption:
             while state.global_step < state.max_steps and not self.control.should_training_stop:
                 step_before, epochs_before = state.global_step, self._epochs_completed()
                 metrics = self._grpo_step()
-                state.epoch = state.generation_round * self.prompts_per_round / len(self.train_prompts)
+                if not self.train_prompts.streaming:
+                    state.epoch = state.generation_round * self.prompts_per_round / len(self.train_prompts)
                 state.log_history.append({"step": state.global_step, "epoch": state.epoch, **metrics})
                 end = self._round_end(step_before, epochs_before, preemption.requested)
                 if end.log:
@@ -267,6 +271,9 @@ class GRPOTrainer:
                     self.sinks.close()
                     raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
         self.save_model(args.output_dir)
+        if self.hub is not None:
+            self.hub.on_end(args.output_dir)
+            self.hub.finish()  # uploads in flight end here; one that failed is an error now
         self._log_summary(time.perf_counter() - start, state.global_step - steps_before)
         self.control = self.callbacks.fire("on_train_end", args, state, self.control)
         self.sinks.close()
@@ -284,10 +291,12 @@ class GRPOTrainer:
         preempted, log, evaluate, save, stop = (dist.all_reduce_max(wanted) > 0).tolist()
         c.should_log = c.should_evaluate = c.should_save = False  # done; a callback asks again for a later round
         c.should_training_stop = stop
-        return RoundEnd(log=log, evaluate=evaluate and self.eval_prompts is not None, save=save or preempted,
+        return RoundEnd(log=log, evaluate=evaluate and bool(self.eval_prompts), save=save or preempted,
                         stop=stop or preempted, preempted=preempted)
 
     def _epochs_completed(self) -> int:
+        if self.train_prompts.streaming:
+            return 0
         return self.state.generation_round * self.prompts_per_round // len(self.train_prompts)
 
     def save_checkpoint(self) -> str:
@@ -295,6 +304,8 @@ class GRPOTrainer:
         with self.source.paused():  # a still source: the checkpoint holds exactly what was sampled so far
             path = checkpoint.save(self)
         self.update.last_checkpoint = path
+        if self.hub is not None:
+            self.hub.on_save(path, self.args.output_dir, lambda: self.write_model(self.args.output_dir))
         self.control = self.callbacks.fire("on_save", self.args, self.state, self.control, checkpoint=path)
         return path
 
@@ -387,13 +398,17 @@ class GRPOTrainer:
         self.control = self.callbacks.fire("on_step_end", a, state, self.control)
 
     def evaluate(self) -> Dict[str, float]:
-        """Generate on the whole eval set (split across ranks) and log eval_reward and per-function means."""
+        """Generate on every eval set (each split across ranks) and log eval_reward and per-function means; a dict
+        of named sets logs eval_<name>_reward and so on for each."""
         group = self.args.num_generations_eval or self.args.num_generations
-        with self.source.paused():  # evaluation shares the engine
-            batch = self.source.evaluation_batch(self.eval_prompts, group)
-            _, metrics = self._score(batch, group)
-        out = {"eval_reward": metrics["reward"],
-               **{f"eval_{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}}
+        out = {}
+        for name, prompts in self.eval_prompts.items():
+            with self.source.paused():  # evaluation shares the engine
+                batch = self.source.evaluation_batch(prompts, group)
+                _, metrics = self._score(batch, group)
+            prefix = f"eval_{name}_" if name else "eval_"
+            out[f"{prefix}reward"] = metrics["reward"]
+            out.update({f"{prefix}{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")})
         self.state.log_history.append({"step": self.state.global_step, "epoch": self.state.epoch, **out})
         self.sinks.log(self.state.global_step, out)
         self.control = self.callbacks.fire("on_evaluate", self.args, self.state, self.control, metrics=out)
@@ -441,12 +456,17 @@ class GRPOTrainer:
         common = dict(max_prompt_length=args.max_prompt_length, context_length=context,
                       max_completion_length=args.max_completion_length, chat_template_kwargs=template_kwargs,
                       keep_columns=not args.remove_unused_columns)
-        train = PromptSource(load_dataset_spec(train_dataset), self.tokenizer, **common)
+        train = make_prompt_source(load_dataset_spec(train_dataset), self.tokenizer, **common)
+        if train.streaming:
+            streaming_limits(args)
         if self.tool_runner is not None and not train.conversational:
             raise ValueError("tools need conversational prompts (lists of messages): the chat template is what shows "
                              "the model the tools. Give train_dataset a 'prompt' column of message lists.")
-        evaluation = (PromptSource(load_dataset_spec(eval_dataset), self.tokenizer, field="eval_dataset", **common)
-                      if eval_dataset is not None else None)
+        # eval_dataset: one set, or a dict of named sets (metrics then prefixed eval_<name>_, as transformers does)
+        named = eval_dataset if isinstance(eval_dataset, dict) else ({"": eval_dataset} if eval_dataset is not None else {})
+        evaluation = {name: PromptSource(materialised(load_dataset_spec(ds)), self.tokenizer,
+                                         field=f"eval_dataset[{name!r}]" if name else "eval_dataset", **common)
+                      for name, ds in named.items()}
         return train, evaluation
 
     def _model_source(self, model, processing_class=None):
@@ -503,6 +523,24 @@ class GRPOTrainer:
             return a.max_steps
         rounds = math.ceil(a.num_train_epochs * len(self.train_prompts) / self.prompts_per_round)
         return rounds * self._steps_per_round()
+
+
+def streaming_limits(args) -> None:
+    """An IterableDataset has no length: what needs one is refused before anything is built."""
+    if args.max_steps <= 0:
+        raise ValueError("train_dataset is an IterableDataset, which has no length to count epochs in: set max_steps.")
+    for name in ("save_strategy", "logging_strategy", "eval_strategy"):
+        if getattr(args, name) == "epoch":
+            raise ValueError(f"{name}='epoch' with an IterableDataset: a stream has no epochs to count. Use 'steps'.")
+
+
+def materialised(dataset):
+    """An evaluation set read whole (evaluation goes over every prompt; a stream is read into a Dataset once)."""
+    import datasets
+
+    if isinstance(dataset, datasets.IterableDataset):
+        return datasets.Dataset.from_list(list(dataset))
+    return dataset
 
 
 def set_log_levels(args) -> None:

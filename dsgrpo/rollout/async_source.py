@@ -186,8 +186,13 @@ class AsyncRolloutSource(RolloutSource):
                          first_generator=world - generators)
 
     @classmethod
-    def check(cls, args, *, placement: Placement, prompts_per_round: int, reward_models: bool, evaluates: bool) -> None:
+    def check(cls, args, *, placement: Placement, prompts_per_round: int, reward_models: bool, evaluates: bool,
+              streaming: bool = False) -> None:
         split = args.async_placement == "split"
+        if streaming:
+            raise ValueError("AsyncGRPOTrainer hands prompt groups out by dataset position, out of order, so it needs "
+                             "a map-style datasets.Dataset, not an IterableDataset. Use GRPOTrainer, or load the "
+                             "dataset without streaming.")
         if not args.use_vllm:
             raise ValueError("AsyncGRPOTrainer generates in a background thread with vLLM; use_vllm=False (HF generate) "
                              "is collective under ZeRO-3 and cannot run there. Set use_vllm=True or use GRPOTrainer.")

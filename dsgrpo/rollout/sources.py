@@ -74,7 +74,8 @@ class RolloutSource:
         return Placement.colocated()
 
     @classmethod
-    def check(cls, args, *, placement: Placement, prompts_per_round: int, reward_models: bool, evaluates: bool) -> None:
+    def check(cls, args, *, placement: Placement, prompts_per_round: int, reward_models: bool, evaluates: bool,
+              streaming: bool = False) -> None:
         """Refuse settings this source cannot serve, before any model is loaded."""
 
     # ---- the round
