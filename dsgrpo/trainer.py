@@ -20,7 +20,8 @@ from typing import Dict, List, Optional
 import torch
 
 from . import checkpoint, compat, device, dist
-from .algorithms import compute_advantages, nan_std
+from .algorithms import (compute_advantages, entropy_mask, nan_std, off_policy_mask, sapo_token_loss,
+                         vespo_weights)
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
 from .data import PromptSource, load_dataset_spec, make_prompt_source
@@ -188,6 +189,26 @@ class GRPOTrainer:
     def lr_scheduler(self):
         return self.policy.lr_scheduler if self.placement.trains else None
 
+    # TRL's static helpers, which users and tests call, over dsgrpo.algorithms
+    @staticmethod
+    def get_high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """TRL's: tokens whose entropy is at or above the `threshold` quantile (over this process's tokens)."""
+        return entropy_mask(entropies, mask, 1.0 - threshold)
+
+    @staticmethod
+    def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
+        return off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)
+
+    @staticmethod
+    def get_sapo_token_loss(coef_1, advantages, temperature_pos: float = 1.0, temperature_neg: float = 1.05):
+        return sapo_token_loss(coef_1, advantages, temperature_pos, temperature_neg)
+
+    @staticmethod
+    def get_gamma_weights(advantages, log_ratio_per_token, mask, importance_sampling_ratio=None, k_pos=2.0,
+                          lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0):
+        return vespo_weights(advantages, log_ratio_per_token, mask, importance_sampling_ratio, k_pos, lambda_pos,
+                             k_neg, lambda_neg)
+
     def add_callback(self, callback) -> None:
         self.callbacks.add(callback)
 
@@ -341,7 +362,8 @@ class GRPOTrainer:
     # ============================================================================================ the stages
     def _reward_matrix(self, batch: Batch) -> torch.Tensor:
         """[L, K]: every reward source on this rank's completions (collective when a reward model is sharded)."""
-        return self.rewards(batch.prompts, batch.completions, batch.rollout.completion_ids, batch.columns)
+        return self.rewards(batch.prompts, batch.completions, batch.rollout.completion_ids, batch.columns,
+                            trainer_state=self.state)
 
     def _score(self, batch: Batch, group: int):
         """Rewards (the source's, when it scored) → advantages. Rewards are gathered from every rank so each

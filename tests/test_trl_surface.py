@@ -3,7 +3,6 @@ learning-rate schedules against transformers' own, callbacks, the Hub pusher's s
 stand-in for the Hub's API: a unit test of the pusher's own logic), model preparation, streaming prompts,
 sampling overrides and the config's refusals and warnings."""
 
-import json
 
 import pytest
 import torch
@@ -291,3 +290,40 @@ def test_streaming_needs_max_steps_and_no_epoch_strategies():
     with pytest.raises(ValueError, match="save_strategy='epoch'"):
         streaming_limits(GRPOConfig(max_steps=3, save_strategy="epoch"))
     streaming_limits(GRPOConfig(max_steps=3))
+
+
+# ------------------------------------------------------------------------------------------------ rewards
+def test_reward_functions_that_ask_for_it_get_the_trainer_state():
+    from dsgrpo.callbacks import TrainerState
+    from dsgrpo.rewards import RewardStack
+
+    seen = {}
+
+    def curriculum(prompts, completions, trainer_state, **kwargs):
+        seen["curriculum"] = trainer_state.global_step
+        return [float(trainer_state.global_step)] * len(completions)
+
+    def plain(prompts, completions, completion_ids):  # names neither trainer_state nor **kwargs: not given it
+        return [1.0] * len(completions)
+
+    def loose(prompts, completions, **kwargs):
+        seen["loose"] = "trainer_state" in kwargs
+        return [0.5] * len(completions)
+
+    stack = RewardStack([curriculum, plain, loose])
+    out = stack(["p"], ["c"], [[1]], {}, trainer_state=TrainerState(global_step=7))
+    assert out.tolist() == [[7.0, 1.0, 0.5]] and seen == {"curriculum": 7, "loose": True}
+
+
+def test_trls_static_helpers_exist_on_the_trainer():
+    from dsgrpo.trainer import GRPOTrainer
+
+    ent = torch.tensor([[0.1, 0.9, 0.5, 0.3]])
+    mask = torch.ones(1, 4)
+    # TRL: tokens at or above the 0.5 quantile of the active entropies (0.4 here)
+    assert GRPOTrainer.get_high_entropy_mask(ent, mask, 0.5).tolist() == [[False, True, True, False]]
+    adv, logp = torch.tensor([[-1.0]]), torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
+    assert GRPOTrainer.get_off_policy_mask(adv, logp, logp + 1.0, mask, 0.5).tolist() == [[0.0]]
+    assert torch.allclose(GRPOTrainer.get_sapo_token_loss(torch.ones(1, 1), torch.ones(1, 1)), torch.tensor([[-2.0]]))
+    phi = GRPOTrainer.get_gamma_weights(torch.ones(1, 1), torch.zeros(1, 4), mask, None)
+    assert torch.allclose(phi, torch.ones(1, 1))  # φ(1) = 1

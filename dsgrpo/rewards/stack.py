@@ -103,15 +103,17 @@ class RewardStack:
 
     # ------------------------------------------------------------------------------------------------ scoring
     def __call__(self, prompts: Sequence, completions: Sequence, completion_ids: Sequence,
-                 columns: Dict[str, Sequence]) -> torch.Tensor:
-        """[N, K] float32, NaN for None."""
+                 columns: Dict[str, Sequence], trainer_state: Any = None) -> torch.Tensor:
+        """[N, K] float32, NaN for None. `trainer_state` (TRL's): the trainer's TrainerState, passed to the
+        functions whose signature names it (or takes **kwargs) — curriculum rewards read global_step from it."""
         if self.pending_models:
             raise RuntimeError("RewardStack.load_models() must run before scoring with reward models.")
         kwargs = dict(prompts=list(prompts), completions=list(completions), completion_ids=list(completion_ids), **columns)
         results: List[Any] = [None] * len(self.funcs)
         pending = {}
         for k, f in enumerate(self.funcs):
-            out = self._call(k, f, kwargs)
+            call_kwargs = dict(kwargs, trainer_state=trainer_state) if takes_trainer_state(f) else kwargs
+            out = self._call(k, f, call_kwargs)
             if inspect.isawaitable(out):
                 pending[k] = out
             else:
@@ -124,7 +126,7 @@ class RewardStack:
             matrix[:, k] = self._check(k, values, len(completions))
         return matrix
 
-    def _call(self, k: int, f: Callable, kwargs: dict):
+    def _call(self, k: int, f: Callable, kwargs: dict) -> Any:
         try:
             return f(**kwargs)
         except Exception as exc:
@@ -166,3 +168,18 @@ class RewardStack:
                                   "finite float, or None to abstain.")
             column[i] = float(v)
         return column
+
+
+def takes_trainer_state(f: Callable) -> bool:
+    """A Python reward function that names `trainer_state` or takes **kwargs (reward models and remote scorers,
+    which take columns over JSON, never get it)."""
+    from .models import RewardModel
+    from .remote import RemoteReward
+
+    if isinstance(f, (RewardModel, RemoteReward)):
+        return False
+    try:
+        params = inspect.signature(f).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "trainer_state" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import dist
-from .base import Generator, round_seed
+from .base import Generator, Rollout, round_seed
 from .batch import Batch, BatchBuilder
 from .tools import ToolStats
 from .weight_sync import sync_weights
@@ -87,7 +87,7 @@ class RolloutSource:
         multiple of the world size."""
         world = self.setup.placement.trainers
         rows = [i % len(prompts) for i in range(math.ceil(len(prompts) / world) * world)]
-        return self._sample(prompts, rows, 0, group)
+        return self._sample(prompts, rows, 0, group, chunk=self.args.per_device_eval_batch_size)
 
     def sync_weights(self, policy_module, round_index: int, needed: bool = True) -> None:
         """After the round's update (every training rank; the gathers are collective). `needed` is False after the
@@ -113,14 +113,25 @@ class RolloutSource:
         pass
 
     # ---- shared by the sources
-    def _sample(self, prompts, rows, round_index: int, group: int) -> Batch:
+    def _sample(self, prompts, rows, round_index: int, group: int, chunk: Optional[int] = None) -> Batch:
         """This rank's slots of a round over dataset rows `rows`, sampled now, seeded from (seed, round, slot) so
-        a resumed run samples exactly what the original would."""
+        a resumed run samples exactly what the original would. `chunk`: at most this many completions per
+        sampler call (per_device_eval_batch_size for evaluation); the seeds are the same either way."""
         world = self.setup.placement.trainers
         share = prompts.rank_slice(rows, group, dist.rank(), world)
         seeds = [round_seed(self.args.seed, round_index, share.first_slot + sum(share.counts[:j]))
                  for j in range(len(share.counts))]
-        rollout = self.setup.sampler.sample(prompts, share.indices, share.counts, seeds)
+        parts, start = [], 0
+        while start < len(share.indices):
+            end, size = start, 0
+            while end < len(share.indices) and (end == start or chunk is None or size + share.counts[end] <= chunk):
+                size += share.counts[end]
+                end += 1
+            parts.append(self.setup.sampler.sample(prompts, share.indices[start:end], share.counts[start:end],
+                                                   seeds[start:end]))
+            start = end
+        rollout = parts[0] if len(parts) == 1 else Rollout.concat(parts) if parts else \
+            self.setup.sampler.sample(prompts, [], [], [])
         batch = self.setup.build_batch(prompts, share.indices, share.counts, rollout)
         batch.metrics.update(self._tool_metrics(batch))
         return batch
