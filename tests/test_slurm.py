@@ -84,7 +84,7 @@ def job_log(tmp_path, job):
 
 
 def steps(run_dir):
-    return [json.loads(l)["step"] for l in open(run_dir / "metrics.jsonl") if l.strip()]
+    return [json.loads(l)["step"] for l in open(run_dir / "metrics.jsonl") if l.strip() and "reward" in json.loads(l)]
 
 
 def test_one_node_job_trains_and_exports(slurm, tmp_path):

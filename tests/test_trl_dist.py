@@ -150,7 +150,7 @@ def test_the_trainer_surface_trl_users_call(results):
 def test_model_init_kwargs_reach_every_model_and_unused_columns_are_removed(results):
     for run in part(results, "model_kwargs"):
         assert run["policy"] == run["reference"] == run["reward_model"] == "eager"
-        assert run["reward_kwargs"] == ["completion_ids"]  # remove_unused_columns: no idx column
+        assert run["reward_kwargs"] == ["completion_ids", "trainer_state"]  # remove_unused_columns: no idx column
 
 
 def test_a_streamed_train_set_resumes_exactly(results):
