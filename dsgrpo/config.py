@@ -451,13 +451,6 @@ class GRPOConfig:
             raise ValueError(f"async_generator_ranks={self.async_generator_ranks} must leave at least one training rank "
                              f"and one generating rank in a world of {world_size}: set it between 1 and {world_size - 1}.")
         self._check_batch_divisibility(world_size)
-        spg = self.resolved_steps_per_generation(world_size)
-        if spg % self.gradient_accumulation_steps != 0:
-            raise ValueError(
-                f"steps_per_generation={spg} is not a multiple of gradient_accumulation_steps="
-                f"{self.gradient_accumulation_steps}: a generation round must feed whole optimizer steps. "
-                "Make steps_per_generation (or generation_batch_size / (per_device_train_batch_size x world size)) "
-                "a multiple of gradient_accumulation_steps.")
 
     def _check_report_to(self) -> None:
         for sink in self.report_sinks(installed_only=False):

@@ -145,6 +145,7 @@ class GRPOTrainer:
         self.update = (PolicyUpdate(args, self.policy, self.world, self.state, self._end_optimizer_step)
                        if self.placement.trains else None)
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
+        self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
         self.control = self.callbacks.fire("on_init_end", args, self.state, self.control)
 
     @staticmethod
@@ -308,10 +309,15 @@ class GRPOTrainer:
         s, c = self.state, self.control
         log, evaluate, save = self.schedule.due(step_before, s.global_step, epochs_before, self._epochs_completed())
         wanted = torch.tensor([float(preempt_requested), float(c.should_log or log), float(c.should_evaluate or evaluate),
-                               float(c.should_save or save), float(c.should_training_stop or s.global_step >= s.max_steps)])
+                               float(c.should_save or save or self._save_pending),
+                               float(c.should_training_stop or s.global_step >= s.max_steps)])
         preempted, log, evaluate, save, stop = (dist.all_reduce_max(wanted) > 0).tolist()
         c.should_log = c.should_evaluate = c.should_save = False  # done; a callback asks again for a later round
         c.should_training_stop = stop
+        # a checkpoint waits for a round that ends on an optimizer-step boundary (steps that span rounds): DeepSpeed
+        # does not save half-accumulated gradients. A preemption cannot wait; it drops the partial step.
+        self._save_pending = save and not preempted and not self.update.at_step_boundary and not stop
+        save = save and not self._save_pending
         return RoundEnd(log=log, evaluate=evaluate and bool(self.eval_prompts), save=save or preempted,
                         stop=stop or preempted, preempted=preempted)
 
@@ -344,15 +350,18 @@ class GRPOTrainer:
             batch = self.source.next_batch(state.generation_round)
         with timer("reward"):
             advantages, reward_metrics = self._score(batch, args.num_generations)
+        step_before = state.global_step
         with timer("reference"):
             ref_logps = self._reference_logprobs(batch) if args.beta != 0 else None
-            # π_old differs from π_θ only when one round feeds several optimizer steps
-            several = args.num_iterations > 1 or self.spg > args.gradient_accumulation_steps
+            # π_old differs from π_θ only when an optimizer step can fall inside the round
+            GA = args.gradient_accumulation_steps
+            several = args.num_iterations > 1 or self.spg > GA or GA % self.spg != 0
             old_logps = self._logprobs(self.policy, batch) if several else None
         with timer("train"):
             train_metrics = self.update.run(batch.micro, batch.rollout.truncated, advantages, old_logps, ref_logps)
-        with timer("sync"):  # the last round's weights are never sampled from
-            self.source.sync_weights(self.policy.module, state.generation_round, needed=state.global_step < state.max_steps)
+        with timer("sync"):  # only new weights are sent; the last round's are never sampled from
+            self.source.sync_weights(self.policy.module, state.generation_round,
+                                     needed=step_before < state.global_step < state.max_steps)
         state.generation_round += 1
         times = self.timer.pop()
         times["completion_tok_per_s"] = reward_metrics.pop("_completion_tokens") / max(1e-9, time.perf_counter() - step_start)
@@ -536,15 +545,19 @@ class GRPOTrainer:
             raise ValueError("The tokenizer has no eos token: completions could never end. Set tokenizer.eos_token.")
         return tok
 
-    def _steps_per_round(self) -> int:
-        return self.args.num_iterations * self.spg // self.args.gradient_accumulation_steps
+    def _steps_per_round(self) -> float:
+        """Optimizer steps a round feeds (fractional when steps_per_generation is not a multiple of
+        gradient_accumulation_steps: a step's accumulation then spans rounds)."""
+        a = self.args
+        steps = a.num_iterations * self.spg / a.gradient_accumulation_steps
+        return int(steps) if steps == int(steps) else steps
 
     def _total_steps(self) -> int:
         a = self.args
         if a.max_steps > 0:
             return a.max_steps
         rounds = math.ceil(a.num_train_epochs * len(self.train_prompts) / self.prompts_per_round)
-        return rounds * self._steps_per_round()
+        return max(1, int(rounds * self._steps_per_round()))
 
 
 def streaming_limits(args) -> None:

@@ -41,23 +41,54 @@ class PolicyUpdate:
         self.sampler_correction = a.vllm_importance_sampling_mode if (
             a.use_vllm and a.vllm_importance_sampling_correction) else None
         self.last_checkpoint: Optional[str] = None  # named in a non-finite error
+        self._window = self._new_window()           # the optimizer step being accumulated (may span rounds)
+
+    @staticmethod
+    def _new_window() -> dict:
+        return {"micro": 0, "loss": 0.0, "policy_loss": 0.0,
+                "entropy": torch.zeros(2, dtype=torch.float64)}  # Σ entropy, tokens
+
+    @property
+    def at_step_boundary(self) -> bool:
+        """No optimizer step is half accumulated (a checkpoint now loses nothing)."""
+        return self._window["micro"] == 0
+
+    def _step_tokens(self, masks: List[torch.Tensor]) -> torch.Tensor:
+        """[micro-batches]: the normaliser of dapo/cispo/vespo for each micro-batch, the active tokens of its
+        optimizer step over all ranks (DAPO's definition) when the round's micro-batches make whole steps. When a
+        step spans rounds its later micro-batches are not generated yet, so TRL's estimate is used: the round's
+        tokens scaled to one accumulation window (tokens × GA / micro-batches per round)."""
+        GA = self.args.gradient_accumulation_steps
+        counts = torch.stack([m.sum() for m in masks])
+        if len(masks) % GA == 0:
+            per_step = dist.all_reduce_sum(counts.view(-1, GA).sum(1))                    # [steps]
+            return per_step.repeat_interleave(GA)
+        total = dist.all_reduce_sum(counts.sum().reshape(1))[0]
+        return (total * GA / len(masks)).expand(len(masks))
 
     def run(self, micro: List[dict], truncated: List[bool], advantages: torch.Tensor, old_logps, ref_logps) -> Dict[str, float]:
-        args, GA, B = self.args, self.args.gradient_accumulation_steps, self.args.per_device_train_batch_size
+        """One round's passes. An optimizer step is every gradient_accumulation_steps micro-batches, counted by
+        DeepSpeed across rounds: when steps_per_generation is not a multiple of it (TRL accepts that), a step's
+        accumulation carries on into the next round."""
+        args, B = self.args, self.args.per_device_train_batch_size
         masks = [self._loss_mask(mb, truncated[j * B:(j + 1) * B]) for j, mb in enumerate(micro)]
-        # dapo/cispo/vespo normalise by the active tokens of each optimizer step over all ranks: one collective
-        step_tokens = dist.all_reduce_sum(torch.stack([sum(masks[j].sum() for j in range(s, s + GA))
-                                                       for s in range(0, len(masks), GA)]))
+        step_tokens = self._step_tokens(masks)  # one collective
         acc = MetricAccumulator()
         for _ in range(args.num_iterations):
-            for step, first in enumerate(range(0, len(micro), GA)):
+            for j, mb in enumerate(micro):
                 if self.state.global_step >= self.state.max_steps:
                     break
-                entropy_window = torch.zeros(2, dtype=torch.float64)  # Σ entropy, tokens of this optimizer step
-                shares = [self._micro_step(micro[j], masks[j], advantages[j * B:(j + 1) * B],
-                                           old_logps[j] if old_logps else None, ref_logps[j] if ref_logps else None,
-                                           step_tokens[step], acc, entropy_window) for j in range(first, first + GA)]
-                self._end_optimizer_step(sum(s[0] for s in shares), sum(s[1] for s in shares), acc, entropy_window)
+                stepping = self.policy.is_gradient_accumulation_boundary()  # this micro-batch ends an optimizer step
+                loss, policy = self._micro_step(mb, masks[j], advantages[j * B:(j + 1) * B],
+                                                old_logps[j] if old_logps else None, ref_logps[j] if ref_logps else None,
+                                                step_tokens[j], acc, self._window["entropy"])
+                self._window["micro"] += 1
+                self._window["loss"] += loss
+                self._window["policy_loss"] += policy
+                if stepping:
+                    self._end_optimizer_step(self._window["loss"], self._window["policy_loss"], acc,
+                                             self._window["entropy"])
+                    self._window = self._new_window()
         metrics = {**acc.reduce(), "learning_rate": self.policy.get_lr()[0]}
         if self.entropy_coef.enabled:
             metrics["entropy_coef"] = self.entropy_coef.coef

@@ -39,6 +39,13 @@ def test_later_steps_of_a_round_train_off_policy(results):
             assert all(math.isfinite(h["loss"]) for h in rows)
 
 
+def test_an_optimizer_step_accumulates_across_rounds(results):
+    for run in part(results, "accumulation_across_rounds"):
+        assert run["rounds"] == [2, 1] and run["steps"] == [1, 1]  # two rounds fed the one step of the first run
+        assert run["moved"] > 1e-4
+        assert run["max_diff"] <= 2e-6, run  # the same accumulated gradient, the same Adam step
+
+
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "grpo/sequence", "sapo", "luspo/sequence", "vespo"]
 
 

@@ -69,6 +69,40 @@ def _():
     return out
 
 
+@check("accumulation_across_rounds")
+def _():
+    """steps_per_generation=2 with gradient_accumulation_steps=4 (TRL accepts it): one optimizer step spans two
+    rounds, and it equals the step of a run that generates the same 4 micro-batches in one round
+    (steps_per_generation=4). Completions come from a deterministic rollout_func, so both runs train on the same
+    rows in the same order; grpo's loss is per micro-batch, so the two accumulations are the same sum."""
+    def fixed_rollout(prompts_, trainer):
+        ids = [trainer.tokenizer(p)["input_ids"] for p in prompts_]
+        G = trainer.args.num_generations
+        # row i is completion i % G of its prompt: a group's rows differ, so its advantages do
+        completions = [[50 + (sum(x) * 7 + 13 * (i % G) + 3 * t) % 900 for t in range(4)] for i, x in enumerate(ids)]
+        return {"prompt_ids": ids, "completion_ids": completions, "logprobs": [[0.0] * 4 for _ in completions]}
+
+    def even_tokens(prompts, completions, completion_ids, **kwargs):  # noqa: F811 (the reward contract's names)
+        return [sum(t % 2 == 0 for t in c) / len(c) for c in completion_ids]
+
+    runs = {}
+    for name, spg in (("spanning", 2), ("one_round", 4)):
+        t = GRPOTrainer(tiny_model("qwen2"), even_tokens, train_dataset=prompts, rollout_func=fixed_rollout,
+                        args=config(f"accumulation_{name}", max_steps=1, per_device_train_batch_size=2,
+                                    gradient_accumulation_steps=4, steps_per_generation=spg, loss_type="grpo",
+                                    learning_rate=1e-2, vllm_importance_sampling_correction=False,
+                                    shuffle_dataset=False))
+        KEEP.append(t)
+        initial = full(t.policy.module)
+        t.train()
+        runs[name] = {"weights": full(t.policy.module), "rounds": t.state.generation_round,
+                      "steps": t.state.global_step, "initial": initial}
+    a, b = runs["spanning"], runs["one_round"]
+    return {"rounds": [a["rounds"], b["rounds"]], "steps": [a["steps"], b["steps"]],
+            "max_diff": max((a["weights"][n] - b["weights"][n]).abs().max().item() for n in a["weights"]),
+            "moved": max((b["weights"][n] - b["initial"][n]).abs().max().item() for n in b["weights"])}
+
+
 # ------------------------------------------------------------------ 2. every loss type, one trainer
 LOSS_TYPES = [("grpo", "token"), ("bnpo", "token"), ("dr_grpo", "token"), ("dapo", "token"), ("cispo", "token"),
               ("grpo", "sequence"), ("sapo", "token"), ("luspo", "sequence"), ("vespo", "token")]
