@@ -42,8 +42,8 @@ def test_later_steps_of_a_round_train_off_policy(results):
 def test_an_optimizer_step_accumulates_across_rounds(results):
     for run in part(results, "accumulation_across_rounds"):
         assert run["rounds"] == [2, 1] and run["steps"] == [1, 1]  # two rounds fed the one step of the first run
-        assert run["moved"] > 1e-4
-        assert run["max_diff"] <= 2e-6, run  # the same accumulated gradient, the same Adam step
+        assert run["moved"] > 1e-3  # SGD at lr 1: the weights move by the gradient itself
+        assert run["max_diff"] <= 1e-6, run  # the same accumulated gradient
 
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "grpo/sequence", "sapo", "luspo/sequence", "vespo"]

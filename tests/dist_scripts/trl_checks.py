@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from datasets import Dataset, IterableDataset  # noqa: E402
@@ -79,19 +81,23 @@ def _():
         ids = [trainer.tokenizer(p)["input_ids"] for p in prompts_]
         G = trainer.args.num_generations
         # row i is completion i % G of its prompt: a group's rows differ, so its advantages do
-        completions = [[50 + (sum(x) * 7 + 13 * (i % G) + 3 * t) % 900 for t in range(4)] for i, x in enumerate(ids)]
+        completions = [[50 + (sum(x) + 97 * (i % G) * (t + 1)) % 900 for t in range(4)] for i, x in enumerate(ids)]
         return {"prompt_ids": ids, "completion_ids": completions, "logprobs": [[0.0] * 4 for _ in completions]}
 
     def even_tokens(prompts, completions, completion_ids, **kwargs):  # noqa: F811 (the reward contract's names)
         return [sum(t % 2 == 0 for t in c) / len(c) for c in completion_ids]
 
     runs = {}
+    # plain SGD (Δw = -g): Adam's g / (|g| + eps) would magnify the summation-order noise of near-zero gradients
+    # (the two runs sum the same micro-batch gradients on different ranks)
+    sgd = {**SHARDED_ZERO3, "zero_allow_untested_optimizer": True}
+    sgd.pop("optimizer")
     for name, spg in (("spanning", 2), ("one_round", 4)):
         t = GRPOTrainer(tiny_model("qwen2"), even_tokens, train_dataset=prompts, rollout_func=fixed_rollout,
+                        optimizers=(lambda params: torch.optim.SGD(params, lr=1.0), None),
                         args=config(f"accumulation_{name}", max_steps=1, per_device_train_batch_size=2,
                                     gradient_accumulation_steps=4, steps_per_generation=spg, loss_type="grpo",
-                                    learning_rate=1e-2, vllm_importance_sampling_correction=False,
-                                    shuffle_dataset=False))
+                                    vllm_importance_sampling_correction=False, shuffle_dataset=False, deepspeed=sgd))
         KEEP.append(t)
         initial = full(t.policy.module)
         t.train()
