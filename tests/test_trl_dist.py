@@ -82,6 +82,12 @@ def test_generation_kwargs_override_sampling_fields(results):
         assert run["history"][0]["frac_reward_zero_std"] == 1.0  # top_k=1: a group's completions are identical
 
 
+def test_structured_outputs_constrain_every_completion(results):
+    for run in part(results, "structured_outputs"):
+        h = run["history"][0]
+        assert h["reward"] == 1.0 and h["completions/max_length"] <= 4  # three digits (and the end token)
+
+
 def test_chat_template_kwargs_reach_the_template(results):
     for run in part(results, "chat_template_kwargs"):
         assert run["prompt"].endswith("<|im_start|>assistant\nSure: ") and run["steps"] == 1

@@ -166,6 +166,14 @@ def _():
     return {"history": training_rows(t), "top_k": t.sampling.top_k}
 
 
+@check("structured_outputs")
+def _():
+    """vllm_structured_outputs_regex: every completion is three digits."""
+    t = trainer_for("structured_outputs", vllm_structured_outputs_regex="[0-9]{3}", max_steps=1)
+    t.train()
+    return {"history": training_rows(t)}
+
+
 @check("chat_template_kwargs")
 def _():
     from transformers import AutoTokenizer
