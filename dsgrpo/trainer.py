@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 import torch
 
 from . import checkpoint, compat, device, dist
-from .algorithms import (compute_advantages, entropy_mask, nan_std, off_policy_mask, sapo_token_loss,
+from .algorithms import (Truncation, compute_advantages, entropy_mask, nan_std, off_policy_mask, sapo_token_loss,
                          vespo_weights)
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
@@ -41,7 +41,7 @@ from .rollout.sources import GenerationSource, RolloutSetup
 from .rollout.tools import ToolRunner
 from .schedule import Schedule
 from .timing import PhaseTimer
-from .update import NonFiniteError, PolicyUpdate
+from .update import NonFiniteError, PolicyUpdate, learning_alarm
 
 __all__ = ["GRPOTrainer", "NonFiniteError", "save_hf_model"]
 
@@ -142,8 +142,11 @@ class GRPOTrainer:
         # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
         self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
         self.source = self.rollout_source(setup) if self.placement.trains else None
-        self.update = (PolicyUpdate(args, self.policy, self.world, self.state, self._end_optimizer_step)
-                       if self.placement.trains else None)
+        # the sampler's truncation, which the trainer's log-probs reproduce (vLLM's order, or transformers')
+        self.truncation = Truncation(self.sampling.top_k, self.sampling.top_p, self.sampling.min_p,
+                                     order="vllm" if args.use_vllm else "hf")
+        self.update = (PolicyUpdate(args, self.policy, self.world, self.state, self._end_optimizer_step,
+                                    self.truncation) if self.placement.trains else None)
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
         self.control = self.callbacks.fire("on_init_end", args, self.state, self.control)
@@ -356,9 +359,12 @@ class GRPOTrainer:
             # π_old differs from π_θ only when an optimizer step can fall inside the round
             GA = args.gradient_accumulation_steps
             several = args.num_iterations > 1 or self.spg > GA or GA % self.spg != 0
-            old_logps = self._logprobs(self.policy, batch) if several else None
+            old_logps = self._logprobs(self.policy, batch, self.truncation) if several else None
         with timer("train"):
             train_metrics = self.update.run(batch.micro, batch.rollout.truncated, advantages, old_logps, ref_logps)
+        alarm = learning_alarm(train_metrics)
+        if alarm and dist.is_main():
+            print(f"dsgrpo: warning: step {state.global_step}: {alarm}", flush=True)
         with timer("sync"):  # only new weights are sent; the last round's are never sampled from
             self.source.sync_weights(self.policy.module, state.generation_round,
                                      needed=step_before < state.global_step < state.max_steps)
@@ -406,10 +412,11 @@ class GRPOTrainer:
         return mine, metrics
 
     @torch.no_grad()
-    def _logprobs(self, engine, batch: Batch) -> List[torch.Tensor]:
-        """Per-token log-probs of every micro-batch under a frozen view of `engine` (reference or π_old)."""
+    def _logprobs(self, engine, batch: Batch, truncation=None) -> List[torch.Tensor]:
+        """Per-token log-probs of every micro-batch under a frozen view of `engine`: π_old (with the sampler's
+        truncation) or the reference (without: the KL term compares untruncated distributions)."""
         return [completion_logprobs(engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"].shape[1],
-                                    self.args.temperature)[0] for mb in batch.micro]
+                                    self.args.temperature, truncation=truncation)[0] for mb in batch.micro]
 
     def _reference_logprobs(self, batch: Batch) -> List[torch.Tensor]:
         if self.lora_policy:  # the reference is the base model: the same engine with its adapters switched off

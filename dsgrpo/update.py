@@ -15,7 +15,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from . import dist
-from .algorithms import AdaptiveEntropyCoef, LossHyperparams, entropy_mask, entropy_threshold, policy_loss
+from .algorithms import (AdaptiveEntropyCoef, LossHyperparams, Truncation, entropy_mask, entropy_threshold,
+                         policy_loss)
 from .engines import completion_logprobs
 from .metrics import MetricAccumulator
 
@@ -25,10 +26,13 @@ class NonFiniteError(RuntimeError):
 
 
 class PolicyUpdate:
-    def __init__(self, args, policy, world: int, state, on_optimizer_step: Callable[[], None]):
+    def __init__(self, args, policy, world: int, state, on_optimizer_step: Callable[[], None],
+                 truncation: Optional[Truncation] = None):
         """`state` is the trainer's TrainerState (its global_step and max_steps bound the round);
-        `on_optimizer_step()` is called after every optimizer step (it advances the step count)."""
+        `on_optimizer_step()` is called after every optimizer step (it advances the step count); `truncation`:
+        the sampler's top_k / top_p / min_p, applied to the policy's log-probs (algorithms/truncation.py)."""
         self.args, self.policy, self.world, self.state = args, policy, world, state
+        self.truncation = truncation
         self.on_optimizer_step = on_optimizer_step
         a = args
         self.hyperparams = LossHyperparams(
@@ -100,8 +104,10 @@ class PolicyUpdate:
         """Forward, loss and backward of one micro-batch; returns its share of the optimizer step's (loss, policy loss)."""
         args = self.args
         bonus = self.entropy_coef.enabled
-        logps, entropy = completion_logprobs(self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1],
-                                             args.temperature, with_entropy=True, entropy_grad=bonus)
+        truncated = self.truncation is not None and self.truncation.active
+        logps, entropy, *full = completion_logprobs(
+            self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1], args.temperature, with_entropy=True,
+            entropy_grad=bonus, truncation=self.truncation, with_full=truncated and args.beta != 0)
         keep = None
         if args.top_entropy_quantile < 1.0:
             # TRL's threshold: the quantile of every rank's active-token entropies of this micro-batch
@@ -112,6 +118,7 @@ class PolicyUpdate:
             logps, old_logps, advantages, mask, loss_type=args.loss_type, hyperparams=self.hyperparams,
             importance_sampling_level=args.importance_sampling_level, beta=args.beta, ref_per_token_logps=ref_logps,
             kl_estimator=args.kl_estimator, kl_bias_correction=args.use_bias_correction_kl,
+            kl_per_token_logps=full[0] if full else None,
             sampler_per_token_logps=mb["sampler_logps"], vllm_is_mode=self.sampler_correction,
             vllm_is_clip_max=args.vllm_importance_sampling_clip_max,
             vllm_is_clip_min=args.vllm_importance_sampling_clip_min,
@@ -163,3 +170,26 @@ class PolicyUpdate:
             raise NonFiniteError(f"Non-finite training values at optimizer step {step}: {bad}. Last checkpoint: "
                                  f"{self.last_checkpoint or 'none saved yet'}. Lower learning_rate, check the rewards "
                                  "for NaN/inf, or use fp32; the run was stopped rather than continued.")
+
+
+# Alarm thresholds: fp32 engines agree to ~1e-5 nats a token; bf16 ones to ~0.5. Past these, the sampler correction's
+# weights are near zero and the policy barely moves.
+GAP_ALARM_NATS = 1.0
+WEIGHT_ALARM = 0.1
+
+
+def learning_alarm(metrics: Dict[str, float]) -> Optional[str]:
+    """A line to print when a round's metrics say the policy is barely learning because the sampler and the
+    trainer disagree about the sampled tokens' probabilities (None otherwise)."""
+    gap = metrics.get("sampling/sampling_logp_difference/mean")
+    weight = metrics.get("sampling/importance_sampling_ratio/mean")
+    if (gap is None or gap <= GAP_ALARM_NATS) and (weight is None or weight >= WEIGHT_ALARM):
+        return None
+    parts = []
+    if gap is not None:
+        parts.append(f"the sampler's log-probs differ from the trainer's by {gap:.2f} nats a token")
+    if weight is not None:
+        parts.append(f"the sampler correction's mean weight is {weight:.3g}")
+    return ("; ".join(parts) + ": the policy is barely learning. Causes: a sampling setting the trainer does not "
+            "reproduce (repetition_penalty, a logits processor in generation_kwargs), a weight sync that failed, or "
+            "bf16 numerics (vllm_importance_sampling_mode='token_truncate' bounds the damage).")

@@ -327,3 +327,14 @@ def test_trls_static_helpers_exist_on_the_trainer():
     assert torch.allclose(GRPOTrainer.get_sapo_token_loss(torch.ones(1, 1), torch.ones(1, 1)), torch.tensor([[-2.0]]))
     phi = GRPOTrainer.get_gamma_weights(torch.ones(1, 1), torch.zeros(1, 4), mask, None)
     assert torch.allclose(phi, torch.ones(1, 1))  # φ(1) = 1
+
+
+def test_the_learning_alarm():
+    from dsgrpo.update import learning_alarm
+
+    assert learning_alarm({"sampling/sampling_logp_difference/mean": 1e-5,
+                           "sampling/importance_sampling_ratio/mean": 1.0}) is None
+    line = learning_alarm({"sampling/sampling_logp_difference/mean": 7.3,
+                           "sampling/importance_sampling_ratio/mean": 1e-9})
+    assert "7.30 nats" in line and "barely learning" in line
+    assert "mean weight is 0.05" in learning_alarm({"sampling/importance_sampling_ratio/mean": 0.05})

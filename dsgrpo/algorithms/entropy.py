@@ -17,7 +17,9 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
     parts = []
     for start in range(0, flat.shape[0], chunk_size):
         z = flat[start:start + chunk_size].float()
-        parts.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1))
+        # a truncated distribution holds -inf logits: their probability is 0 and so is their term (not 0 · -inf)
+        finite = torch.where(torch.isinf(z), torch.zeros_like(z), z)
+        parts.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * finite).sum(-1))
     out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])
 

@@ -272,6 +272,7 @@ def policy_loss(
     ref_per_token_logps: Optional[torch.Tensor] = None,
     kl_estimator: str = "k3",
     kl_bias_correction: bool = False,
+    kl_per_token_logps: Optional[torch.Tensor] = None,
     sampler_per_token_logps: Optional[torch.Tensor] = None,
     vllm_is_mode: Optional[str] = None,
     vllm_is_clip_max: Optional[float] = 3.0,
@@ -295,6 +296,8 @@ def policy_loss(
         hyperparams: the variants' constants; `epsilon_low` / `epsilon_high` / `delta` fill it when None.
         kl_bias_correction: multiply the KL term by w (TRL's use_bias_correction_kl): the unbiased reverse-KL
             gradient (DeepSeek-V3.2); it changes the gradient even on-policy, where w = 1 but ∇w ≠ 0.
+        kl_per_token_logps: [B, T] the policy's log-probs the KL term compares with the reference's (with grad);
+            None: per_token_logps. The sampler's truncation (top_k/top_p) applies to the policy term, not the KL.
         sampler_per_token_logps: [B, T] the generation engine's logprobs; used with `vllm_is_mode` and as the
             behaviour policy of `off_policy_mask_threshold` (π_old without a sampler).
         keep_mask: [B, T] policy-term mask (the high-entropy tokens of top_entropy_quantile); the KL term and the
@@ -342,7 +345,8 @@ def policy_loss(
     if beta != 0.0:
         if ref_per_token_logps is None:
             raise ValueError(f"beta={beta} needs ref_per_token_logps (the reference model's logprobs).")
-        kl = kl_divergence(per_token_logps, _masked_ref(per_token_logps, ref_per_token_logps, mask), kl_estimator)
+        policy_logps = per_token_logps if kl_per_token_logps is None else kl_per_token_logps
+        kl = kl_divergence(policy_logps, _masked_ref(policy_logps, ref_per_token_logps, mask), kl_estimator)
         if kl_bias_correction:
             kl = kl * ratio
         per_token = per_token + beta * kl

@@ -1,0 +1,62 @@
+"""Run under `torchrun --nproc_per_node 2`: TRL users' sampling settings and policies on real DeepSpeed ZeRO-3 and
+real in-process vLLM (fp32, CPU): top_p / top_k / min_p sampling that must keep learning, and MoE policies whose
+weights must reach vLLM. Each check records numbers in OUT/result-<rank>.json; tests/test_usage_dist.py asserts.
+
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/usage_checks.py OUT [CHECK,CHECK,...]
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from datasets import Dataset  # noqa: E402
+
+from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo.algorithms import Truncation  # noqa: E402
+from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import SHARDED_ZERO3, policy_logps, recorder, training_rows, vllm_logps  # noqa: E402
+
+OUT = sys.argv[1]
+ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
+results, KEEP = {}, []
+check = recorder(results, ONLY)
+prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
+
+
+def digit_fraction(prompts, completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def config(name, **overrides):
+    base = dict(output_dir=os.path.join(OUT, name), max_steps=3, per_device_train_batch_size=8, num_generations=4,
+                max_completion_length=8, learning_rate=2e-3, lr_scheduler_type="constant", logging_steps=1,
+                gradient_checkpointing=False, seed=9, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20,
+                save_steps=10**6)
+    base.update(overrides)
+    return GRPOConfig(**base)
+
+
+def sampling_run(name, model="qwen2", untruncated_trainer=False, **sampling):
+    t = GRPOTrainer(tiny_model(model), digit_fraction, train_dataset=prompts, args=config(name, **sampling))
+    KEEP.append(t)
+    if untruncated_trainer:  # what dsgrpo did before: the trainer scores the unfiltered distribution
+        t.update.truncation = t.truncation = Truncation()
+    before = policy_logps(t.policy)
+    t.train()
+    after = policy_logps(t.policy)
+    return {"history": training_rows(t), "moved": max(abs(a - b) for a, b in zip(after, before))}
+
+
+# ------------------------------------------------------------------ 1. truncated sampling keeps learning
+@check("truncated_sampling")
+def _():
+    return {"top_p": sampling_run("top_p", top_p=0.9), "top_k": sampling_run("top_k", top_k=10),
+            "min_p": sampling_run("min_p", min_p=0.1),
+            "top_k_as_before": sampling_run("top_k_before", top_k=10, untruncated_trainer=True)}
+
+
+with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
+    json.dump(results, fh, default=str)
+dist.barrier("results written")
