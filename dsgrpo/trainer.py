@@ -186,6 +186,14 @@ class GRPOTrainer:
         return self.tokenizer
 
     @property
+    def reward_processing_classes(self) -> list:
+        return self.rewards.processing_classes
+
+    @property
+    def reward_func_names(self) -> list:
+        return self.rewards.names
+
+    @property
     def optimizer(self):
         return self.policy.optimizer if self.placement.trains else None
 

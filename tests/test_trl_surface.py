@@ -338,3 +338,14 @@ def test_the_learning_alarm():
                            "sampling/importance_sampling_ratio/mean": 1e-9})
     assert "7.30 nats" in line and "barely learning" in line
     assert "mean weight is 0.05" in learning_alarm({"sampling/importance_sampling_ratio/mean": 0.05})
+
+
+def test_all_none_rewards_warn_and_processing_classes_are_checked():
+    from dsgrpo.rewards import RewardStack
+
+    stack = RewardStack([lambda prompts, completions, **kw: [None, 1.0], lambda prompts, completions, **kw: [None, None]])
+    with pytest.warns(UserWarning, match="All reward functions returned None for 1 of 2 completions.*'p0'"):
+        stack(["p0", "p1"], ["c0", "c1"], [[1], [2]], {})
+    assert stack.processing_classes == [None, None]
+    with pytest.raises(ValueError, match="reward_processing_classes has 1 entries for 2 reward sources"):
+        RewardStack([lambda p, c, **k: [0.0], lambda p, c, **k: [0.0]], reward_processing_classes=["tok"])

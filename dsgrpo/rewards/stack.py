@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import warnings
 from numbers import Real
 from typing import Any, Callable, Dict, List, Sequence
 
@@ -42,6 +43,7 @@ class RewardStack:
             raise ValueError(f"reward_processing_classes has {len(tokenizers)} entries for {len(sources)} reward "
                              "sources; give one per source (None where it does not apply).")
         self.funcs: List[Any] = []
+        self.given_tokenizers = tokenizers
         self.pending_models: Dict[int, tuple] = {}  # index → (spec, tokenizer), built by load_models
         for i, (src, tok) in enumerate(zip(sources, tokenizers)):
             self.funcs.append(self._resolve(src, tok, i))
@@ -87,6 +89,12 @@ class RewardStack:
         return reward_name(f)
 
     @property
+    def processing_classes(self) -> list:
+        """TRL's trainer.reward_processing_classes: each reward model's tokenizer (None for functions)."""
+        return [getattr(f, "tokenizer", None) if i in self.model_indices else self.given_tokenizers[i]
+                for i, f in enumerate(self.funcs)]
+
+    @property
     def has_models(self) -> bool:
         """Reward models are sharded engines: scoring them is collective, so every rank must score in step."""
         return bool(self.model_indices)
@@ -124,6 +132,12 @@ class RewardStack:
         matrix = torch.full((len(completions), len(self.funcs)), math.nan)
         for k, values in enumerate(results):
             matrix[:, k] = self._check(k, values, len(completions))
+        unscored = torch.isnan(matrix).all(dim=1).nonzero().flatten().tolist()
+        if unscored:  # TRL warns too: such a completion gets no advantage from any function
+            i = unscored[0]
+            warnings.warn(f"All reward functions returned None for {len(unscored)} of {len(completions)} completions, "
+                          f"e.g. prompt={prompts[i]!r}, completion={completions[i]!r}: they get no reward. Make at least "
+                          "one reward function score every completion.", stacklevel=2)
         return matrix
 
     def _call(self, k: int, f: Callable, kwargs: dict) -> Any:
