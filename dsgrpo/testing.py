@@ -70,7 +70,18 @@ TINY_SPECS = {
     "qwen2-reward": dict(arch="Qwen2ForSequenceClassification", hidden_size=128, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          tie_word_embeddings=False, num_labels=1),
+    # mixture-of-experts policies: 4 experts, 2 routed per token (transformers 5 keeps each layer's experts fused in
+    # one tensor; checkpoints and vLLM name them one expert at a time)
+    "qwen3-moe": dict(arch="Qwen3MoeForCausalLM", hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                      num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=True,
+                      tie_word_embeddings=False),
+    "qwen2-moe": dict(arch="Qwen2MoeForCausalLM", hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                      shared_expert_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+                      tie_word_embeddings=False),
 }
+MODEL_TYPES = {"Qwen2": "qwen2", "Llama": "llama", "Qwen3Moe": "qwen3_moe", "Qwen2Moe": "qwen2_moe"}
 VOCAB_SIZE = 1024
 TOKENIZER_VERSION = 2  # bump when the corpus, trainer settings or chat template change, so caches are rebuilt
 
@@ -155,7 +166,8 @@ def build_model(name: str, seed: int = 0, spec: Optional[dict] = None, vocab_siz
     arch = spec.pop("arch")
     num_labels = spec.pop("num_labels", None)
     tokenizer = build_tokenizer(seed, vocab_size)
-    config_cls = transformers.AutoConfig.for_model("qwen2" if arch.startswith("Qwen2") else "llama").__class__
+    family = max((k for k in MODEL_TYPES if arch.startswith(k)), key=len)
+    config_cls = transformers.AutoConfig.for_model(MODEL_TYPES[family]).__class__
     config = config_cls(vocab_size=len(tokenizer), max_position_embeddings=2048, rms_norm_eps=1e-6,
                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id, torch_dtype="float32", **spec)

@@ -41,7 +41,7 @@ from .rollout.sources import GenerationSource, RolloutSetup
 from .rollout.tools import ToolRunner
 from .schedule import Schedule
 from .timing import PhaseTimer
-from .update import NonFiniteError, PolicyUpdate, learning_alarm
+from .update import NonFiniteError, PolicyUpdate, learning_alarm, router_aux_coef
 
 __all__ = ["GRPOTrainer", "NonFiniteError", "save_hf_model"]
 
@@ -88,6 +88,7 @@ class GRPOTrainer:
         self.dtype = device.train_dtype(args.bf16, args.fp16)
         self.hub = make_pusher(args) if self.placement.trains else None  # a Hub that cannot take uploads fails now
         self.model_path, model_config = self._model_source(model, processing_class)
+        router_aux_coef(args, model_config)  # router_aux_loss_coef on a dense model is refused before loading
         self.tokenizer = self._tokenizer(processing_class)
         self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none,
                                    trust_remote_code=args.trust_remote_code)

@@ -17,7 +17,7 @@ import torch
 from . import dist
 from .algorithms import (AdaptiveEntropyCoef, LossHyperparams, Truncation, entropy_mask, entropy_threshold,
                          policy_loss)
-from .engines import completion_logprobs
+from .engines import policy_forward
 from .metrics import MetricAccumulator
 
 
@@ -33,6 +33,7 @@ class PolicyUpdate:
         the sampler's top_k / top_p / min_p, applied to the policy's log-probs (algorithms/truncation.py)."""
         self.args, self.policy, self.world, self.state = args, policy, world, state
         self.truncation = truncation
+        self.aux_coef = router_aux_coef(args, policy.module.config)
         self.on_optimizer_step = on_optimizer_step
         a = args
         self.hyperparams = LossHyperparams(
@@ -105,9 +106,10 @@ class PolicyUpdate:
         args = self.args
         bonus = self.entropy_coef.enabled
         truncated = self.truncation is not None and self.truncation.active
-        logps, entropy, *full = completion_logprobs(
-            self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1], args.temperature, with_entropy=True,
-            entropy_grad=bonus, truncation=self.truncation, with_full=truncated and args.beta != 0)
+        forward = policy_forward(self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1], args.temperature,
+                                 with_entropy=True, entropy_grad=bonus, truncation=self.truncation,
+                                 with_full=truncated and args.beta != 0, router_aux=self.aux_coef != 0.0)
+        logps, entropy = forward.logps, forward.entropy
         keep = None
         if args.top_entropy_quantile < 1.0:
             # TRL's threshold: the quantile of every rank's active-token entropies of this micro-batch
@@ -118,7 +120,7 @@ class PolicyUpdate:
             logps, old_logps, advantages, mask, loss_type=args.loss_type, hyperparams=self.hyperparams,
             importance_sampling_level=args.importance_sampling_level, beta=args.beta, ref_per_token_logps=ref_logps,
             kl_estimator=args.kl_estimator, kl_bias_correction=args.use_bias_correction_kl,
-            kl_per_token_logps=full[0] if full else None,
+            kl_per_token_logps=forward.full_logps,
             sampler_per_token_logps=mb["sampler_logps"], vllm_is_mode=self.sampler_correction,
             vllm_is_clip_max=args.vllm_importance_sampling_clip_max,
             vllm_is_clip_min=args.vllm_importance_sampling_clip_min,
@@ -126,6 +128,9 @@ class PolicyUpdate:
             entropies=entropy if bonus else None, entropy_coef=self.entropy_coef.applied() if bonus else 0.0,
             max_completion_length=args.max_completion_length, num_items_in_batch=step_tokens,
             num_processes=self.world, gradient_accumulation_steps=args.gradient_accumulation_steps)
+        if forward.aux_loss is not None:  # the router's load balancing, scaled like the loss for accumulation
+            metrics["aux_loss"] = forward.aux_loss.detach()
+            loss = loss + self.aux_coef * forward.aux_loss / args.gradient_accumulation_steps
         self.policy.backward(loss, scale_wrt_gas=False)  # the loss already carries its share of the step
         self.policy.step()                               # DeepSpeed only steps at the accumulation boundary
         tokens = float(mb["completion_mask"].sum())
@@ -193,3 +198,17 @@ def learning_alarm(metrics: Dict[str, float]) -> Optional[str]:
     return ("; ".join(parts) + ": the policy is barely learning. Causes: a sampling setting the trainer does not "
             "reproduce (repetition_penalty, a logits processor in generation_kwargs), a weight sync that failed, or "
             "bf16 numerics (vllm_importance_sampling_mode='token_truncate' bounds the damage).")
+
+
+def router_aux_coef(args, config) -> float:
+    """The weight of a MoE router's load-balancing loss in the GRPO loss (TRL's rule): router_aux_loss_coef, else
+    the model config's own coefficient; 0 for a model that has no router. Setting it for a dense model is an error."""
+    text = getattr(config, "text_config", None) or config
+    is_moe = hasattr(text, "output_router_logits")
+    if args.router_aux_loss_coef and not is_moe:
+        raise ValueError(f"router_aux_loss_coef={args.router_aux_loss_coef}: {type(config).__name__} is not a "
+                         "mixture-of-experts model (its config has no router). Leave router_aux_loss_coef unset.")
+    if not is_moe:
+        return 0.0
+    coef = args.router_aux_loss_coef
+    return float(getattr(text, "router_aux_loss_coef", 0.0) if coef is None else coef)

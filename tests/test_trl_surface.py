@@ -349,3 +349,17 @@ def test_all_none_rewards_warn_and_processing_classes_are_checked():
     assert stack.processing_classes == [None, None]
     with pytest.raises(ValueError, match="reward_processing_classes has 1 entries for 2 reward sources"):
         RewardStack([lambda p, c, **k: [0.0], lambda p, c, **k: [0.0]], reward_processing_classes=["tok"])
+
+
+def test_router_aux_coefficient_follows_trl():
+    from types import SimpleNamespace
+
+    from dsgrpo.update import router_aux_coef
+
+    moe = SimpleNamespace(output_router_logits=False, router_aux_loss_coef=0.001)
+    dense = SimpleNamespace()
+    assert router_aux_coef(GRPOConfig(), moe) == 0.001  # the config's own
+    assert router_aux_coef(GRPOConfig(router_aux_loss_coef=0.0), moe) == 0.0  # switched off
+    assert router_aux_coef(GRPOConfig(), dense) == 0.0
+    with pytest.raises(ValueError, match="not a mixture-of-experts model"):
+        router_aux_coef(GRPOConfig(router_aux_loss_coef=0.01), dense)

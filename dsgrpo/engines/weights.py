@@ -1,10 +1,15 @@
 """A policy's weights as a Hugging Face checkpoint names them, streamed full from ZeRO-3 shards a bounded bucket at a
 time: what weight sync, exports and the initial save of a model instance all read. A LoRA policy streams its
-merged weights (engines/lora.py builds those units); everything else streams its parameters."""
+merged weights (engines/lora.py builds those units); everything else streams its parameters.
+
+"As the checkpoint names them" matters for models whose modules differ from their checkpoints: transformers 5 keeps
+a mixture-of-experts layer's experts fused (`mlp.experts.gate_up_proj` [E, 2I, H]) while checkpoints and vLLM name
+them one expert at a time. Each gathered parameter goes through transformers' own reverse conversion
+(compat.to_checkpoint_format) on its way out."""
 
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import torch
 
@@ -18,13 +23,41 @@ def checkpoint_units(module: torch.nn.Module) -> List[Unit]:
     return merged_units(module) if is_peft_model(module) else plain_units(module.named_parameters())
 
 
+def base_model(module: torch.nn.Module) -> torch.nn.Module:
+    return module.get_base_model() if is_peft_model(module) else module
+
+
+def checkpoint_layout(module: torch.nn.Module) -> Dict[str, List[Tuple[str, Tuple[int, ...]]]]:
+    """unit name → [(checkpoint name, full shape), ...] of what it streams out as: one entry named as itself for
+    most units, several for a fused MoE tensor. Computed on meta tensors (nothing is gathered)."""
+    units = checkpoint_units(module)
+    with torch.device("meta"):
+        meta = {u.name: torch.empty(u.shape) for u in units}
+    converted = compat.to_checkpoint_format(base_model(module), dict(meta))
+    layout: Dict[str, List[Tuple[str, Tuple[int, ...]]]] = {}
+    kept = set(converted) & set(meta)
+    for name in kept:
+        layout[name] = [(name, tuple(converted[name].shape))]
+    new = {n: t for n, t in converted.items() if n not in kept}
+    if new:  # which unit each new name came from: convert each changed unit alone
+        for name in (n for n in meta if n not in kept):
+            layout[name] = [(k, tuple(v.shape)) for k, v in compat.to_checkpoint_format(
+                base_model(module), {name: meta[name]}).items()]
+    return layout
+
+
 def named_full_parameters(module: torch.nn.Module, bucket_bytes: int,
                           tied_lm_head: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
-    """Checkpoint-named full tensors of an HF model (a LoRA policy: merged). With tied embeddings
-    `named_parameters()` lists the shared weight once (as the embedding); `tied_lm_head=True` also yields it as
-    `lm_head.weight`, which vLLM needs."""
+    """Checkpoint-named full tensors of an HF model (a LoRA policy: merged; a MoE layer: expert by expert). With
+    tied embeddings `named_parameters()` lists the shared weight once (as the embedding); `tied_lm_head=True` also
+    yields it as `lm_head.weight`, which vLLM needs."""
+    layout = checkpoint_layout(module)
+    model = base_model(module)
     for name, tensor in full_tensors(checkpoint_units(module), bucket_bytes):
-        yield name, tensor
+        if layout[name] == [(name, tuple(tensor.shape))]:
+            yield name, tensor
+        else:
+            yield from compat.to_checkpoint_format(model, {name: tensor}).items()
         if tied_lm_head and name.endswith("embed_tokens.weight"):
             yield "lm_head.weight", tensor
 

@@ -8,12 +8,13 @@ import torch
 
 from .. import dist
 from ..engines.gather import byte_buckets
-from ..engines.weights import checkpoint_units, named_full_parameters
+from ..engines.weights import checkpoint_layout, named_full_parameters
 
 
 def expected_checkpoint_shapes(module, tied_lm_head: bool) -> Dict[str, Tuple[int, ...]]:
-    """Names and full shapes the sync will send (ZeRO-3 keeps the full shape in `ds_shape`)."""
-    shapes = {u.name: u.shape for u in checkpoint_units(module)}
+    """Names and full shapes the sync will send (ZeRO-3 keeps the full shape in `ds_shape`; fused MoE experts are
+    sent one expert at a time, as the checkpoint names them)."""
+    shapes = {name: shape for entries in checkpoint_layout(module).values() for name, shape in entries}
     if tied_lm_head:
         emb = [n for n in shapes if n.endswith("embed_tokens.weight")]
         if emb:

@@ -16,7 +16,7 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.algorithms import Truncation  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, policy_logps, recorder, training_rows, vllm_logps  # noqa: E402
+from recorder import SHARDED_ZERO3, after_each_sync, policy_logps, recorder, training_rows, vllm_logps  # noqa: E402
 
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
@@ -55,6 +55,34 @@ def _():
     return {"top_p": sampling_run("top_p", top_p=0.9), "top_k": sampling_run("top_k", top_k=10),
             "min_p": sampling_run("min_p", min_p=0.1),
             "top_k_as_before": sampling_run("top_k_before", top_k=10, untruncated_trainer=True)}
+
+
+# ------------------------------------------------------------------ 2. mixture-of-experts policies
+def moe_run(model, **overrides):
+    """Train a MoE policy; after every weight sync compare vLLM's log-probs of a fixed sequence with the policy's;
+    export the final model (its log-probs under AutoModelForCausalLM and vLLM are compared by the pytest side)."""
+    name, peft = overrides.pop("name", model), overrides.pop("peft", None)
+    t = GRPOTrainer(tiny_model(model), digit_fraction, train_dataset=prompts, peft_config=peft,
+                    args=config(f"moe_{name}", **{"learning_rate": 5e-3, "beta": 0.05, **overrides}))
+    KEEP.append(t)
+    syncs = [{"vllm": vllm_logps(t), "policy": policy_logps(t.policy)}]
+
+    def record(needed):
+        if needed:
+            syncs.append({"vllm": vllm_logps(t), "policy": policy_logps(t.policy)})
+    after_each_sync(t, record)
+    t.train()
+    final = policy_logps(t.policy)
+    return {"syncs": syncs, "final_policy": final, "export": t.args.output_dir, "history": training_rows(t),
+            "moved": max(abs(a - b) for a, b in zip(final, syncs[0]["policy"]))}
+
+
+@check("moe")
+def _():
+    from peft import LoraConfig
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.0)
+    return {"qwen3-moe": moe_run("qwen3-moe"), "qwen2-moe": moe_run("qwen2-moe"),
+            "qwen3-moe-lora": moe_run("qwen3-moe", name="qwen3-moe-lora", peft=lora, learning_rate=5e-2)}
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
