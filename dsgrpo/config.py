@@ -200,7 +200,7 @@ class GRPOConfig:
     vllm_mode: str = field(default="colocate", metadata=_help("'colocate' (one in-process engine per rank) or 'server' (a `dsgrpo vllm-serve` process elsewhere).", choices=VLLM_MODES))
     vllm_model_impl: str = field(default="vllm", metadata=_help("vLLM's model implementation: 'vllm' or 'transformers'.", choices=("vllm", "transformers", "auto")))
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata=_help("Fraction of GPU memory vLLM may take (GPU only; on CPU vllm_kv_cache_bytes bounds it)."))
-    vllm_tensor_parallel_size: int = field(default=1, metadata=_help("vLLM tensor parallel size; only 1 is supported in colocate mode."))
+    vllm_tensor_parallel_size: int = field(default=1, metadata=_help("Colocate mode: this many consecutive ranks of a node form one vLLM engine, its weights sharded over them (for a model whose vLLM copy does not fit beside its ZeRO-3 shard on one device)."))
     vllm_enable_sleep_mode: bool = field(default=False, metadata=_help("Release vLLM's GPU memory while training (GPU only)."))
     vllm_max_model_length: Optional[int] = field(default=None, metadata=_help("vLLM context length (None: max_prompt_length + max_completion_length, or the model's)."))
     vllm_structured_outputs_regex: Optional[str] = field(default=None, metadata=_help("Constrain every completion to this regular expression (vLLM structured outputs)."))
@@ -433,9 +433,10 @@ class GRPOConfig:
         self._check_objective()
         if self.bf16 and self.fp16:
             raise ValueError("bf16=True and fp16=True: pick one precision (bf16 is the GPU default).")
-        if self.vllm_tensor_parallel_size != 1:
-            raise ValueError(f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size}: colocate mode runs one engine "
-                             "per rank; set vllm_tensor_parallel_size=1.")
+        tp = self.vllm_tensor_parallel_size
+        if tp < 1 or world_size % tp:
+            raise ValueError(f"vllm_tensor_parallel_size={tp}: the {world_size} ranks must split into engines of {tp} "
+                             f"consecutive ranks; choose a divisor of the world size.")
         for name in ("vllm_server_port", "vllm_group_port"):
             if not 0 < getattr(self, name) < 65536:
                 raise ValueError(f"{name}={getattr(self, name)} is not a TCP port (1-65535).")

@@ -101,6 +101,8 @@ def _group(group):
         return None
     if group == WEIGHTS:
         return _split["broadcast"]
+    if group == TP:
+        return _tp["group"]
     return _split.get("train")
 
 
@@ -256,6 +258,27 @@ def reduce_metrics(metrics: Dict[str, float], weights: Optional[Dict[str, float]
     mean = summed[:n] / summed[n:].clamp(min=1e-12)
     out = torch.where(is_max, extremes, torch.where(is_min, -extremes, mean))
     return {name: out[i].item() for i, name in enumerate(names)}
+
+
+# ---------------------------------------------------------------------------------------------- tensor-parallel engines
+TP = "tensor_parallel"
+_tp: Dict[str, object] = {}
+
+
+def tensor_parallel_groups(size: int) -> Optional[object]:
+    """Every rank calls this once (collective): groups of `size` consecutive ranks, each running one vLLM engine
+    (vLLM's external_launcher makes the same blocks). Returns this rank's group; dist.TP names it afterwards."""
+    if not _many(EVERYONE) or size <= 1:
+        return None
+    world, me = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
+    _tp.update(group=groups[me // size], size=size)
+    return _tp["group"]
+
+
+def tensor_parallel_index() -> int:
+    """Which engine this rank belongs to (0 without tensor parallelism)."""
+    return rank(EVERYONE) // int(_tp.get("size", 1))
 
 
 # ---------------------------------------------------------------------------------------------- shared counters

@@ -75,7 +75,7 @@ class GRPOTrainer:
         self.rollout_func = rollout_func
         self.args = args = args or GRPOConfig()
         # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
-        self._check_supported(args)
+        self._check_supported(args, tools)
         device.prepare_process(dist.local_world_size(), args.num_threads)
         device.set_tf32(args.tf32)
         dist.init(timeout_s=args.ddp_timeout)
@@ -152,12 +152,27 @@ class GRPOTrainer:
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
         self.control = self.callbacks.fire("on_init_end", args, self.state, self.control)
 
-    @staticmethod
-    def _check_supported(args) -> None:
+    def _check_supported(self, args, tools) -> None:
         """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
         if args.vllm_mode == "server" and args.use_vllm:
             raise NotImplementedError("vllm_mode='server' is parsed and validated, but dsgrpo does not talk to a vLLM "
                                       "server yet: use vllm_mode='colocate' (one engine per rank).")
+        if args.vllm_tensor_parallel_size > 1:
+            if not args.use_vllm:
+                raise ValueError("vllm_tensor_parallel_size > 1 shards a vLLM engine; use_vllm=False generates with "
+                                 "the policy itself. Set vllm_tensor_parallel_size=1.")
+            if tools:
+                raise NotImplementedError("tools with vllm_tensor_parallel_size > 1: the ranks of one engine must make "
+                                          "the same generate calls, and tool turns continue per rank. Use "
+                                          "vllm_tensor_parallel_size=1 with tools for now.")
+            if self.rollout_source is not GenerationSource:
+                raise NotImplementedError("AsyncGRPOTrainer with vllm_tensor_parallel_size > 1: the rollout workers of "
+                                          "one engine's ranks would have to claim and generate in lockstep. Use "
+                                          "GRPOTrainer, or vllm_tensor_parallel_size=1.")
+            local = dist.local_world_size()
+            if local % args.vllm_tensor_parallel_size:
+                raise ValueError(f"vllm_tensor_parallel_size={args.vllm_tensor_parallel_size}: an engine's ranks must "
+                                 f"share a node, but this node runs {local} ranks. Choose a divisor of {local}.")
 
     @property
     def last_checkpoint(self) -> Optional[str]:

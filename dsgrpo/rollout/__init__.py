@@ -16,6 +16,11 @@ def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dty
         return None
     if args.use_vllm:
         from .vllm_engine import VLLMGenerator
+        if args.vllm_tensor_parallel_size > 1:  # consecutive ranks share one engine
+            from .. import dist
+            from .tensor_parallel import TensorParallelGenerator
+            dist.tensor_parallel_groups(args.vllm_tensor_parallel_size)
+            return TensorParallelGenerator(VLLMGenerator(model_path, args, dtype=dtype))
         return VLLMGenerator(model_path, args, dtype=dtype)
     from .hf_generate import HFGenerator
     return HFGenerator(policy_engine, tokenizer, zero3=zero3, gather_for_generation=args.ds3_gather_for_generation,

@@ -34,12 +34,13 @@ class VLLMGenerator:
         compat.quiet_vllm_rotary_reload_warning()
 
         kwargs = dict(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
-                      seed=args.seed + dist.rank(),  # ranks must sample different completions
+                      # engines must sample different completions; the ranks of one tensor-parallel engine the same
+                      seed=args.seed + dist.tensor_parallel_index(),
                       max_model_len=args.vllm_max_model_length or _default_max_model_len(args),
                       logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
                       trust_remote_code=args.trust_remote_code, model_impl=args.vllm_model_impl,
                       enable_sleep_mode=args.vllm_enable_sleep_mode and device.on_gpu(),
-                      tensor_parallel_size=1)
+                      tensor_parallel_size=args.vllm_tensor_parallel_size)
         if dist.world_size() > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
         if device.on_gpu():

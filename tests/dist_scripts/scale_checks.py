@@ -1,0 +1,95 @@
+"""Run under `torchrun --nproc_per_node 2`: generation at scale on real DeepSpeed ZeRO-3 and real vLLM (fp32, CPU):
+colocated tensor parallelism (vllm_tensor_parallel_size=2: one engine over both ranks). Each check records numbers
+in OUT/result-<rank>.json; tests/test_scale_dist.py asserts on them.
+
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/scale_checks.py OUT [CHECK,CHECK,...]
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from datasets import Dataset  # noqa: E402
+
+from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
+from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import (SHARDED_ZERO3, after_each_sync, policy_logps, recorder, training_rows,  # noqa: E402
+                      vllm_logps)
+
+OUT = sys.argv[1]
+ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
+results, KEEP = {}, []
+check = recorder(results, ONLY)
+prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
+
+
+def digit_fraction(prompts, completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def config(name, **overrides):
+    base = dict(output_dir=os.path.join(OUT, name), max_steps=5, per_device_train_batch_size=8, num_generations=4,
+                max_completion_length=12, learning_rate=2e-3, lr_scheduler_type="constant", logging_steps=1,
+                gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20,
+                save_steps=10**6, vllm_tensor_parallel_size=2)
+    base.update(overrides)
+    return GRPOConfig(**base)
+
+
+def trainer_for(name, model="qwen2-tied", **overrides):
+    t = GRPOTrainer(tiny_model(model), digit_fraction, train_dataset=prompts, args=config(name, **overrides))
+    KEEP.append(t)
+    return t
+
+
+def full(t):
+    return {n: x.clone() for n, x in named_full_parameters(t.policy.module, 1 << 30)}
+
+
+# ------------------------------------------------------------------ 1. one engine over two ranks: in step with the policy
+@check("tp_sync")
+def _():
+    t = trainer_for("tp_sync", beta=0.05)
+    syncs = [{"vllm": vllm_logps(t), "policy": policy_logps(t.policy)}]
+
+    def record(needed):
+        if needed:
+            syncs.append({"vllm": vllm_logps(t), "policy": policy_logps(t.policy)})
+    after_each_sync(t, record)
+    t.train()
+
+    def engine_shapes(worker):  # what this rank's engine shard holds (vLLM's internals: a test may look)
+        return {n: list(p.shape) for n, p in worker.model_runner.get_model().named_parameters()
+                if "layers.0.self_attn.qkv_proj" in n or "layers.0.mlp.down_proj" in n}
+    return {"syncs": syncs, "history": training_rows(t), "engine_shapes": t.generator.llm.collective_rpc(engine_shapes)[0]}
+
+
+# ------------------------------------------------------------------ 2. learning on the digit task
+@check("tp_learning")
+def _():
+    t = trainer_for("tp_learning", max_steps=int(os.environ.get("LEARN_STEPS", 40)), beta=0.05)
+    t.train()
+    return {"rewards": [h["reward"] for h in training_rows(t)]}
+
+
+# ------------------------------------------------------------------ 3. resume is exact
+@check("tp_resume")
+def _():
+    straight = trainer_for("tp_straight", max_steps=4)
+    straight.train()
+    a = full(straight)
+    first = trainer_for("tp_resume", max_steps=2, save_steps=2)
+    first.train()
+    second = trainer_for("tp_resume", max_steps=4, resume_from_checkpoint=os.path.join(OUT, "tp_resume", "checkpoint-2"))
+    second.train()
+    b = full(second)
+    return {"max_diff": max((a[n] - b[n]).abs().max().item() for n in a),
+            "rewards": [[h["reward"] for h in training_rows(x)] for x in (straight, second)]}
+
+
+with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
+    json.dump(results, fh, default=str)
+dist.barrier("results written")
