@@ -76,7 +76,7 @@ def test_cli_overrides_win_over_yaml(tmp_path):
     ({"generation_batch_size": 16, "steps_per_generation": 2}, ValueError, ["both set", "only one"]),
     ({"top_p": 0.0}, ValueError, ["top_p=0.0"]),
     ({"delta": 1.1}, ValueError, ["delta=1.1", "1 + epsilon_high"]),
-    ({"vllm_tensor_parallel_size": 2}, ValueError, ["vllm_tensor_parallel_size=1"]),
+    ({"vllm_tensor_parallel_size": 3}, ValueError, ["vllm_tensor_parallel_size=3", "divisor of the world size"]),
 ])
 def test_validation_errors(kwargs, exc, words):
     with pytest.raises(exc) as info:
