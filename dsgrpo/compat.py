@@ -61,6 +61,10 @@ PINS: Tuple[Pin, ...] = (
     # ---- torch.distributed
     Pin("torch.distributed.distributed_c10d:_get_default_store", "torch 2.13",
         "the async claim counter falls back to the rendezvous store when MASTER_ADDR/PORT are unknown"),
+    Pin("torch.distributed:ProcessGroupGloo", "torch 2.13",
+        "server mode: the trainer and the vLLM server share a gloo group of their own (store, rank, size, timeout)"),
+    Pin("torch.distributed:ProcessGroupNCCL.Options", "torch 2.13", "the same on GPU"),
+    Pin("torch.distributed:BroadcastOptions", "torch 2.13", "rootRank / rootTensor of a standalone group's broadcast"),
     # ---- transformers
     Pin("transformers.integrations.deepspeed:unset_hf_deepspeed_config", "transformers 5.19",
         "ZeRO-3 partition-at-load is scoped to one from_pretrained call (HfDeepSpeedConfig is process-global)"),
@@ -284,6 +288,22 @@ def default_store():
     """The rendezvous key-value store of the default process group."""
     import torch.distributed as tdist
     return tdist.distributed_c10d._get_default_store()
+
+
+def standalone_group(backend: str, store, rank: int, size: int, timeout):
+    """A process group outside the default one (a trainer and a vLLM server that share no torch.distributed world):
+    gloo on CPU, NCCL on GPU, over its own key-value store."""
+    import torch.distributed as tdist
+    if backend == "nccl":
+        return tdist.ProcessGroupNCCL(store, rank, size, tdist.ProcessGroupNCCL.Options())
+    return tdist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def broadcast_options(root: int):
+    import torch.distributed as tdist
+    opts = tdist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = root, 0
+    return opts
 
 
 # ================================================================================================ transformers

@@ -297,3 +297,45 @@ def counter_store(prefix: str):
     else:  # the address is unknown: the default store itself
         client = compat.default_store()
     return dist.PrefixStore(prefix, client)
+
+
+class GroupChannel:
+    """broadcast / broadcast_object over one of the named groups (dist.WEIGHTS), the interface weight streaming uses."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        return broadcast(tensor, src=src, group=self.group)
+
+    def broadcast_object(self, obj, src: int):
+        return broadcast_object(obj, src=src, group=self.group)
+
+
+# ---------------------------------------------------------------------------------------------- standalone groups
+class Communicator:
+    """A process group of its own between processes that share no torch.distributed world (training rank 0 and the
+    ranks of a `dsgrpo vllm-serve` server): gloo on CPU, NCCL on GPU, rendezvous at host:port (the rank that hosts
+    the store passes is_master). Only broadcasts: weights flow one way."""
+
+    def __init__(self, host: str, port: int, rank: int, world: int, is_master: bool, timeout_s: float = 300):
+        self.rank, self.world = rank, world
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(host, port, world, is_master=is_master, timeout=timeout, wait_for_workers=False)
+        self.group = compat.standalone_group(device.dist_backend(), dist.PrefixStore("dsgrpo/weights/", self.store),
+                                             rank, world, timeout)
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        self.group.broadcast([tensor], compat.broadcast_options(src)).wait()
+        return tensor
+
+    def broadcast_object(self, obj, src: int):
+        """A picklable object from `src` (pickle never crosses the network from an unauthenticated peer: the
+        group's members are the trainer and the server it configured)."""
+        import pickle
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if self.rank == src else None
+        size = self.broadcast(torch.tensor([data.numel() if data is not None else 0], dtype=torch.long), src)
+        if data is None:
+            data = torch.empty(int(size[0]), dtype=torch.uint8)
+        self.broadcast(data, src)
+        return obj if self.rank == src else pickle.loads(data.numpy().tobytes())

@@ -34,7 +34,7 @@ from ..errors import CheckpointError
 from .batch import Batch
 from .pool import ClaimCounter, Group, GroupPool, PromptStream, plan_batch
 from .sources import Placement, RolloutSetup, RolloutSource
-from .weight_sync import broadcast_weights
+from .weight_sync import send_weights
 from .worker import RolloutWorker, as_rollout_rows
 
 POLL_SECONDS = 0.01
@@ -252,7 +252,8 @@ class AsyncRolloutSource(RolloutSource):
             if sender:
                 dist.broadcast_object(needed, src=0, group=dist.WEIGHTS)
             if needed:
-                broadcast_weights(named_full_parameters(policy_module, bucket, self.setup.tied), bucket, sending=sender)
+                send_weights(named_full_parameters(policy_module, bucket, self.setup.tied), bucket,
+                             dist.GroupChannel(dist.WEIGHTS), src=0, sending=sender)
             return
         with self.exchange.paused() as waited:
             super().sync_weights(policy_module, round_index, needed)

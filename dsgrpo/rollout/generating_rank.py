@@ -51,5 +51,5 @@ class GeneratingRank:
         """The weights training rank 0 broadcasts after an update (nothing after the last round)."""
         if dist.broadcast_object(None, src=0, group=dist.WEIGHTS):
             with self.exchange.paused():
-                self.generator.load_weights(received_weights())
+                self.generator.load_weights(received_weights(dist.GroupChannel(dist.WEIGHTS), src=0))
                 self.worker.version = version

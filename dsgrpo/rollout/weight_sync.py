@@ -6,7 +6,6 @@ from typing import Dict, Tuple
 
 import torch
 
-from .. import dist
 from ..engines.gather import byte_buckets
 from ..engines.weights import checkpoint_layout, named_full_parameters
 
@@ -55,32 +54,33 @@ def sync_weights(policy_module, generator, bucket_bytes: int, tied_lm_head: bool
     generator.load_weights(named_full_parameters(policy_module, bucket_bytes, tied_lm_head))
 
 
-# ------------------------------------------------------------------------------ split placement: trainers → generators
-def broadcast_weights(named_tensors, bucket_bytes: int, sending: bool) -> None:
-    """Training side of a split-placement sync. Every training rank iterates `named_tensors` (its ZeRO-3 gathers
-    are collective over the training ranks); training rank 0 (`sending`) packs the full tensors into buckets of
-    about `bucket_bytes` (one dtype each) and broadcasts each over dist.WEIGHTS (training rank 0 + the generators):
-    first the bucket's manifest, then one flat buffer. An empty manifest ends the stream."""
+# ------------------------------------------------------------------------------ weights to another process's engine
+def send_weights(named_tensors, bucket_bytes: int, channel, src: int, sending: bool) -> None:
+    """The sending side of a weight stream to engines in other processes (split placement's generators, a vLLM
+    server). Every training rank iterates `named_tensors` (its ZeRO-3 gathers are collective over the training
+    ranks); the `sending` rank packs the full tensors into buckets of about `bucket_bytes` (one dtype each) and
+    broadcasts each over `channel` (dist.GroupChannel or dist.Communicator) from rank `src`: first the bucket's
+    manifest, then one flat buffer. An empty manifest ends the stream."""
     if not sending:
         for _ in named_tensors:  # the gathers are collective: take part, send nothing
             pass
         return
     for bucket in byte_buckets(named_tensors, lambda nt: nt[1].numel() * nt[1].element_size(), bucket_bytes,
                                key=lambda nt: nt[1].dtype):
-        dist.broadcast_object([(n, tuple(t.shape), str(t.dtype)) for n, t in bucket], src=0, group=dist.WEIGHTS)
-        dist.broadcast(torch.cat([t.reshape(-1) for _, t in bucket]), src=0, group=dist.WEIGHTS)
-    dist.broadcast_object([], src=0, group=dist.WEIGHTS)
+        channel.broadcast_object([(n, tuple(t.shape), str(t.dtype)) for n, t in bucket], src=src)
+        channel.broadcast(torch.cat([t.reshape(-1) for _, t in bucket]), src=src)
+    channel.broadcast_object([], src=src)
 
 
-def received_weights():
-    """Generator side: yield (name, tensor) as broadcast buckets arrive, until the empty manifest."""
+def received_weights(channel, src: int):
+    """The receiving side: yield (name, tensor) as buckets arrive, until the empty manifest."""
     while True:
-        manifest = dist.broadcast_object(None, src=0, group=dist.WEIGHTS)
+        manifest = channel.broadcast_object(None, src=src)
         if not manifest:
             return
         dtype = getattr(torch, manifest[0][2].replace("torch.", ""))
         flat = torch.empty(sum(int(torch.Size(shape).numel()) for _, shape, _ in manifest), dtype=dtype)
-        dist.broadcast(flat, src=0, group=dist.WEIGHTS)
+        channel.broadcast(flat, src=src)
         offset = 0
         for name, shape, _ in manifest:
             n = int(torch.Size(shape).numel())
