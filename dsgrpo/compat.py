@@ -32,6 +32,7 @@ class Pin:
     why: str
     params: Tuple[str, ...] = ()        # parameters the call passes by name: each must still be accepted
     source_has: Tuple[str, ...] = ()    # text the symbol's source must still contain (the behaviour relied on)
+    needs_nccl: bool = False            # exists only in a CUDA build of torch (checked there, skipped on CPU)
 
 
 PINS: Tuple[Pin, ...] = (
@@ -63,7 +64,7 @@ PINS: Tuple[Pin, ...] = (
         "the async claim counter falls back to the rendezvous store when MASTER_ADDR/PORT are unknown"),
     Pin("torch.distributed:ProcessGroupGloo", "torch 2.13",
         "server mode: the trainer and the vLLM server share a gloo group of their own (store, rank, size, timeout)"),
-    Pin("torch.distributed:ProcessGroupNCCL.Options", "torch 2.13", "the same on GPU"),
+    Pin("torch.distributed:ProcessGroupNCCL.Options", "torch 2.13", "the same on GPU", needs_nccl=True),
     Pin("torch.distributed:BroadcastOptions", "torch 2.13", "rootRank / rootTensor of a standalone group's broadcast"),
     # ---- transformers
     Pin("transformers.integrations.deepspeed:unset_hf_deepspeed_config", "transformers 5.19",
@@ -134,6 +135,10 @@ def resolve(path: str):
 
 def check_pin(pin: Pin) -> Optional[str]:
     """None when the pin holds; otherwise what moved."""
+    if pin.needs_nccl:
+        import torch.distributed as tdist
+        if not tdist.is_nccl_available():
+            return None
     try:
         obj = resolve(pin.path)
     except (ImportError, AttributeError) as exc:
