@@ -100,7 +100,9 @@ def main(argv: List[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n"
               "       dsgrpo export CHECKPOINT_DIR OUT_DIR [--merged]   (--merged: a LoRA run's merged model too)\n"
-              "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n\nRun keys:")
+              "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n"
+              "       dsgrpo vllm-serve --model M [--tensor-parallel-size N] [--data-parallel-size D] [--host H] "
+              "[--port P] [--token T]   (vllm_mode='server')\n\nRun keys:")
         for k, v in RUN_KEYS.items():
             print(f"  {k:16s} {v}")
         print("\nGRPOConfig fields:")
@@ -122,6 +124,9 @@ def main(argv: List[str] | None = None) -> int:
     if argv[0] == "serve-reward":
         from .rewards.remote import serve_reward
         return serve_reward(argv[1:])
+    if argv[0] == "vllm-serve":
+        from .rollout.server import main as vllm_serve
+        return vllm_serve(argv[1:])
     print(f"unknown command {argv[0]!r}; try `dsgrpo train CONFIG.yaml` or `dsgrpo serve-reward --help`", file=sys.stderr)
     return 2
 

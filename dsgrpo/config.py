@@ -434,7 +434,7 @@ class GRPOConfig:
         if self.bf16 and self.fp16:
             raise ValueError("bf16=True and fp16=True: pick one precision (bf16 is the GPU default).")
         tp = self.vllm_tensor_parallel_size
-        if tp < 1 or world_size % tp:
+        if tp < 1 or (self.vllm_mode == "colocate" and self.use_vllm and world_size % tp):
             raise ValueError(f"vllm_tensor_parallel_size={tp}: the {world_size} ranks must split into engines of {tp} "
                              f"consecutive ranks; choose a divisor of the world size.")
         for name in ("vllm_server_port", "vllm_group_port"):

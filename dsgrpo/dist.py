@@ -315,15 +315,20 @@ class GroupChannel:
 # ---------------------------------------------------------------------------------------------- standalone groups
 class Communicator:
     """A process group of its own between processes that share no torch.distributed world (training rank 0 and the
-    ranks of a `dsgrpo vllm-serve` server): gloo on CPU, NCCL on GPU, rendezvous at host:port (the rank that hosts
-    the store passes is_master). Only broadcasts: weights flow one way."""
+    ranks of a `dsgrpo vllm-serve` server): gloo on CPU, NCCL on GPU, over a key-value store (`rendezvous_store`),
+    in the namespace `name`. Only broadcasts: weights flow one way."""
 
-    def __init__(self, host: str, port: int, rank: int, world: int, is_master: bool, timeout_s: float = 300):
+    def __init__(self, store, name: str, rank: int, world: int, timeout_s: float = 300):
         self.rank, self.world = rank, world
-        timeout = datetime.timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(host, port, world, is_master=is_master, timeout=timeout, wait_for_workers=False)
-        self.group = compat.standalone_group(device.dist_backend(), dist.PrefixStore("dsgrpo/weights/", self.store),
-                                             rank, world, timeout)
+        self.group = compat.standalone_group(device.dist_backend(), dist.PrefixStore(f"dsgrpo/weights/{name}/", store),
+                                             rank, world, datetime.timedelta(seconds=timeout_s))
+
+    @staticmethod
+    def rendezvous_store(host: str, port: int, is_master: bool, timeout_s: float = 300):
+        """The store a Communicator meets in. The master keeps one per port for its life and every group gets a new
+        namespace: a second store on the same port can share it (SO_REUSEPORT) and take half the connections."""
+        return dist.TCPStore(host, port, is_master=is_master, timeout=datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         self.group.broadcast([tensor], compat.broadcast_options(src)).wait()

@@ -232,6 +232,110 @@ def save_custom_model(out_dir: str, *, hidden_size: int, num_hidden_layers: int,
     return out_dir
 
 
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK",
+                "CROSS_SIZE", "LOCAL_SIZE")
+
+
+class ServerProcess:
+    """A `dsgrpo vllm-serve` subprocess for tests and benchmarks: started, awaited (/health), killed with SIGKILL
+    and restarted. Its command and pid live in `state_file`, so another process (a training rank of a test) can
+    restart the server the test started: ServerProcess.from_state(path).restart()."""
+
+    def __init__(self, model: str, state_file: str, *, port: int, group_port: int, token: Optional[str] = None,
+                 extra=(), nproc: int = 1, log_path: Optional[str] = None):
+        import sys
+        serve = ["-m", "dsgrpo.cli", "vllm-serve", "--model", model, "--port", str(port), "--group-port",
+                 str(group_port), "--dtype", "float32", *extra] + (["--token", token] if token else [])
+        launcher = [sys.executable] + (["-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                                        "--master_port", str(_free_port())] if nproc > 1 else [])
+        self.state = {"cmd": launcher + serve, "url": f"http://127.0.0.1:{port}", "pid": None,
+                      "log": log_path or state_file + ".log"}
+        self.state_file = state_file
+
+    @classmethod
+    def from_state(cls, state_file: str) -> "ServerProcess":
+        self = cls.__new__(cls)
+        self.state_file = state_file
+        with open(state_file) as fh:
+            self.state = json.load(fh)
+        return self
+
+    @property
+    def url(self) -> str:
+        return self.state["url"]
+
+    def start(self, timeout_s: float = 300) -> dict:
+        """Start the server and wait until it answers /health (its reply)."""
+        import subprocess
+        import time
+        import urllib.request
+
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        for key in list(env):  # started from a training rank: the server is a world of its own (torchrun's
+            # TORCHELASTIC_USE_AGENT_STORE would make it a client of a rendezvous store no one runs)
+            if key in LAUNCHER_ENV or key.startswith(("TORCHELASTIC_", "GROUP_", "ROLE_")):
+                del env[key]
+        with open(self.state["log"], "a") as log:
+            proc = subprocess.Popen(self.state["cmd"], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        self.state["pid"] = proc.pid
+        with open(self.state_file, "w") as fh:
+            json.dump(self.state, fh)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"dsgrpo vllm-serve exited {proc.returncode}; see {self.state['log']}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                    return json.loads(resp.read())
+            except OSError:
+                time.sleep(0.5)
+        self.kill()
+        raise TimeoutError(f"dsgrpo vllm-serve did not answer within {timeout_s} s; see {self.state['log']}")
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (torchrun and its ranks too) and wait until it is gone."""
+        import signal
+        import time
+
+        pid = self.state.get("pid")
+        if not pid:
+            return
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        for _ in range(400):
+            try:
+                os.waitpid(pid, os.WNOHANG)  # reaps it when this process started it
+            except ChildProcessError:
+                pass
+            if not _alive(pid):
+                break
+            time.sleep(0.05)
+        self.state["pid"] = None
+
+    def restart(self, timeout_s: float = 300) -> dict:
+        self.kill()
+        return self.start(timeout_s)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie another process has not reaped yet holds no ports: it counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main(argv=None) -> int:
     """`python -m dsgrpo.testing make --hidden 512 --layers 8 --heads 8 --vocab 1000 --out DIR`"""
     import argparse

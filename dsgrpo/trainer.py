@@ -33,7 +33,7 @@ from .hub import make_pusher
 from .logging import MetricSinks
 from .preemption import Preemption
 from .rewards import RewardStack
-from .rollout import SamplingConfig, check_against_checkpoint, make_generator
+from .rollout import SamplingConfig, check_against_checkpoint, connect_generator, make_generator
 from .rollout.batch import Batch, BatchBuilder
 from .rollout.generating_rank import GeneratingRank
 from .rollout.samplers import make_sampler
@@ -87,6 +87,7 @@ class GRPOTrainer:
         args.validate(world_size=self.world)
         self.dtype = device.train_dtype(args.bf16, args.fp16)
         self.hub = make_pusher(args) if self.placement.trains else None  # a Hub that cannot take uploads fails now
+        self.server = connect_generator(args)  # so does a vLLM server that is missing or refuses the token
         self.model_path, model_config = self._model_source(model, processing_class)
         router_aux_coef(args, model_config)  # router_aux_loss_coef on a dense model is refused before loading
         self.tokenizer = self._tokenizer(processing_class)
@@ -130,7 +131,8 @@ class GRPOTrainer:
         policy = self._build_engines(model, optimizers) if self.placement.trains else None
         self.generator = make_generator(args, self.placement, model_path=self.model_path,
                                         policy_engine=policy, tokenizer=self.tokenizer,
-                                        dtype=self.dtype, zero3=is_zero3(self.ds_config))
+                                        dtype=self.dtype, zero3=is_zero3(self.ds_config), tied=self.tied,
+                                        connected=self.server)
         self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
                                     max_tool_calling_iterations=args.max_tool_calling_iterations,
                                     rollout_func=rollout_func, trainer=self)
@@ -154,10 +156,15 @@ class GRPOTrainer:
 
     def _check_supported(self, args, tools) -> None:
         """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
-        if args.vllm_mode == "server" and args.use_vllm:
-            raise NotImplementedError("vllm_mode='server' is parsed and validated, but dsgrpo does not talk to a vLLM "
-                                      "server yet: use vllm_mode='colocate' (one engine per rank).")
-        if args.vllm_tensor_parallel_size > 1:
+        if args.use_vllm and args.vllm_mode == "server":
+            if args.async_placement == "split":
+                raise ValueError("async_placement='split' makes some of the trainer's ranks generate, and "
+                                 "vllm_mode='server' generates on the server: use async_placement='colocate' (the "
+                                 "default) with a server.")
+            if args.vllm_tensor_parallel_size > 1 and dist.is_main():
+                print("dsgrpo: warning: vllm_tensor_parallel_size applies to vllm_mode='colocate' (as in TRL); a "
+                      "server's engine is sharded by `dsgrpo vllm-serve --tensor-parallel-size`.", flush=True)
+        elif args.vllm_tensor_parallel_size > 1:
             if not args.use_vllm:
                 raise ValueError("vllm_tensor_parallel_size > 1 shards a vLLM engine; use_vllm=False generates with "
                                  "the policy itself. Set vllm_tensor_parallel_size=1.")
@@ -267,7 +274,7 @@ class GRPOTrainer:
             prepare_model(reference, args)
             self.reference = build_inference_engine(reference, self.ref_ds_config)
         self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype)
-        if args.use_vllm:
+        if args.use_vllm and args.vllm_mode == "colocate":  # a server checks its own (ServerGenerator.attach)
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
         self.callbacks.context.update(model=self.policy.module, processing_class=self.tokenizer,
                                       optimizer=self.policy.optimizer, lr_scheduler=self.policy.lr_scheduler)

@@ -4,16 +4,28 @@ turns, rollout_func); rollout sources (how the loop gets each round's batch); we
 from .base import Generator, Rollout, SamplingConfig
 from .weight_sync import check_against_checkpoint, sync_weights
 
-__all__ = ["Generator", "Rollout", "SamplingConfig", "sync_weights", "check_against_checkpoint", "make_generator"]
+__all__ = ["Generator", "Rollout", "SamplingConfig", "sync_weights", "check_against_checkpoint", "connect_generator",
+           "make_generator"]
 
 
-def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dtype, zero3):
+def connect_generator(args):
+    """An engine in other processes, reached before any model loads (a missing server or a refused token fails in
+    seconds); None when this rank's engine is built by make_generator."""
+    if args.use_vllm and args.vllm_mode == "server":
+        from .server_client import ServerGenerator
+        return ServerGenerator(args)
+    return None
+
+
+def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dtype, zero3, tied, connected=None):
     """The engine this rank generates with: vLLM (colocated) or the policy's own `generate`; None on a
     split-placement training rank, which only joins the generating ranks' engine start-up."""
     if not placement.generates:
         from .vllm_engine import join_engine_setup_without_engine
         join_engine_setup_without_engine(model_path, args, dtype=dtype)
         return None
+    if connected is not None:  # a `dsgrpo vllm-serve` server (connect_generator)
+        return connected.attach(policy_engine.module, tied)
     if args.use_vllm:
         from .vllm_engine import VLLMGenerator
         if args.vllm_tensor_parallel_size > 1:  # consecutive ranks share one engine

@@ -43,6 +43,10 @@ class SamplingConfig:
                 extra[key] = value
         return cls(**named, extra=extra, regex=getattr(args, "vllm_structured_outputs_regex", None))
 
+    def to_json(self) -> dict:
+        """The fields as plain values (a server request); SamplingConfig(**d) reads them back."""
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
 
 ROLLOUT_LISTS = ("prompt_ids", "completion_ids", "sampler_logprobs", "truncated")
 ROLLOUT_OPTIONAL = ("tool_mask", "messages", "tool_counts")

