@@ -33,7 +33,7 @@ def slurm(tmp_path_factory):
     finally:
         subprocess.run(["bash", CLUSTER, "stop", str(state)], timeout=120)
         for _ in range(40):  # SIGKILLed processes take a moment to be reaped
-            left = subprocess.run(["pgrep", "-af", "slurmctld|slurmd|slurmstepd|munged|dsgrpo.train"],
+            left = subprocess.run(["pgrep", "-af", "slurmctld|slurmd|slurmstepd|munged|dsgrpo.train|vllm-serve"],
                                   capture_output=True, text=True).stdout.strip()
             if not left:
                 break
@@ -53,9 +53,10 @@ def config(tmp_path, **over):
     return path
 
 
-def submit(env, tmp_path, cfg, *sbatch_args, ranks_per_node=2):
+def submit(env, tmp_path, cfg, *sbatch_args, ranks_per_node=2, **knobs):
     out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", *sbatch_args, SBATCH, str(cfg)],
-                         env=dict(env, RANKS_PER_NODE=str(ranks_per_node)), capture_output=True, text=True, check=True)
+                         env=dict(env, RANKS_PER_NODE=str(ranks_per_node), **knobs), capture_output=True, text=True,
+                         check=True)
     return out.stdout.strip().split(";")[0]
 
 
@@ -91,7 +92,7 @@ def test_one_node_job_trains_and_exports(slurm, tmp_path):
     job = submit(slurm, tmp_path, config(tmp_path), "--nodes=1")
     assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED", job_log(tmp_path, job)[-3000:]
     log = job_log(tmp_path, job)
-    assert "=== command: srun --ntasks-per-node=2" in log and "=== config" in log and "max_steps: 4" in log
+    assert "=== command: srun --nodes=1 --relative=0 --ntasks-per-node=2" in log and "=== config" in log and "max_steps: 4" in log
     assert steps(tmp_path / "run") == [1, 2, 3, 4]
     assert (tmp_path / "run" / "model.safetensors").exists() and (tmp_path / "run" / "config.json").exists()
 
@@ -103,6 +104,21 @@ def test_two_node_job_forms_one_world(slurm, tmp_path):
     assert state["identity"]["world_size"] == 2
     assert job_field(slurm, job, "NodeList") == "node[1-2]"
     assert steps(tmp_path / "run") == [1, 2, 3, 4]
+
+
+def test_one_node_serves_vllm_and_the_other_trains(slurm, tmp_path):
+    job = submit(slurm, tmp_path, config(tmp_path), "--nodes=2", SERVER_NODES="1",
+                 SERVER_ARGS=f"--kv-cache-bytes {32 * 2**20}", DSGRPO_VLLM_TOKEN="tok-7f3a9c")
+    assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED", job_log(tmp_path, job)[-3000:]
+    log = job_log(tmp_path, job)
+    assert "=== server on node1" in log and "dsgrpo vllm-serve: serving" in log
+    assert "--vllm_mode server --vllm_server_host node1" in log and "vLLM server at http://node1:" in log
+    assert "tok-7f3a9c" not in log  # the server binds 0.0.0.0 with the token, which stays out of the log
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if "reward" in line]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["sampling/sampling_logp_difference/max"] <= 1e-4 for r in rows)  # the server follows each push
+    state = json.load(open(tmp_path / "run" / "checkpoint-4" / "trainer_state.json"))
+    assert state["identity"]["world_size"] == 2  # both training ranks on node2; the server is no rank of theirs
 
 
 def test_preempted_job_checkpoints_requeues_and_resumes(slurm, tmp_path):
