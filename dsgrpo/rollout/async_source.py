@@ -193,6 +193,9 @@ class AsyncRolloutSource(RolloutSource):
             raise ValueError("AsyncGRPOTrainer hands prompt groups out by dataset position, out of order, so it needs "
                              "a map-style datasets.Dataset, not an IterableDataset. Use GRPOTrainer, or load the "
                              "dataset without streaming.")
+        if args.vllm_enable_sleep_mode and dist.is_main():
+            print("dsgrpo: warning: vllm_enable_sleep_mode has no effect with AsyncGRPOTrainer: its engine generates "
+                  "while training runs, so it never sleeps.", flush=True)
         if not args.use_vllm:
             raise ValueError("AsyncGRPOTrainer generates in a background thread with vLLM; use_vllm=False (HF generate) "
                              "is collective under ZeRO-3 and cannot run there. Set use_vllm=True or use GRPOTrainer.")

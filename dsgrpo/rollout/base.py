@@ -157,3 +157,9 @@ class Generator(Protocol):
         policy's parameters)."""
 
     def needs_weight_sync(self) -> bool: ...
+
+    def end_generation(self) -> None:
+        """A round's completions are all made (the engine may release memory until its next weight load)."""
+
+    def needs_weights(self) -> bool:
+        """True when the engine cannot generate before a weight load (asleep at level 2)."""

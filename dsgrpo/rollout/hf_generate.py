@@ -29,6 +29,12 @@ class HFGenerator:
     def needs_weight_sync(self) -> bool:
         return False  # generation reads the policy's own parameters
 
+    def end_generation(self) -> None:
+        pass
+
+    def needs_weights(self) -> bool:
+        return False
+
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         for _ in named_tensors:
             pass

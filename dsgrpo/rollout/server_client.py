@@ -122,6 +122,12 @@ class ServerGenerator:
     def needs_weight_sync(self) -> bool:
         return True
 
+    def end_generation(self) -> None:
+        pass
+
+    def needs_weights(self) -> bool:
+        return False
+
     # ---- requests
     def _request(self, path: str, payload: Optional[dict] = None, timeout: Optional[float] = None) -> dict:
         try:

@@ -91,8 +91,10 @@ class RolloutSource:
 
     def sync_weights(self, policy_module, round_index: int, needed: bool = True) -> None:
         """After the round's update (every training rank; the gathers are collective). `needed` is False after the
-        last round: its weights are never sampled from."""
-        if needed and self.setup.generator is not None:
+        last round (its weights are never sampled from) and after a round without an optimizer step; an engine that
+        discarded its weights (sleep mode) gets them anyway, so an evaluation or the next round can generate."""
+        generator = self.setup.generator
+        if generator is not None and (needed or generator.needs_weights()):
             sync_weights(policy_module, self.setup.generator, self.args.weight_sync_bucket_bytes, self.setup.tied)
 
     def end_round(self, save: bool, stop: bool, preempted: bool) -> None:
@@ -152,4 +154,6 @@ class GenerationSource(RolloutSource):
         args = self.args
         rows = self.setup.prompts.round_prompts(round_index, self.setup.prompts_per_round, args.order_seed,
                                                 args.shuffle_dataset)
-        return self._sample(self.setup.prompts, rows, round_index, args.num_generations)
+        batch = self._sample(self.setup.prompts, rows, round_index, args.num_generations)
+        self.setup.generator.end_generation()  # sleep mode: the engine's memory goes to training until the sync
+        return batch

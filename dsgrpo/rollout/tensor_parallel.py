@@ -29,6 +29,12 @@ class TensorParallelGenerator:
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         self.engine.load_weights(named_tensors)
 
+    def end_generation(self) -> None:
+        self.engine.end_generation()
+
+    def needs_weights(self) -> bool:
+        return self.engine.needs_weights()
+
     def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
                  seeds: Optional[List[int]] = None) -> Rollout:
         requests = dist.all_gather_object((prompt_ids, counts, seeds), group=dist.TP)

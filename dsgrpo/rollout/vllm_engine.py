@@ -15,6 +15,7 @@ import torch
 
 from .. import compat, device, dist
 from .base import Rollout, SamplingConfig
+from .sleep import EngineSleep
 
 CPU_KV_CACHE_CAP = 1 << 30  # 1 GiB per engine unless the config says otherwise
 
@@ -51,7 +52,7 @@ class VLLMGenerator:
             kwargs["kv_cache_memory_bytes"] = args.vllm_kv_cache_bytes or default_kv_cache_bytes()
             kwargs["enforce_eager"] = True  # compiling costs ~25 s at start-up and buys nothing on CPU
         self.llm = LLM(**kwargs)
-        self.sleep_mode = kwargs["enable_sleep_mode"]
+        self.sleep = EngineSleep(self.llm, enabled=kwargs["enable_sleep_mode"])
         self.max_model_len = compat.vllm_max_model_len(self.llm)
 
     def needs_weight_sync(self) -> bool:
@@ -61,6 +62,7 @@ class VLLMGenerator:
                  seeds: Optional[List[int]] = None) -> Rollout:
         from vllm import SamplingParams
 
+        self.sleep.before_generate()
         seeds = seeds or [None] * len(counts)
         extra = vllm_sampling_kwargs(sampling)
         params = [SamplingParams(n=n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
@@ -78,17 +80,20 @@ class VLLMGenerator:
                 rollout.completion_ids.append(tokens)
                 rollout.sampler_logprobs.append([step[tok].logprob for step, tok in zip(out.logprobs, tokens)])
                 rollout.truncated.append(out.finish_reason == "length")
-        if self.sleep_mode:
-            self.llm.sleep(level=2)  # weights are reloaded before the next generation anyway
         return rollout
 
+    def end_generation(self) -> None:
+        """The round's completions are all made: with sleep mode, free the engine's memory for training."""
+        self.sleep.sleep()
+
+    def needs_weights(self) -> bool:
+        return self.sleep.needs_weights()
+
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
-        if self.sleep_mode:
-            self.llm.wake_up(tags=["weights"])
-        compat.reload_vllm_weights(self.llm, named_tensors)
-        self.llm.reset_prefix_cache()  # stale KV blocks from the old weights would be reused otherwise
-        if self.sleep_mode:
-            self.llm.wake_up(tags=["kv_cache"])
+        def reload():
+            compat.reload_vllm_weights(self.llm, named_tensors)
+            self.llm.reset_prefix_cache()  # stale KV blocks from the old weights would be reused otherwise
+        self.sleep.load(reload)
 
 
 def vllm_sampling_kwargs(sampling: SamplingConfig) -> dict:
