@@ -92,3 +92,25 @@ def test_refusals_name_the_fix(results):
         assert "DSGRPO_VLLM_TOKEN" in run["wrong_token_error"]
         assert "different model" in run["mismatch_error"] and "--model" in run["mismatch_error"]
         assert "vllm_server_timeout=2" in run["missing_error"] and "dsgrpo vllm-serve" in run["missing_error"]
+
+
+@pytest.mark.parametrize("layout", [("--tensor-parallel-size", "2"), ("--data-parallel-size", "2")],
+                         ids=["tp2", "dp2"])
+def test_a_two_rank_server_follows_every_push(tmp_path, layout):
+    port, group_port = _free_port(), _free_port()
+    server = ServerProcess(tiny_model("qwen2-tied"), str(tmp_path / "server.json"), port=port, group_port=group_port,
+                           nproc=2, extra=["--kv-cache-bytes", str(64 << 20), *layout])
+    server.start()
+    try:
+        torchrun("tests/dist_scripts/server_parallel_checks.py", str(tmp_path), str(port), str(group_port), nproc=1,
+                 timeout=600)
+    finally:
+        server.kill()
+    run = part([json.load(open(tmp_path / "result-0.json"))], "parallel_server")[0]
+    assert (run["health"]["tensor_parallel_size"], run["health"]["data_parallel_size"]) == (
+        (2, 1) if layout[0] == "--tensor-parallel-size" else (1, 2))
+    assert len(run["syncs"]) == 3  # start-up push, after steps 1 and 2
+    for s in run["syncs"]:
+        assert max(abs(a - b) for a, b in zip(s["server"], s["policy"])) <= 1e-4, s
+    for h in run["history"]:
+        assert h["sampling/sampling_logp_difference/max"] <= 1e-4, h

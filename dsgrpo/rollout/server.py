@@ -71,7 +71,8 @@ class EngineServer:
         cfg = GRPOConfig(output_dir=os.devnull, seed=a.seed, vllm_max_model_length=a.max_model_len,
                          vllm_tensor_parallel_size=self.tp, vllm_kv_cache_bytes=a.kv_cache_bytes,
                          vllm_gpu_memory_utilization=a.gpu_memory_utilization, trust_remote_code=a.trust_remote_code,
-                         max_completion_length=a.max_completion_length, report_to="none")
+                         max_completion_length=a.max_completion_length, vllm_model_impl=a.vllm_model_impl,
+                         report_to="none")
         dist.tensor_parallel_groups(self.tp)  # before the engine: its seed is the engine's index
         # every rank of an engine runs each command with the same request, as external_launcher needs
         self.engine = VLLMGenerator(a.model, cfg, dtype=_dtype(a.dtype))
@@ -174,7 +175,8 @@ class EngineServer:
         def health(_):
             return 200, {"status": "ok", "server_id": self.server_id, "weight_version": self.version,
                          "model": self.model, "world_size": self.world, "checkpoint": self.checkpoint,
-                         "max_model_len": self.engine.max_model_len,
+                         "max_model_len": self.engine.max_model_len, "tensor_parallel_size": self.tp,
+                         "data_parallel_size": self.dp,
                          "last_error": self.last_error}
 
         def run(command):
@@ -219,6 +221,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-bytes", type=int, default=None, help="KV cache per engine rank (CPU default: 1 GiB cap)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--vllm-model-impl", default="vllm", choices=("vllm", "transformers", "auto"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-request-bytes", type=int, default=64 << 20)
     return p
