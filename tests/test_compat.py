@@ -87,6 +87,29 @@ def test_only_dist_talks_to_torch_distributed():
             if not name.endswith(".py") or name in ("dist.py", "compat.py"):
                 continue
             for number, line in _code_lines(path):
-                if re.search(r"torch\.distributed|\btdist\b", line):
+                # (torch.distributed.run is the launcher, started as a program: no collective)
+                if re.search(r"torch\.distributed(?!\.run\b)|\btdist\b", line):
                     offenders.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()}")
     assert not offenders, "torch.distributed used outside dist.py:\n" + "\n".join(offenders)
+
+
+def test_cpu_tensor_parallel_shared_memory_is_named_per_job(monkeypatch, tmp_path):
+    """Under external_launcher vLLM-CPU gave every TP engine of a machine the same segment names: a later job (or
+    one after a SIGKILL, which leaves them behind) failed with errno 17. They carry MASTER_PORT now, and this rank's
+    leftover of that name is removed."""
+    from types import SimpleNamespace
+
+    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+
+    monkeypatch.setattr(compat, "SHM_DIR", str(tmp_path))
+    compat.unique_cpu_shm_names()
+    compat.unique_cpu_shm_names()  # idempotent: wrapped once
+    monkeypatch.setenv("VLLM_DIST_IDENT", "//")  # what CPUWorker derives from "env://"
+    monkeypatch.setenv("MASTER_PORT", "29517")
+    stale = tmp_path / "dsgrpo29517-tp:0-[0-1]-cpushm_1"
+    stale.write_bytes(b"left by a killed job")
+    comm = SimpleNamespace(unique_name="tp:0", ranks=[0, 1], rank=1)
+    assert _CPUSHMDistributed.make_group_name(comm) == "dsgrpo29517-tp:0-[0-1]-cpushm"
+    assert not stale.exists()
+    monkeypatch.setenv("VLLM_DIST_IDENT", "41234")  # vLLM's own executors: a real port, left alone
+    assert _CPUSHMDistributed.make_group_name(comm) == "41234-tp:0-[0-1]-cpushm"

@@ -100,6 +100,10 @@ def test_a_two_rank_server_follows_every_push(tmp_path, layout):
     port, group_port = _free_port(), _free_port()
     server = ServerProcess(tiny_model("qwen2-tied"), str(tmp_path / "server.json"), port=port, group_port=group_port,
                            nproc=2, extra=["--kv-cache-bytes", str(64 << 20), *layout])
+    if layout[0] == "--tensor-parallel-size":  # what a SIGKILLed TP job on this port left behind (errno 17 before)
+        for rank in (0, 1):
+            with open(f"/dev/shm/dsgrpo{server.state['master_port']}-tp:0-[0-1]-cpushm_{rank}", "wb") as fh:
+                fh.write(b"stale")
     server.start()
     try:
         torchrun("tests/dist_scripts/server_parallel_checks.py", str(tmp_path), str(port), str(group_port), nproc=1,

@@ -33,6 +33,8 @@ class VLLMGenerator:
         from vllm import LLM
 
         compat.quiet_vllm_rotary_reload_warning()
+        if not device.on_gpu():
+            compat.unique_cpu_shm_names()
 
         kwargs = dict(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
                       # engines must sample different completions; the ranks of one tensor-parallel engine the same
