@@ -103,6 +103,8 @@ def _group(group):
         return _split["broadcast"]
     if group == TP:
         return _tp["group"]
+    if group == TP_WORKER:
+        return _tp["worker_group"]
     return _split.get("train")
 
 
@@ -262,6 +264,7 @@ def reduce_metrics(metrics: Dict[str, float], weights: Optional[Dict[str, float]
 
 # ---------------------------------------------------------------------------------------------- tensor-parallel engines
 TP = "tensor_parallel"
+TP_WORKER = "tensor_parallel_worker"   # the same blocks, for the async rollout threads (rollout/tensor_parallel.py)
 _tp: Dict[str, object] = {}
 
 
@@ -271,9 +274,18 @@ def tensor_parallel_groups(size: int) -> Optional[object]:
     if not _many(EVERYONE) or size <= 1:
         return None
     world, me = dist.get_world_size(), dist.get_rank()
-    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
-    _tp.update(group=groups[me // size], size=size)
+    blocks = [list(range(start, start + size)) for start in range(0, world, size)]
+    groups = [dist.new_group(block) for block in blocks]
+    # a second set for the async rollout threads, whose traffic must never interleave the main thread's on dist.TP
+    worker_groups = [dist.new_group(block) for block in blocks]
+    _tp.update(group=groups[me // size], worker_group=worker_groups[me // size], size=size,
+               leader=blocks[me // size][0])
     return _tp["group"]
+
+
+def tensor_parallel_leader() -> int:
+    """Global rank of the first rank of this rank's engine (itself without tensor parallelism)."""
+    return int(_tp.get("leader", rank(EVERYONE)))
 
 
 def tensor_parallel_index() -> int:

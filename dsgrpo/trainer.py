@@ -172,10 +172,6 @@ class GRPOTrainer:
                 raise NotImplementedError("tools with vllm_tensor_parallel_size > 1: the ranks of one engine must make "
                                           "the same generate calls, and tool turns continue per rank. Use "
                                           "vllm_tensor_parallel_size=1 with tools for now.")
-            if self.rollout_source is not GenerationSource:
-                raise NotImplementedError("AsyncGRPOTrainer with vllm_tensor_parallel_size > 1: the rollout workers of "
-                                          "one engine's ranks would have to claim and generate in lockstep. Use "
-                                          "GRPOTrainer, or vllm_tensor_parallel_size=1.")
             local = dist.local_world_size()
             if local % args.vllm_tensor_parallel_size:
                 raise ValueError(f"vllm_tensor_parallel_size={args.vllm_tensor_parallel_size}: an engine's ranks must "

@@ -53,3 +53,25 @@ def test_tensor_parallel_resume_is_exact(results):
     for run in part(results, "tp_resume"):
         assert run["max_diff"] == 0.0
         assert run["rewards"][0] == run["rewards"][1]
+
+
+def test_async_trainer_on_a_sharded_engine_trains_what_the_synchronous_one_does(results):
+    sync, runs = part(results, "tp_sync"), part(results, "tp_async")
+    assert [r["worker"] for r in runs] == ["RolloutWorker", "MirrorWorker"]  # rank 0 claims, rank 1 mirrors
+    for s_run, a_run in zip(sync, runs):
+        # on-policy async equals GRPOTrainer: the same completions (rewards) and the same update (loss)
+        assert [h["reward"] for h in a_run["history"]] == [h["reward"] for h in s_run["history"]]
+        for a, b in zip(a_run["history"], s_run["history"]):
+            assert abs(a["loss"] - b["loss"]) <= 1e-5, (a, b)
+        assert len(a_run["syncs"]) == 4  # after steps 1-4
+        for s in a_run["syncs"]:
+            assert max(abs(x - y) for x, y in zip(s["vllm"], s["policy"])) <= 1e-4, s
+
+
+def test_async_trainer_on_a_sharded_engine_overlaps_generation(results):
+    leader, follower = part(results, "tp_async")
+    assert len(leader["overlap"]) == 6
+    assert leader["overlap_generated"] > 0 and follower["overlap_generated"] == 0  # only the leader's rows are kept
+    assert max(h["async/staleness/max"] for h in leader["overlap"]) <= 1
+    for h in leader["overlap"]:
+        assert h["sampling/sampling_logp_difference/max"] <= 1e-4 or h["async/staleness/max"] > 0, h

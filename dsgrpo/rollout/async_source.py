@@ -23,6 +23,7 @@ training rank 0 broadcasts the gathered weights to them bucket by bucket (rollou
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from typing import Dict, List, Optional
 
@@ -34,6 +35,7 @@ from ..errors import CheckpointError
 from .batch import Batch
 from .pool import ClaimCounter, Group, GroupPool, PromptStream, plan_batch
 from .sources import Placement, RolloutSetup, RolloutSource
+from .tensor_parallel import LeadingGenerator, MirrorLink, MirrorWorker, TensorParallelGenerator
 from .weight_sync import send_weights
 from .worker import RolloutWorker, as_rollout_rows
 
@@ -52,16 +54,24 @@ class GroupExchange:
                                    self.placement.generators, a.seed, a.shuffle_dataset, order_seed=a.order_seed)
         self.pool = GroupPool()
         self.counter = ClaimCounter(shared=a.async_load_balancing)
+        self.stale_dropped = 0
         self.worker: Optional[RolloutWorker] = None
         if self.placement.generates:
             me = dist.rank(dist.EVERYONE)
+            sampler, link = setup.sampler, None
+            if isinstance(setup.generator, TensorParallelGenerator):  # one worker per engine, on its first rank
+                if me != dist.tensor_parallel_leader():
+                    self.worker = MirrorWorker(setup.generator.engine, me)
+                    return
+                link = MirrorLink()
+                sampler = copy.copy(sampler)
+                sampler.generator = LeadingGenerator(setup.generator.engine, link)
             self.worker = RolloutWorker(
-                sampler=setup.sampler, prompts=setup.prompts, stream=self.stream, counter=self.counter,
+                sampler=sampler, prompts=setup.prompts, stream=self.stream, counter=self.counter,
                 pool=self.pool, score=self._score_groups if setup.scores_anywhere else None,
                 balanced=a.async_load_balancing, chunk_groups=a.async_chunk_groups or max(1, self.stream.per_rank // 4),
                 max_staleness=a.max_staleness, drop_zero_std=a.drop_zero_std_groups, reward_weights=a.reward_weights,
-                rank=me, version=0, slot=me - self.placement.first_generator)
-        self.stale_dropped = 0
+                rank=me, version=0, slot=me - self.placement.first_generator, link=link)
 
     def is_last(self, round_index: int) -> bool:
         return (round_index + 1) * self.setup.steps_per_round >= self.setup.max_steps
@@ -196,6 +206,14 @@ class AsyncRolloutSource(RolloutSource):
         if args.vllm_enable_sleep_mode and dist.is_main():
             print("dsgrpo: warning: vllm_enable_sleep_mode has no effect with AsyncGRPOTrainer: its engine generates "
                   "while training runs, so it never sleeps.", flush=True)
+        if args.vllm_tensor_parallel_size > 1 and args.vllm_mode == "colocate":
+            if split:
+                raise NotImplementedError("async_placement='split' with vllm_tensor_parallel_size > 1: the generating "
+                                          "ranks' engines are one rank each for now. Use async_placement='colocate'.")
+            if not args.async_load_balancing:
+                raise ValueError("vllm_tensor_parallel_size > 1 with AsyncGRPOTrainer: only each engine's first rank "
+                                 "claims and holds groups, and the batch cut must move them to the engine's other "
+                                 "ranks. Set async_load_balancing=True.")
         if not args.use_vllm:
             raise ValueError("AsyncGRPOTrainer generates in a background thread with vLLM; use_vllm=False (HF generate) "
                              "is collective under ZeRO-3 and cannot run there. Set use_vllm=True or use GRPOTrainer.")

@@ -24,16 +24,36 @@ from .base import Rollout
 from .pool import ClaimCounter, Group, GroupPool, PromptStream
 
 
-class RolloutWorker:
+class BackgroundThread:
+    """The thread of a rollout worker (and of a tensor-parallel mirror): started once, by the main thread."""
+    thread_name = "dsgrpo-rollout"
+    rank: int
+    _thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"{self.thread_name}-rank{self.rank}", daemon=True)
+            self._thread.start()
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class RolloutWorker(BackgroundThread):
     def __init__(self, *, sampler, prompts, stream: PromptStream, counter: ClaimCounter, pool: GroupPool,
                  score: Optional[Callable], balanced: bool, chunk_groups: int, max_staleness: int, drop_zero_std: bool,
-                 reward_weights, rank: int, version: int, slot: Optional[int] = None):
+                 reward_weights, rank: int, version: int, slot: Optional[int] = None, link=None):
         self.sampler, self.prompts, self.stream, self.counter, self.pool = sampler, prompts, stream, counter, pool
         self.score = score
         self.balanced, self.chunk, self.max_staleness = balanced, chunk_groups, max_staleness
         self.drop_zero_std, self.reward_weights, self.rank = drop_zero_std, reward_weights, rank
         self.slot = rank if slot is None else slot  # this rank's index among the generating ranks
         self.version = version              # weight syncs the engine has seen
+        self.link = link                    # tensor parallel: the engine's other ranks (tensor_parallel.MirrorLink)
         self.completions_generated = 0
         self.zero_std_dropped = 0
         self.error: Optional[str] = None     # the traceback, when the thread died
@@ -44,15 +64,6 @@ class RolloutWorker:
         self._thread: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------------------------------ control (main thread)
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"dsgrpo-rollout-rank{self.rank}", daemon=True)
-            self._thread.start()
-
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
     @contextmanager
     def paused(self):
         """Hold the engine and the pool still; yields the seconds spent waiting for the chunk in flight."""
@@ -61,6 +72,8 @@ class RolloutWorker:
         start = time.perf_counter()
         try:
             with self._work:
+                if self.link is not None and self.started:
+                    self.link.pause()  # the mirrors take every call sent before it, then hold still
                 yield time.perf_counter() - start
         finally:
             with self._pause_lock:
@@ -90,9 +103,15 @@ class RolloutWorker:
                     if positions:
                         self._produce(positions)
                         continue
+                    if self.link is not None:
+                        self.link.idle()
                 self._stop.wait(0.01)  # nothing may be claimed until a new version or a drop
         except BaseException:  # noqa: BLE001 - the loop re-raises it with this traceback
             self.error = traceback.format_exc()
+        finally:
+            if self.link is not None:
+                with self._work:
+                    self.link.stop()
 
     def _claim(self) -> List[int]:
         per_round = self.stream.P if self.balanced else self.stream.per_rank

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
 from recorder import (SHARDED_ZERO3, after_each_sync, policy_logps, recorder, training_rows,  # noqa: E402
@@ -39,8 +39,8 @@ def config(name, **overrides):
     return GRPOConfig(**base)
 
 
-def trainer_for(name, model="qwen2-tied", **overrides):
-    t = GRPOTrainer(tiny_model(model), digit_fraction, train_dataset=prompts, args=config(name, **overrides))
+def trainer_for(name, model="qwen2-tied", trainer=GRPOTrainer, **overrides):
+    t = trainer(tiny_model(model), digit_fraction, train_dataset=prompts, args=config(name, **overrides))
     KEEP.append(t)
     return t
 
@@ -88,6 +88,27 @@ def _():
     b = full(second)
     return {"max_diff": max((a[n] - b[n]).abs().max().item() for n in a),
             "rewards": [[h["reward"] for h in training_rows(x)] for x in (straight, second)]}
+
+
+# ------------------------------------------------------------------ 4. AsyncGRPOTrainer on a sharded engine
+@check("tp_async")
+def _():
+    """The engine's first rank claims and generates; the other mirrors each call. On-policy (max_staleness 0) it
+    must train exactly what GRPOTrainer trains; then a run that overlaps generation with training (staleness 1)."""
+    t = trainer_for("tp_async", trainer=AsyncGRPOTrainer, beta=0.05, max_staleness=0)
+    syncs = []
+
+    def record(needed):
+        if needed:
+            with t.source.paused():  # the mirror and the leader's worker held still: the same call on both ranks
+                syncs.append({"vllm": vllm_logps(t), "policy": policy_logps(t.policy)})
+    after_each_sync(t, record)
+    t.train()
+    overlap = trainer_for("tp_async_overlap", trainer=AsyncGRPOTrainer, max_staleness=1, max_steps=6)
+    overlap.train()
+    worker = overlap.source.worker
+    return {"syncs": syncs, "history": training_rows(t), "worker": type(t.source.worker).__name__,
+            "overlap": training_rows(overlap), "overlap_generated": worker.completions_generated}
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
