@@ -7,6 +7,7 @@ every rank runs the same command; plain `dsgrpo train` runs a world of one."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Dict, List, Tuple
 
@@ -95,10 +96,56 @@ def train(argv: List[str]) -> int:
     return 0
 
 
+def plan(argv: List[str]) -> int:
+    """`dsgrpo plan CONFIG.yaml`: per-device memory of the run, from configs only (dsgrpo/plan.py)."""
+    import json
+
+    from . import plan as planner
+    from .config import field_names, load_deepspeed_config
+
+    parser = argparse.ArgumentParser(prog="dsgrpo plan", description="Predict a run's memory per device before launch.")
+    parser.add_argument("config")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="Devices (ranks) per node (default 8).")
+    parser.add_argument("--gpu-memory", default="80GB", help="Memory of one GPU, e.g. 80GB, 24GB (default 80GB).")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--cpu", action="store_true", help="Plan for this machine's CPU ranks (--gpus-per-node of "
+                                                          "them share its memory).")
+    parser.add_argument("--model-config", help="A config.json to read instead of the model's (a hub id this machine "
+                                               "cannot reach).")
+    parser.add_argument("--json", action="store_true", help="Print the plan as one JSON object.")
+    known, overrides = parser.parse_known_args(argv)
+    with open(known.config) as fh:
+        values = yaml.safe_load(fh) or {}
+    values.update(parse_cli_overrides(overrides, extra_keys=tuple(RUN_KEYS) + ("model_name_or_path",)))
+    model = values.get("model") or values.get("model_name_or_path")
+    if not model and not known.model_config:
+        raise ValueError(f"{known.config}: no 'model' (or TRL's model_name_or_path); or pass --model-config.")
+    fields = set(field_names())
+    args = planner.config_for_world({k: v for k, v in values.items() if k in fields},  # script keys aside
+                                    known.gpus_per_node * known.nodes)
+    model_config = planner.read_model_config(known.model_config or model, trust_remote_code=args.trust_remote_code)
+    if known.cpu:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        hardware = planner.Hardware(known.gpus_per_node, known.nodes, total // known.gpus_per_node, gpu=False)
+    else:
+        hardware = planner.Hardware(known.gpus_per_node, known.nodes, planner.parse_bytes(known.gpu_memory), gpu=True)
+    peft = values.get("peft_config")
+    lora_params = None
+    if peft:
+        from .engines.lora import as_lora_config
+        lora_params = planner.lora_parameter_count(model_config, as_lora_config(peft))
+    result = planner.plan(args, planner.ModelShape.from_config(model_config), load_deepspeed_config(args.deepspeed),
+                          hardware, ref_ds_config=load_deepspeed_config(args.ref_deepspeed, "ref_deepspeed"),
+                          lora_params=lora_params, asynchronous=values.get("trainer") == "async")
+    print(json.dumps(result.to_json(), indent=2) if known.json else result.render())
+    return 0 if result.fits else 1
+
+
 def main(argv: List[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n"
+              "       dsgrpo plan CONFIG.yaml [--gpus-per-node N --gpu-memory 80GB --nodes M | --cpu] [--json]\n"
               "       dsgrpo export CHECKPOINT_DIR OUT_DIR [--merged]   (--merged: a LoRA run's merged model too)\n"
               "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n"
               "       dsgrpo vllm-serve --model M [--tensor-parallel-size N] [--data-parallel-size D] [--host H] "
@@ -112,6 +159,8 @@ def main(argv: List[str] | None = None) -> int:
         return 0
     if argv[0] == "train":
         return train(argv[1:])
+    if argv[0] == "plan":
+        return plan(argv[1:])
     if argv[0] == "export":
         merged = "--merged" in argv
         paths = [a for a in argv[1:] if a != "--merged"]

@@ -112,7 +112,7 @@ class GRPOConfig:
     bf16: Optional[bool] = field(default=None, metadata=_help("bf16 weights and compute. None: True on GPU, False on CPU (CPU tests run fp32)."))
     fp16: bool = field(default=False, metadata=_help("fp16 weights with DeepSpeed's loss scaling (GPU only; prefer bf16)."))
     tf32: Optional[bool] = field(default=None, metadata=_help("Allow TF32 matmuls on Ampere and newer GPUs (None: torch's default)."))
-    gradient_checkpointing: bool = field(default=True, metadata=_help("Recompute activations in backward (TRL default True)."))
+    gradient_checkpointing: Union[bool, str] = field(default="auto", metadata=_help("Recompute activations in backward. 'auto' (dsgrpo's default; TRL's is True): off when the memory planner finds the activations fit, on when they do not (`dsgrpo plan` shows it)."))
     gradient_checkpointing_kwargs: Optional[Union[dict, str]] = field(default=None, metadata=_help("Arguments of gradient_checkpointing_enable (default {use_reentrant: false})."))
     torch_empty_cache_steps: Optional[int] = field(default=None, metadata=_help("Empty the CUDA cache every this many optimizer steps (GPU only; None: never)."))
     eval_strategy: str = field(default="no", metadata=_help("'no', 'steps' (every eval_steps) or 'epoch'.", choices=INTERVALS))
@@ -217,6 +217,8 @@ class GRPOConfig:
     weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket."))
     save_merged_model: bool = field(default=False, metadata=_help("With `peft_config`: the final save writes the merged model (base + adapter, Hugging Face format) to output_dir/merged beside the adapter."))
     num_threads: Optional[int] = field(default=None, metadata=_help("CPU threads per rank (None: cores / local ranks)."))
+    memory_check: str = field(default="warn", metadata=_help("The memory planner at start-up: 'warn' logs the plan and warns when it does not fit, 'error' stops before loading a model, 'off' skips the check.", choices=("warn", "error", "off")))
+    logprob_chunk_tokens: int = field(default=0, metadata=_help("Completion tokens whose logits are computed at once for log-probs and entropy (0: as many as fit 256 MiB of fp32 logits, 441 for a 151,936-token vocabulary). The full [B, T, V] logits never exist."))
 
     # ------------------------------------------------------------------ AsyncGRPOTrainer only
     async_placement: str = field(default="colocate", metadata=_help("'colocate': every rank trains and, in a background thread, generates the next batch; 'split': some ranks only generate, the others only train.", choices=ASYNC_PLACEMENTS))
@@ -444,6 +446,10 @@ class GRPOConfig:
             raise ValueError(f"vllm_server_timeout={self.vllm_server_timeout} must be > 0 seconds.")
         if self.reward_weights is not None and not all(isinstance(w, (int, float)) for w in self.reward_weights):
             raise TypeError(f"reward_weights={self.reward_weights!r} must be a list of numbers, one per reward function.")
+        if isinstance(self.gradient_checkpointing, str) and self.gradient_checkpointing != "auto":
+            raise ValueError(f"gradient_checkpointing={self.gradient_checkpointing!r}: give true, false or 'auto'.")
+        if self.logprob_chunk_tokens < 0:
+            raise ValueError(f"logprob_chunk_tokens={self.logprob_chunk_tokens} must be >= 0 (0: sized automatically).")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness={self.max_staleness} must be >= 0 (0 trains only on groups of the current policy).")
         if self.async_chunk_groups is not None and self.async_chunk_groups < 1:

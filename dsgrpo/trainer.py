@@ -10,6 +10,7 @@ algorithms/, update.py (the policy update), engines/; schedule.py says when to l
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -31,6 +32,7 @@ from .engines.builder import prepare_model
 from .engines.weights import named_full_parameters
 from .hub import make_pusher
 from .logging import MetricSinks
+from .plan import check_at_start as check_memory_at_start, measured_peak_bytes
 from .preemption import Preemption
 from .rewards import RewardStack
 from .rollout import SamplingConfig, check_against_checkpoint, connect_generator, make_generator
@@ -102,6 +104,11 @@ class GRPOTrainer:
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
         self.ref_ds_config = (resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False)
                               if args.beta and not self.lora_policy else None)
+        self.memory_plan = check_memory_at_start(  # resolves gradient_checkpointing 'auto'
+            args, model_config, self.ds_config, ref_ds_config=self.ref_ds_config,
+            reward_configs=self.rewards.model_configs(), lora_config=adapter_config,
+            asynchronous=self.rollout_source.generates_while_training, world=dist.world_size(dist.EVERYONE),
+            local_world=dist.local_world_size())
         if args.sync_ref_model and self.lora_policy:
             raise ValueError("sync_ref_model=True with a LoRA policy: its reference is the base model with the adapter "
                              "switched off, which has nothing to mix into. Drop sync_ref_model or train without LoRA.")
@@ -443,7 +450,8 @@ class GRPOTrainer:
         """Per-token log-probs of every micro-batch under a frozen view of `engine`: π_old (with the sampler's
         truncation) or the reference (without: the KL term compares untruncated distributions)."""
         return [completion_logprobs(engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"].shape[1],
-                                    self.args.temperature, truncation=truncation)[0] for mb in batch.micro]
+                                    self.args.temperature, truncation=truncation,
+                                    chunk_tokens=self.args.logprob_chunk_tokens)[0] for mb in batch.micro]
 
     def _reference_logprobs(self, batch: Batch) -> List[torch.Tensor]:
         if self.lora_policy:  # the reference is the base model: the same engine with its adapters switched off
@@ -487,6 +495,14 @@ class GRPOTrainer:
                "train_steps_per_second": steps / max(seconds, 1e-9), "total_flos": self.state.total_flos,
                "train_loss": sum(losses) / len(losses) if losses else float("nan"),
                "epoch": self.state.epoch, "step": self.state.global_step}
+        peaks = dist.all_gather_object(measured_peak_bytes())  # against the start-up plan (bench/plan_vs_measured.py)
+        row["memory/peak_bytes_max"] = max(peaks)
+        if self.memory_plan is not None:
+            row["memory/planned_peak_bytes"] = self.memory_plan.peak_bytes_per_device
+        if dist.is_main():
+            with open(os.path.join(self.args.output_dir, "memory.json"), "w") as fh:
+                json.dump({"measured_peak_bytes_per_rank": peaks, "plan": self.memory_plan.to_json()
+                           if self.memory_plan is not None else None}, fh, indent=1)
         self.state.log_history.append(row)
         self.sinks.log(self.state.global_step, {k: v for k, v in row.items() if k != "step"})
 

@@ -108,7 +108,8 @@ class PolicyUpdate:
         truncated = self.truncation is not None and self.truncation.active
         forward = policy_forward(self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1], args.temperature,
                                  with_entropy=True, entropy_grad=bonus, truncation=self.truncation,
-                                 with_full=truncated and args.beta != 0, router_aux=self.aux_coef != 0.0)
+                                 with_full=truncated and args.beta != 0, router_aux=self.aux_coef != 0.0,
+                                 chunk_tokens=args.logprob_chunk_tokens)
         logps, entropy = forward.logps, forward.entropy
         keep = None
         if args.top_entropy_quantile < 1.0:

@@ -14,7 +14,7 @@ TRL_DEFAULTS = dict(
     generation_batch_size=None, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
     vllm_tensor_parallel_size=1, vllm_enable_sleep_mode=False, vllm_importance_sampling_correction=True,
     vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=3.0, logging_steps=10,
-    gradient_checkpointing=True, shuffle_dataset=True, log_completions=False, seed=42, max_grad_norm=1.0,
+    shuffle_dataset=True, log_completions=False, seed=42, max_grad_norm=1.0,
     weight_decay=0.0, lr_scheduler_type="linear", warmup_ratio=0.0, warmup_steps=0, eval_strategy="no",
     num_generations_eval=None, max_steps=-1, num_train_epochs=3.0, per_device_train_batch_size=8,
     gradient_accumulation_steps=1, save_steps=500, save_total_limit=None, resume_from_checkpoint=None,
@@ -26,6 +26,7 @@ def test_defaults_match_trl():
     for name, value in TRL_DEFAULTS.items():
         assert getattr(cfg, name) == value, name
     assert cfg.effective_epsilon_high == 0.2
+    assert cfg.gradient_checkpointing == "auto"  # deliberate (TRL: True): the memory planner decides
     # steps_per_generation / generation_batch_size default to gradient accumulation
     cfg = GRPOConfig(gradient_accumulation_steps=4, per_device_train_batch_size=4, num_generations=4)
     assert cfg.resolved_steps_per_generation(world_size=2) == 4

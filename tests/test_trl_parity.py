@@ -16,6 +16,8 @@ trl = pytest.importorskip("trl")
 DELIBERATE = {
     "deepspeed": "dsgrpo always runs DeepSpeed; its default is ds_configs/zero3.json (TRL: None, no DeepSpeed)",
     "use_vllm": "dsgrpo is built around a colocated vLLM engine (TRL: False, generation with transformers)",
+    "gradient_checkpointing": "'auto': the memory planner turns recomputation off when activations fit (TRL: True, "
+                              "a third more compute whenever they fit); true/false are TRL's",
 }
 
 

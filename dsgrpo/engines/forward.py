@@ -1,4 +1,11 @@
-"""Per-token log-probabilities of completions under a (possibly ZeRO-3 sharded) causal LM."""
+"""Per-token log-probabilities of completions under a (possibly ZeRO-3 sharded) causal LM.
+
+The model runs up to its last hidden states only; the output head is applied here, a chunk of completion tokens at
+a time, and each chunk is reduced at once to what the loss needs (the sampled token's log-prob = its logit minus the
+log-sum-exp: a selective log-softmax; the entropy; the untruncated log-prob). So neither the [B, T, V] fp32 logits
+nor a log-softmax copy of them ever exist whole: with Qwen2.5's 151,936-token vocabulary and 8 × 1,024 completion
+tokens each would be ≈ 5 GB per micro-batch. When a micro-batch needs more than one chunk, each chunk is recomputed
+in backward (activation checkpointing of the head alone), so backward holds one chunk's logits too."""
 
 from __future__ import annotations
 
@@ -6,8 +13,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..algorithms import Truncation, entropy_from_logits, truncate_logits
+
+# fp32 bytes of one chunk's logits (auto chunking): 256 MiB is 441 tokens of a 151,936-token vocabulary
+CHUNK_LOGIT_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -18,40 +29,143 @@ class Forward:
     aux_loss: Optional[torch.Tensor]      # a MoE router's load-balancing loss, when asked
 
 
+def chunk_tokens_for(vocab_size: int, chunk_tokens: int = 0) -> int:
+    """Completion tokens per head chunk: `chunk_tokens`, or (0) as many as fit CHUNK_LOGIT_BYTES of fp32 logits."""
+    return chunk_tokens if chunk_tokens > 0 else max(1, CHUNK_LOGIT_BYTES // (4 * vocab_size))
+
+
 def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
                    temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
                    truncation: Optional[Truncation] = None, with_full: bool = False,
-                   router_aux: bool = False) -> Forward:
+                   router_aux: bool = False, chunk_tokens: int = 0) -> Forward:
     """One forward of `model` over prompt + completion, scored on the last `completion_len` tokens of each row.
 
     input_ids / attention_mask: [B, P+T] with left-padded prompts followed by right-padded completions. Logits are
     divided by the sampling temperature and truncated as the sampler truncates them (`truncation`: top_k / top_p /
     min_p), so the log-probs are of the distribution the sampler drew from (vLLM's processed logprobs).
     `entropy_grad`: the entropies keep their graph (an entropy bonus in the loss). `router_aux`: a MoE model also
-    returns its router's load-balancing loss."""
+    returns its router's load-balancing loss. Padding positions of the completions score 0 (they are not computed).
+    `chunk_tokens`: completion tokens per head chunk (0: chunk_tokens_for's budget)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     extra = {"output_router_logits": True} if router_aux else {}
-    # logits_to_keep: only the positions that predict completion tokens get an lm_head matmul ([B, T+1, V])
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=completion_len + 1, use_cache=False, **extra)
-    logits = out.logits[:, :-1, :].float() / temperature                          # [B, T, V]
-    targets = input_ids[:, -completion_len:]                                      # [B, T]
-    sampled = logits if truncation is None else truncate_logits(logits, truncation, keep=targets)
-    logps = torch.log_softmax(sampled, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = full = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(sampled)
-    if with_full:
-        full = logps if sampled is logits else \
-            torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    head, hidden = _head_and_hidden(model)
+    with hidden:  # logits_to_keep: the head's input is the T+1 positions that predict the completion (and its end)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                    logits_to_keep=completion_len + 1, use_cache=False, **extra)
+    _check_plain_head(model, head, hidden.states[:, -1:, :], out.logits)
+    B, T = input_ids.shape[0], completion_len
+    states = hidden.states[:, -T - 1:-1, :]                              # [B, T, H]: the states predicting them
+    targets = input_ids[:, -T:]
+    real = attention_mask[:, -T:].bool()                                 # completion tokens, not padding
+    score = _ChunkScore(head, temperature, truncation, with_entropy, entropy_grad and torch.is_grad_enabled(),
+                        with_full)
+    parts = score.all(states[real], targets[real], chunk_tokens_for(head.out_features, chunk_tokens))
+    shaped = []
+    for part in parts:
+        if part is None:
+            shaped.append(None)
+            continue
+        full = part.new_zeros(B, T)
+        shaped.append(full.masked_scatter(real, part))
+    logps, entropy, full = shaped
+    if with_full and full is None:
+        full = logps
     return Forward(logps, entropy, full, getattr(out, "aux_loss", None) if router_aux else None)
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
                         temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                        truncation: Optional[Truncation] = None):
+                        truncation: Optional[Truncation] = None, chunk_tokens: int = 0):
     """(log-probs [B, T], entropies [B, T] or None): policy_forward's two usual results."""
     f = policy_forward(model, input_ids, attention_mask, completion_len, temperature, with_entropy, entropy_grad,
-                       truncation)
+                       truncation, chunk_tokens=chunk_tokens)
     return f.logps, f.entropy
+
+
+# ------------------------------------------------------------------------------------------------- the head, chunked
+class _ChunkScore:
+    """The head applied to [N, H] states a chunk at a time; returns [N] log-probs, entropies, untruncated log-probs."""
+
+    def __init__(self, head, temperature, truncation, with_entropy, entropy_grad, with_full):
+        self.head, self.temperature = head, temperature
+        self.truncation = truncation if truncation is not None and truncation.active else None
+        self.with_entropy, self.entropy_grad = with_entropy, entropy_grad
+        self.with_full = with_full and self.truncation is not None  # untruncated == truncated otherwise
+
+    def all(self, states: torch.Tensor, targets: torch.Tensor, chunk: int):
+        n = states.shape[0]
+        recompute = torch.is_grad_enabled() and n > chunk  # one chunk: nothing to save by recomputing it
+        outs = []
+        for start in range(0, max(n, 1), chunk):
+            s, t = states[start:start + chunk], targets[start:start + chunk]
+            if recompute:
+                outs.append(checkpoint(self.one, s, t, use_reentrant=False))
+            else:
+                outs.append(self.one(s, t))
+        return [torch.cat([o[i] for o in outs]) if outs[0][i] is not None else None for i in range(3)]
+
+    def one(self, states: torch.Tensor, targets: torch.Tensor):
+        logits = self.head(states).float() / self.temperature                          # [n, V]
+        sampled = logits if self.truncation is None else truncate_logits(logits, self.truncation, keep=targets)
+        logps = _selected_logps(sampled, targets)
+        entropy = full = None
+        if self.with_entropy:
+            with torch.set_grad_enabled(self.entropy_grad):
+                entropy = entropy_from_logits(sampled)
+        if self.with_full:
+            full = _selected_logps(logits, targets)
+        return logps, entropy, full
+
+
+def _selected_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits)[target] without the log-softmax's [n, V] copy: the target's logit minus the log-sum-exp."""
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+class _HiddenStates:
+    """Takes the output head's input during one forward and hands it only the last position, so the model computes
+    a single position's logits (for _check_plain_head) and its final hidden states stay here for chunking."""
+
+    def __init__(self, head):
+        self.head, self.states, self._handle = head, None, None
+
+    def _take(self, module, args):
+        self.states = args[0]
+        return (args[0][:, -1:, :],) + tuple(args[1:])
+
+    def __enter__(self):
+        self._handle = self.head.register_forward_pre_hook(self._take)
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+
+
+def _head_and_hidden(model):
+    core = getattr(model, "module", model)                     # a DeepSpeed engine's module
+    if hasattr(core, "get_base_model"):                         # a peft model
+        core = core.get_base_model()
+    head = core.get_output_embeddings()
+    if head is None or not isinstance(head, torch.nn.Linear):
+        raise TypeError(f"{type(core).__name__} has no linear output head (get_output_embeddings()); dsgrpo trains "
+                        "causal language models with one.")
+    return head, _HiddenStates(head)
+
+
+_checked_heads = set()
+
+
+def _check_plain_head(model, head, last_states: torch.Tensor, model_logits: torch.Tensor) -> None:
+    """The model's logits must be its head's output as is: a model that transforms them after the head (Gemma's
+    soft-capping, Cohere's logit scale) would be scored wrongly by the chunks. Checked on the first forward of a model,
+    on the one position the model computed."""
+    if id(model) in _checked_heads:
+        return
+    with torch.no_grad():
+        ours = head(last_states.detach()).float()
+    theirs = model_logits.detach().float()
+    if not torch.allclose(ours, theirs, rtol=1e-3, atol=1e-3):
+        raise NotImplementedError(f"{type(getattr(model, 'module', model)).__name__} changes its logits after the "
+                                  "output head (soft-capping or scaling); dsgrpo's chunked log-probs apply the head "
+                                  "alone and do not support it yet.")
+    _checked_heads.add(id(model))

@@ -54,6 +54,14 @@ class RewardStack:
             raise ValueError(f"reward_weights has {len(reward_weights)} entries but there are {len(self.funcs)} "
                              "reward functions; give one weight per function.")
 
+    def model_configs(self) -> list:
+        """The transformers configs of the reward models (for the memory planner; no weights are read)."""
+        from transformers import AutoConfig
+
+        return [spec.config if not isinstance(spec, str) else
+                AutoConfig.from_pretrained(spec, trust_remote_code=self.trust_remote_code)
+                for spec, _ in self.pending_models.values()]
+
     def _resolve(self, src: Any, tokenizer: Any, index: int):
         from transformers import PreTrainedModel
 

@@ -166,6 +166,7 @@ class GroupExchange:
 
 class AsyncRolloutSource(RolloutSource):
     """The training ranks' side (every rank in colocate placement). `GeneratingRank` is the other side."""
+    generates_while_training = True
 
     def __init__(self, setup: RolloutSetup):
         super().__init__(setup)

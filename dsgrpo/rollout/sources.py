@@ -63,6 +63,7 @@ class RolloutSetup:
 
 class RolloutSource:
     """The synchronous defaults of every method; `next_batch` is each source's own."""
+    generates_while_training = False  # the engine's memory is never free for training (sleep mode cannot apply)
 
     def __init__(self, setup: RolloutSetup):
         self.setup = setup

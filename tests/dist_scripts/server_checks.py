@@ -58,7 +58,9 @@ def health():
 
 
 def restart_server():
-    """Rank 0 kills the server (SIGKILL) and starts it again; every rank returns once it answers."""
+    """Rank 0 kills the server (SIGKILL) and starts it again; every rank returns once it answers. The first barrier:
+    no rank's request of this round may still be in flight when the server dies (that is another test's fault)."""
+    dist.barrier("every rank's requests answered")
     if dist.rank() == 0:
         ServerProcess.from_state(STATE).restart()
     dist.barrier("the server restarted")

@@ -1,0 +1,176 @@
+"""The memory planner (dsgrpo/plan.py, `dsgrpo plan`): exact ZeRO arithmetic on real models' shapes (config only,
+no weights), the verdicts on published working GRPO configurations and on a known out-of-memory one, the advice,
+gradient_checkpointing 'auto', the JSON, and the trainer's start-up check. No launch."""
+
+import json
+import os
+
+import pytest
+from datasets import Dataset
+
+from dsgrpo import GRPOConfig, GRPOTrainer
+from dsgrpo.cli import main as cli
+from dsgrpo.config import load_deepspeed_config
+from dsgrpo.plan import (GiB, Hardware, MemoryPlanError, ModelShape, config_for_world, lora_parameter_count,
+                         parse_bytes, plan, read_model_config)
+from dsgrpo.testing import tiny_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAPES = os.path.join(REPO, "bench", "model_configs")
+H100x8 = Hardware(8, 1, 80 * GiB, gpu=True)
+
+
+def shape(name):
+    return ModelShape.from_config(read_model_config(os.path.join(SHAPES, f"{name}.json")))
+
+
+def grpo(world=8, **kw):
+    return config_for_world({"output_dir": "/tmp/unused", "bf16": True, **kw}, world)
+
+
+@pytest.mark.parametrize("name, billions", [("qwen2.5-0.5b", 0.494), ("qwen2.5-7b", 7.616), ("qwen2.5-32b", 32.76),
+                                            ("qwen2.5-72b", 72.71)])
+def test_parameter_counts_from_the_config_alone_match_the_published_sizes(name, billions):
+    assert abs(shape(name).params / 1e9 - billions) / billions < 0.003
+
+
+def test_zero3_state_is_sixteen_bytes_a_parameter_over_the_world():
+    p = plan(grpo(per_device_train_batch_size=8, max_prompt_length=512, max_completion_length=512),
+             shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
+    P = shape("qwen2.5-7b").params
+    assert p.parts["policy/parameters"] == int(P * 2 / 8)
+    assert p.parts["policy/gradients"] == int(P * 2 / 8)
+    assert p.parts["policy/optimizer_state"] == int(P * 12 / 8)
+    assert p.parts["vllm/weights"] == int(P * 2)                                # one whole copy per rank at TP 1
+    assert p.parts["vllm/kv_cache"] + p.parts["vllm/weights"] + p.parts["vllm/activations"] == int(0.3 * 80 * GiB)
+    offload = plan(grpo(max_prompt_length=512), shape("qwen2.5-7b"), load_deepspeed_config("zero3_offload.json"), H100x8)
+    assert offload.parts["policy/optimizer_state"] == 0 and offload.host_bytes_per_node >= int(P * 12)
+
+
+# Published working configurations on 80 GB GPUs, each set in dsgrpo's terms (ZeRO-3 for FSDP's full sharding;
+# verl frees vLLM's memory while it trains, which is sleep mode here; a micro-batch per GPU as verl's
+# ppo_micro_batch_size / GPUs, halved where verl splits each sequence over 2 GPUs with Ulysses):
+#  - verl examples/grpo_trainer/run_qwen2-7b.sh: Qwen2-7B, 8 GPUs, full parameters, vLLM TP 2 at 0.6, micro-batch 128
+#    over 8 GPUs, 512 + 512 tokens, checkpointing, a KL term (the reference offloaded)
+#  - verl examples/tuning/32b/qwen2-32b_grpo-lora_4_h100_fsdp_vllm.sh: Qwen2.5-32B, 4 GPUs, LoRA r 32 all-linear,
+#    parameters and optimizer offloaded, vLLM TP 4 at 0.3, 45 sequences per GPU (46 ran out of memory), Ulysses 2,
+#    512 + 1024 tokens
+#  - verl examples/tuning/70b/qwen2-72b_grpo-lora_8_h100_fsdp_vllm.sh: Qwen2.5-72B, 8 GPUs, LoRA r 32, offloaded,
+#    vLLM TP 8 at 0.4, 22 sequences per GPU (23 ran out of memory), Ulysses 2, 512 + 1024 tokens
+PUBLISHED = {
+    "qwen2.5-7b full, 8 GPUs (verl run_qwen2-7b.sh)": dict(
+        model="qwen2.5-7b", gpus=8, ds="zero3.json", lora=None,
+        args=dict(per_device_train_batch_size=16, max_prompt_length=512, max_completion_length=512, beta=0.001,
+                  vllm_tensor_parallel_size=2, vllm_gpu_memory_utilization=0.6, vllm_enable_sleep_mode=True,
+                  gradient_checkpointing=True)),
+    "qwen2.5-32b LoRA, 4 GPUs (verl tuning/32b)": dict(
+        model="qwen2.5-32b", gpus=4, ds="zero3_offload.json", lora=32,
+        args=dict(per_device_train_batch_size=22, max_prompt_length=512, max_completion_length=1024, beta=0.001,
+                  vllm_tensor_parallel_size=4, vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=True,
+                  gradient_checkpointing=True)),
+    "qwen2.5-72b LoRA, 8 GPUs (verl tuning/70b)": dict(
+        model="qwen2.5-72b", gpus=8, ds="zero3_offload.json", lora=32,
+        args=dict(per_device_train_batch_size=11, max_prompt_length=512, max_completion_length=1024, beta=0.001,
+                  vllm_tensor_parallel_size=8, vllm_gpu_memory_utilization=0.4, vllm_enable_sleep_mode=True,
+                  gradient_checkpointing=True)),
+}
+
+
+def published_plan(case, **overrides):
+    from peft import LoraConfig
+
+    config = read_model_config(os.path.join(SHAPES, f"{case['model']}.json"))
+    lora = (lora_parameter_count(config, LoraConfig(r=case["lora"], target_modules="all-linear"))
+            if case["lora"] else None)
+    return plan(grpo(world=case["gpus"], **{**case["args"], **overrides}), ModelShape.from_config(config),
+                load_deepspeed_config(case["ds"]), Hardware(case["gpus"], 1, 80 * GiB, gpu=True), lora_params=lora)
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_working_configurations_fit(name):
+    p = published_plan(PUBLISHED[name])
+    assert p.fits, p.render()
+    assert p.peak_bytes_per_device > 20 * GiB  # and they are not empty plans
+
+
+def test_a_known_out_of_memory_setting_is_called_one_with_what_to_change():
+    # Qwen2.5-72B with every parameter trained and nothing offloaded on 8 × 80 GB: the ZeRO-3 state alone is
+    # 16 bytes × 72.7 B / 8 = 145 GB a GPU; this is why the published 72B recipes train LoRA with offload.
+    case = dict(PUBLISHED["qwen2.5-72b LoRA, 8 GPUs (verl tuning/70b)"], ds="zero3.json", lora=None)
+    p = published_plan(case)
+    assert not p.fits and p.peak_bytes_per_device > 145e9
+    assert any("zero3_offload.json" in a for a in p.advice)
+    assert any(a.startswith("more devices") for a in p.advice)
+    # a 7B run whose vLLM share and activations cannot fit together without sleep mode and checkpointing
+    seven = PUBLISHED["qwen2.5-7b full, 8 GPUs (verl run_qwen2-7b.sh)"]
+    oom = published_plan(seven, vllm_enable_sleep_mode=False, gradient_checkpointing=False,
+                         vllm_gpu_memory_utilization=0.6)
+    assert not oom.fits
+    assert oom.advice[0].startswith("gradient_checkpointing: true") and "enough alone" in oom.advice[0]
+
+
+def test_gradient_checkpointing_auto_turns_it_on_only_when_activations_do_not_fit():
+    seven = dict(PUBLISHED["qwen2.5-7b full, 8 GPUs (verl run_qwen2-7b.sh)"])
+    small = published_plan(seven, gradient_checkpointing="auto", per_device_train_batch_size=2)
+    assert small.fits and small.gradient_checkpointing is False
+    big = published_plan(seven, gradient_checkpointing="auto", per_device_train_batch_size=32)
+    assert big.fits and big.gradient_checkpointing is True
+    assert published_plan(seven, gradient_checkpointing=False, per_device_train_batch_size=32).fits is False
+    assert any("'auto': on" in n for n in big.notes)
+
+
+def test_log_prob_chunks_are_planned_not_the_whole_logits():
+    p = plan(grpo(per_device_train_batch_size=8, max_prompt_length=512, max_completion_length=1024),
+             shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
+    # 256 MiB fp32 chunks of 152,064 logits: 441 tokens, where the whole would be 8 × 1024 tokens (≈ 5 GB)
+    assert p.parts["logprobs"] == 441 * 152064 * (12 + 2)
+    assert p.parts["logprobs"] < 8 * 1024 * 152064 * 4 / 5
+
+
+def test_cli_prints_json_and_exits_by_the_verdict(tmp_path, capsys):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\nper_device_train_batch_size: 8\n"
+                   "max_prompt_length: 512\nmax_completion_length: 512\nbf16: true\nvllm_enable_sleep_mode: true\n"
+                   "dataset_name: trl-lib/DeepMath-103K\n")  # a TRL script key: not the planner's business
+    config = os.path.join(SHAPES, "qwen2.5-7b.json")
+    assert cli(["plan", str(cfg), "--model-config", config, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is True and out["peak_bytes_per_device"] < 80 * GiB and out["devices"] == 8
+    assert {"policy/parameters", "policy/optimizer_state", "vllm/weights", "vllm/kv_cache", "activations",
+            "logprobs"} <= set(out["parts"])
+    assert cli(["plan", str(cfg), "--model-config", config, "--gpus-per-node", "1", "--gpu-memory", "24GB"]) == 1
+    text = capsys.readouterr().out
+    assert "DOES NOT FIT" in text and "try: " in text
+
+
+def test_a_hub_id_this_machine_cannot_reach_says_to_pass_a_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="--model-config PATH/config.json"):
+        read_model_config("nobody/no-such-model-xyz")
+
+
+def test_parse_bytes():
+    assert parse_bytes("80GB") == 80 * GiB and parse_bytes("24GiB") == 24 * GiB and parse_bytes("512MB") == 2 ** 29
+    assert parse_bytes("1000") == 1000
+
+
+def test_the_trainer_stops_before_loading_when_memory_check_is_error(tmp_path, capsys):
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=4, use_vllm=False, memory_check="error",
+                      vllm_kv_cache_bytes=64 * 2**20, max_prompt_length=2 ** 24)  # 16 M-token prompts cannot fit
+    with pytest.raises(MemoryPlanError, match="memory_check='error'.*Try per_device_train_batch_size: 2"):
+        GRPOTrainer(tiny_model("qwen2"), lambda prompts, completions, **k: [0.0] * len(prompts), args=args,
+                    train_dataset=Dataset.from_list([{"prompt": "hi"}]))
+    assert "DOES NOT FIT" in capsys.readouterr().out
+    assert not os.path.exists(tmp_path / "out" / "resolved_config.yaml")  # nothing written, nothing loaded
+
+
+def test_the_trainer_resolves_auto_checkpointing_and_logs_the_plan(tmp_path, capsys):
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=4, use_vllm=False)
+    assert args.gradient_checkpointing == "auto"
+    trainer = GRPOTrainer(tiny_model("qwen2"), lambda prompts, completions, **k: [0.0] * len(prompts), args=args,
+                          train_dataset=Dataset.from_list([{"prompt": "hi"}]))
+    assert trainer.args.gradient_checkpointing is False and trainer.memory_plan.fits
+    assert "memory plan:" in capsys.readouterr().out
+    assert not trainer.policy.module.is_gradient_checkpointing
