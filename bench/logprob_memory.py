@@ -1,7 +1,8 @@
 """Peak memory of the log-prob step, before and after chunking (engines/forward.py): one forward + backward of a
 random-init model of a real shape through the full-logits path (the [B, T, V] fp32 logits and their log-softmax,
 dsgrpo before issue 16) and through the chunked path, each in a fresh process; the figure is the process's peak
-resident memory above what it held once the model was built (CPU), or torch.cuda.max_memory_allocated (GPU).
+resident memory (CPU) or torch.cuda.max_memory_allocated (GPU) above what it held once the model was built, less
+the parameters' gradients (the same on both paths).
 
     python bench/logprob_memory.py [--shape qwen2.5-0.5b] [--rows 4] [--completion 512] [--prompt 64]
 
@@ -62,8 +63,9 @@ def worker(a) -> dict:
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    return {"path": a.path, "peak_bytes": int(peak), "logit_bytes": B * T * config.vocab_size * 4,
-            "device": "cuda" if gpu else "cpu"}
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+    return {"path": a.path, "peak_bytes": int(peak - grads), "logit_bytes": B * T * config.vocab_size * 4,
+            "device": "cuda" if gpu else "cpu", "grad_bytes": int(grads)}
 
 
 def main() -> int:
@@ -81,14 +83,17 @@ def main() -> int:
     for path in ("full", "chunked"):
         cmd = [sys.executable, os.path.abspath(__file__), "--path", path, "--shape", a.shape, "--rows", str(a.rows),
                "--completion", str(a.completion), "--prompt", str(a.prompt)]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        # a fixed mmap threshold: glibc returns every large freed block at once, so the resident peak is the live peak
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
         line = [x for x in out.stdout.splitlines() if x.startswith("JSON ")]
         if out.returncode or not line:
             print(out.stdout[-3000:], out.stderr[-3000:])
             return 1
         results[path] = json.loads(line[-1][5:])
         r = results[path]
-        print(f"{path:8s} peak above the built model: {r['peak_bytes'] / 2**30:6.2f} GiB "
+        print(f"{path:8s} peak above the built model and its gradients ({r['grad_bytes'] / 2**30:.2f} GiB): "
+              f"{r['peak_bytes'] / 2**30:6.2f} GiB "
               f"(one fp32 copy of the [B, T, V] logits: {r['logit_bytes'] / 2**30:.2f} GiB; {r['device']})", flush=True)
     full, chunked = results["full"]["peak_bytes"], results["chunked"]["peak_bytes"]
     print(f"RESULT shape={a.shape} rows={a.rows} completion={a.completion} full_peak_gib={full / 2**30:.2f} "
