@@ -567,7 +567,7 @@ class GRPOConfig:
         (YAML 1.1 reads `7e-4` as a string; only `7.0e-4` is a float)."""
         check_known_keys(values)
         hints = typing.get_type_hints(cls)
-        return cls(**{k: _coerce_number(v, hints[k]) for k, v in values.items()})
+        return cls(**{k: _coerce_number(_yaml_no_as_text(v, hints[k]), hints[k]) for k, v in values.items()})
 
     @classmethod
     def from_yaml(cls, path: str, overrides: Optional[list] = None) -> "GRPOConfig":
@@ -620,6 +620,14 @@ def parse_cli_overrides(argv: list, extra_keys: tuple = ()) -> dict:
 
 
 # -------------------------------------------------------------------------- type checks for validation
+def _yaml_no_as_text(value: Any, hint: Any) -> Any:
+    """YAML 1.1 reads an unquoted `no` / `off` as False (and `yes` / `on` as True): `save_strategy: no` and
+    `--save_strategy no` mean the string where the field takes no booleans."""
+    if isinstance(value, bool) and not _matches(value, hint) and _matches("", hint):
+        return "no" if value is False else "yes"
+    return value
+
+
 def _coerce_number(value: Any, hint: Any) -> Any:
     if not isinstance(value, str) or _matches(value, hint):
         return value

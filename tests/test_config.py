@@ -123,3 +123,11 @@ def test_deepspeed_config_resolution(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_deepspeed_config(str(bad))
+
+
+def test_an_unquoted_no_is_the_string_no_where_the_field_takes_strings():
+    # YAML 1.1 reads `no` as False: `save_strategy: no` in a recipe and `--save_strategy no` on a command line
+    from dsgrpo.config import parse_cli_overrides
+    cfg = GRPOConfig.from_dict({**parse_cli_overrides(["--save_strategy", "no", "--bf16", "false"]),
+                                **yaml.safe_load("eval_strategy: no\nlogging_strategy: no\n")})
+    assert (cfg.save_strategy, cfg.eval_strategy, cfg.logging_strategy, cfg.bf16) == ("no", "no", "no", False)
