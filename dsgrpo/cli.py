@@ -7,7 +7,6 @@ every rank runs the same command; plain `dsgrpo train` runs a world of one."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, Dict, List, Tuple
 
@@ -125,8 +124,8 @@ def plan(argv: List[str]) -> int:
                                     known.gpus_per_node * known.nodes)
     model_config = planner.read_model_config(known.model_config or model, trust_remote_code=args.trust_remote_code)
     if known.cpu:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        hardware = planner.Hardware(known.gpus_per_node, known.nodes, total // known.gpus_per_node, gpu=False)
+        hardware = planner.Hardware(known.gpus_per_node, known.nodes,
+                                    planner.available_host_bytes() // known.gpus_per_node, gpu=False)
     else:
         hardware = planner.Hardware(known.gpus_per_node, known.nodes, planner.parse_bytes(known.gpu_memory), gpu=True)
     peft = values.get("peft_config")

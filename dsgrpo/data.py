@@ -73,6 +73,10 @@ class PromptSource:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def longest_prompt(self) -> Optional[int]:
+        """Tokens of the longest prompt (None where the prompts are not all known before training: streaming)."""
+        return None if self.streaming else max(len(ids) for ids in self.prompt_ids)
+
     def text(self, prompt: Any) -> str:
         if is_conversational(prompt):
             return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,

