@@ -45,6 +45,7 @@ def main() -> int:
     p.add_argument("--placement", default="colocate", choices=["colocate", "split"])
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--no-balancing", action="store_true")
+    p.add_argument("--chunk-groups", type=int, default=None, help="async_chunk_groups (None: the trainer's default)")
     p.add_argument("--slow-reward", type=float, default=0.0, help="seconds the reward sleeps per call")
     p.add_argument("--skew", type=float, default=0.0, help="extra seconds per token for every 4th prompt on rank 1")
     a = p.parse_args()
@@ -66,7 +67,8 @@ def main() -> int:
                       max_completion_length=a.max_completion_length, temperature=1.0, learning_rate=1e-6,
                       gradient_checkpointing=False, logging_steps=1, bf16=False, use_vllm=not a.hf_generate,
                       deepspeed=a.deepspeed, vllm_kv_cache_bytes=256 * 2**20, async_placement=a.placement,
-                      max_staleness=a.max_staleness, async_load_balancing=not a.no_balancing)
+                      max_staleness=a.max_staleness, async_load_balancing=not a.no_balancing,
+                      async_chunk_groups=a.chunk_groups)
     stamps = []
 
     class Clock:
@@ -82,7 +84,7 @@ def main() -> int:
         return 0
     start = time.perf_counter()
     trainer.train()
-    history = trainer.state.log_history
+    history = [h for h in trainer.state.log_history if "completions/mean_length" in h]  # not the summary row
     steps = [t1 - t0 for t0, t1 in zip([start] + stamps[:-1], stamps)][1:]  # steps 2..N
     tokens = [h["completions/mean_length"] * a.batch_size for h in history][1:]
     sec = sum(steps) / len(steps)

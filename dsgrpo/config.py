@@ -225,7 +225,7 @@ class GRPOConfig:
     async_generator_ranks: Optional[int] = field(default=None, metadata=_help("'split' only: how many ranks (the highest-numbered) only generate (None: half the world)."))
     max_staleness: int = field(default=1, metadata=_help("Train on a group at most this many policy versions (weight syncs) after the one that generated it; older groups are dropped. 0 means on-policy."))
     async_load_balancing: bool = field(default=True, metadata=_help("Ranks claim prompt groups from one shared queue, so a fast rank takes work a slow one has not started; False gives each rank a fixed share."))
-    async_chunk_groups: Optional[int] = field(default=None, metadata=_help("Prompt groups a rank claims and generates at once (None: a quarter of its share of a round, at least 1). Smaller balances better, larger batches vLLM better."))
+    async_chunk_groups: Optional[int] = field(default=None, metadata=_help("Prompt groups a rank claims and generates at once (None: a whole round when one worker generates, else a quarter of its share of a round, at least 1). Smaller balances better, larger batches vLLM better."))
     drop_zero_std_groups: bool = field(default=False, metadata=_help("DAPO dynamic sampling: discard groups whose rewards all agree and keep sampling until the batch is full of useful groups (AsyncGRPOTrainer)."))
 
     # ------------------------------------------------------------------ accepted for TRL/transformers configs, no effect

@@ -347,3 +347,10 @@ def test_rollout_rows_concatenate_tool_masks():
     plain, none = as_rollout_rows([b, make_group(7, 0, rewards=None)])
     assert plain.tool_mask is None and none is None  # one unscored group: rewards are computed later
     assert as_rollout_rows([]) == (Rollout([], [], [], []), None)
+
+
+def test_one_worker_claims_a_whole_round_per_call_and_many_a_quarter_of_their_share():
+    from dsgrpo.rollout.async_source import default_chunk_groups
+    assert default_chunk_groups(8, workers=1) == 8     # no one to balance against: one engine call per round
+    assert default_chunk_groups(16, workers=2) == 2    # a quarter of each worker's 8
+    assert default_chunk_groups(4, workers=4) == 1

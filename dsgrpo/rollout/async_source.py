@@ -43,6 +43,16 @@ POLL_SECONDS = 0.01
 ZERO_STD_GIVE_UP_ROUNDS = 20  # dynamic sampling gives up after this many rounds' worth of uninformative groups
 
 
+def default_chunk_groups(round_groups: int, workers: int) -> int:
+    """Groups a rollout worker claims per engine call: with one worker there is no one to balance against, and each
+    call has a fixed cost, so it takes a whole round at once (single process, tiny workload: 0.45x the synchronous
+    trainer with a quarter-round per call, 1.2x with a whole round; bench/throughput.py --async). Otherwise a quarter
+    of a worker's share, so the other workers can take over what a slow one has not claimed yet."""
+    if workers <= 1:
+        return max(1, round_groups)
+    return max(1, round_groups // workers // 4)
+
+
 class GroupExchange:
     """The pooled groups of one generating rank and the round's batch cut: shared by the training ranks' source
     and split placement's generating ranks, which take part in the same collectives."""
@@ -69,7 +79,8 @@ class GroupExchange:
             self.worker = RolloutWorker(
                 sampler=sampler, prompts=setup.prompts, stream=self.stream, counter=self.counter,
                 pool=self.pool, score=self._score_groups if setup.scores_anywhere else None,
-                balanced=a.async_load_balancing, chunk_groups=a.async_chunk_groups or max(1, self.stream.per_rank // 4),
+                balanced=a.async_load_balancing, chunk_groups=a.async_chunk_groups or default_chunk_groups(
+                    self.stream.P, workers=self.placement.generators // max(1, a.vllm_tensor_parallel_size)),
                 max_staleness=a.max_staleness, drop_zero_std=a.drop_zero_std_groups, reward_weights=a.reward_weights,
                 rank=me, version=0, slot=me - self.placement.first_generator, link=link)
 
