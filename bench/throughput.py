@@ -45,6 +45,8 @@ def main() -> int:
     p.add_argument("--placement", default="colocate", choices=["colocate", "split"])
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--no-balancing", action="store_true")
+    p.add_argument("--gradient-checkpointing", default="false", choices=["auto", "true", "false"],
+                   help="GRPOConfig.gradient_checkpointing (TRL's default is true)")
     p.add_argument("--chunk-groups", type=int, default=None, help="async_chunk_groups (None: the trainer's default)")
     p.add_argument("--slow-reward", type=float, default=0.0, help="seconds the reward sleeps per call")
     p.add_argument("--skew", type=float, default=0.0, help="extra seconds per token for every 4th prompt on rank 1")
@@ -65,7 +67,8 @@ def main() -> int:
     args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="dsgrpo-bench-"), max_steps=a.steps,
                       per_device_train_batch_size=a.batch_size // trainers, num_generations=a.num_generations,
                       max_completion_length=a.max_completion_length, temperature=1.0, learning_rate=1e-6,
-                      gradient_checkpointing=False, logging_steps=1, bf16=False, use_vllm=not a.hf_generate,
+                      gradient_checkpointing={"true": True, "false": False}.get(a.gradient_checkpointing, "auto"),
+                      logging_steps=1, bf16=False, use_vllm=not a.hf_generate,
                       deepspeed=a.deepspeed, vllm_kv_cache_bytes=256 * 2**20, async_placement=a.placement,
                       max_staleness=a.max_staleness, async_load_balancing=not a.no_balancing,
                       async_chunk_groups=a.chunk_groups)

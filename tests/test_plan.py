@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+import torch
 from datasets import Dataset
 
 from dsgrpo import GRPOConfig, GRPOTrainer
@@ -174,3 +175,22 @@ def test_the_trainer_resolves_auto_checkpointing_and_logs_the_plan(tmp_path, cap
     assert trainer.args.gradient_checkpointing is False and trainer.memory_plan.fits
     assert "memory plan:" in capsys.readouterr().out
     assert not trainer.policy.module.is_gradient_checkpointing
+
+
+def test_gradient_checkpointing_true_really_recomputes(tmp_path):
+    # transformers checkpoints a layer only in train mode; the policy used to stay in from_pretrained's eval mode
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=4, use_vllm=False, gradient_checkpointing=True)
+    trainer = GRPOTrainer(tiny_model("qwen2"), lambda prompts, completions, **k: [0.0] * len(prompts), args=args,
+                          train_dataset=Dataset.from_list([{"prompt": "hi"}]))
+    layer = trainer.policy.module.model.layers[0]
+    assert layer.gradient_checkpointing and layer.training
+    calls = []
+    # a pre-hook on the layer's first module: torch stops a recomputation once the saved tensors are back, so
+    # hooks that run at a module's end may never fire in it
+    layer.input_layernorm.register_forward_pre_hook(lambda *a: calls.append(1))
+    ids = torch.randint(3, 1000, (2, 9))
+    mask = torch.ones_like(ids)
+    from dsgrpo.engines import policy_forward
+    policy_forward(trainer.policy, ids, mask, 4).logps.sum().backward()
+    assert len(calls) == 2  # the forward, and its recomputation in backward

@@ -138,6 +138,9 @@ def build_policy_engine(model, args: GRPOConfig, ds_config: dict, optimizer=None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            model_parameters=[p for p in model.parameters() if p.requires_grad],
                                            config=ds_config, mpu=dist.deepspeed_mpu())
+    # from_pretrained leaves a model in eval mode, and transformers checkpoints a layer only in train mode: without
+    # this, gradient_checkpointing=True did nothing (and dropout, where disable_dropout=False, was off unlike TRL's)
+    engine.train()
     return engine
 
 
