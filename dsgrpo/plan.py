@@ -421,10 +421,6 @@ def lora_parameter_count(model_config, lora_config) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- the trainer's check
-def measured_peak_bytes() -> int:
-    """This process's peak so far: the CUDA allocator's on GPU, the resident set's on CPU (timing.py tracks it)."""
-    from .timing import highest_peak
-    return highest_peak()
 class MemoryPlanError(RuntimeError):
     """memory_check='error' and the plan does not fit."""
 

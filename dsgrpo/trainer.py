@@ -32,7 +32,7 @@ from .engines.builder import prepare_model
 from .engines.weights import named_full_parameters
 from .hub import make_pusher
 from .logging import MetricSinks
-from .plan import check_at_start as check_memory_at_start, measured_peak_bytes
+from .plan import check_at_start as check_memory_at_start
 from .preemption import Preemption
 from .rewards import RewardStack
 from .rollout import SamplingConfig, check_against_checkpoint, connect_generator, make_generator
@@ -42,7 +42,7 @@ from .rollout.samplers import make_sampler
 from .rollout.sources import GenerationSource, RolloutSetup
 from .rollout.tools import ToolRunner
 from .schedule import Schedule
-from .timing import PhaseTimer
+from .timing import PhaseTimer, highest_peak
 from .update import NonFiniteError, PolicyUpdate, learning_alarm, router_aux_coef
 
 __all__ = ["GRPOTrainer", "NonFiniteError", "save_hf_model"]
@@ -495,7 +495,7 @@ class GRPOTrainer:
                "train_steps_per_second": steps / max(seconds, 1e-9), "total_flos": self.state.total_flos,
                "train_loss": sum(losses) / len(losses) if losses else float("nan"),
                "epoch": self.state.epoch, "step": self.state.global_step}
-        peaks = dist.all_gather_object(measured_peak_bytes())  # against the start-up plan (bench/plan_vs_measured.py)
+        peaks = dist.all_gather_object(highest_peak())  # against the start-up plan (bench/plan_vs_measured.py)
         row["memory/peak_bytes_max"] = max(peaks)
         if self.memory_plan is not None:
             row["memory/planned_peak_bytes"] = self.memory_plan.peak_bytes_per_device

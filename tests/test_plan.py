@@ -195,3 +195,13 @@ def test_gradient_checkpointing_true_really_recomputes(tmp_path):
     from dsgrpo.engines import policy_forward
     policy_forward(trainer.policy, ids, mask, 4).logps.sum().backward()
     assert len(calls) == 2  # the forward, and its recomputation in backward
+
+
+def test_reward_models_are_planned_from_the_stacks_configs():
+    from dsgrpo.rewards import RewardStack
+    stack = RewardStack([tiny_model("qwen2-reward"), "accuracy_reward"])
+    rewards = [ModelShape.from_config(c, sequence_classification=True) for c in stack.model_configs()]
+    assert len(rewards) == 1 and rewards[0].params > 0
+    p = plan(grpo(max_prompt_length=512), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8,
+             reward_models=rewards)
+    assert p.parts["reward_models/parameters"] == int(rewards[0].params * 2 / 8)  # bf16, ZeRO-3 over 8

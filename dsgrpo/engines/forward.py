@@ -53,21 +53,15 @@ def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                     logits_to_keep=completion_len + 1, use_cache=False, **extra)
     _check_plain_head(model, head, hidden.states[:, -1:, :], out.logits)
-    B, T = input_ids.shape[0], completion_len
+    T = completion_len
     states = hidden.states[:, -T - 1:-1, :]                              # [B, T, H]: the states predicting them
     targets = input_ids[:, -T:]
     real = attention_mask[:, -T:].bool()                                 # completion tokens, not padding
     score = _ChunkScore(head, temperature, truncation, with_entropy, entropy_grad and torch.is_grad_enabled(),
                         with_full)
     parts = score.all(states[real], targets[real], chunk_tokens_for(head.out_features, chunk_tokens))
-    shaped = []
-    for part in parts:
-        if part is None:
-            shaped.append(None)
-            continue
-        full = part.new_zeros(B, T)
-        shaped.append(full.masked_scatter(real, part))
-    logps, entropy, full = shaped
+    # back to [B, T], padding 0
+    logps, entropy, full = (None if p is None else p.new_zeros(real.shape).masked_scatter(real, p) for p in parts)
     if with_full and full is None:
         full = logps
     return Forward(logps, entropy, full, getattr(out, "aux_loss", None) if router_aux else None)

@@ -13,9 +13,11 @@ import math
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Callable, List, Optional
 from urllib.parse import urlparse
+
+from ..http import json_server
 
 
 class RemoteRewardError(RuntimeError):
@@ -60,54 +62,27 @@ class RemoteReward:
                                 "there? Training stops rather than use made-up rewards.")
 
 
-def _handler(score: Callable, token: Optional[str], max_request_bytes: int, max_batch: int):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, fmt, *args):  # quiet by default
-            pass
-
-        def _reply(self, code: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_POST(self):
-            if self.path.rstrip("/") != "/score":
-                return self._reply(404, {"error": "POST /score"})
-            if token and self.headers.get("Authorization") != f"Bearer {token}":
-                return self._reply(401, {"error": "missing or wrong bearer token"})
-            length = int(self.headers.get("Content-Length") or 0)
-            if length <= 0 or length > max_request_bytes:
-                return self._reply(413, {"error": f"request body must be 1..{max_request_bytes} bytes"})
-            try:
-                req = json.loads(self.rfile.read(length))
-                prompts, completions = req["prompts"], req["completions"]
-                ids, columns = req.get("completion_ids") or [], req.get("columns") or {}
-                if not (isinstance(prompts, list) and isinstance(completions, list) and isinstance(columns, dict)
-                        and len(prompts) == len(completions)):
-                    raise ValueError("prompts and completions must be lists of equal length; columns a mapping")
-            except (ValueError, KeyError, TypeError) as exc:
-                return self._reply(400, {"error": f"bad request: {exc}"})
-            if len(completions) > max_batch:
-                return self._reply(413, {"error": f"at most {max_batch} completions per request"})
-            try:
-                rewards = [None if r is None or (isinstance(r, float) and math.isnan(r)) else float(r)
-                           for r in score(prompts=prompts, completions=completions, completion_ids=ids, **columns)]
-            except Exception as exc:  # the scorer's own failure: report it, keep serving
-                return self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
-            return self._reply(200, {"rewards": rewards})
-
-        def do_GET(self):
-            return self._reply(200, {"ok": True}) if self.path == "/health" else self._reply(404, {"error": "GET /health"})
-    return Handler
-
-
 def make_server(score: Callable, host: str = "127.0.0.1", port: int = 8000, token: Optional[str] = None,
                 max_request_bytes: int = 16 << 20, max_batch: int = 4096) -> ThreadingHTTPServer:
-    """An HTTP server for `score` (not started). Binds to loopback unless told otherwise."""
-    return ThreadingHTTPServer((host, port), _handler(score, token, max_request_bytes, max_batch))
+    """An HTTP server for `score` (not started; dsgrpo.http's JSON server). Binds to loopback unless told otherwise."""
+
+    def score_route(req: dict):
+        prompts, completions = req["prompts"], req["completions"]
+        ids, columns = req.get("completion_ids") or [], req.get("columns") or {}
+        if not (isinstance(prompts, list) and isinstance(completions, list) and isinstance(columns, dict)
+                and len(prompts) == len(completions)):
+            raise ValueError("prompts and completions must be lists of equal length; columns a mapping")
+        if len(completions) > max_batch:
+            return 413, {"error": f"at most {max_batch} completions per request"}
+        try:
+            rewards = [None if r is None or (isinstance(r, float) and math.isnan(r)) else float(r)
+                       for r in score(prompts=prompts, completions=completions, completion_ids=ids, **columns)]
+        except Exception as exc:  # noqa: BLE001 - the scorer's own failure (a 500 the client retries), not a bad request
+            return 500, {"error": f"{type(exc).__name__}: {exc}"}
+        return 200, {"rewards": rewards}
+
+    routes = {("POST", "/score"): score_route, ("GET", "/health"): lambda _: (200, {"ok": True})}
+    return json_server(routes, host, port, token, max_request_bytes)
 
 
 def serve_reward(argv: List[str]) -> int:

@@ -45,6 +45,7 @@ class RewardStack:
         self.funcs: List[Any] = []
         self.given_tokenizers = tokenizers
         self.pending_models: Dict[int, tuple] = {}  # index → (spec, tokenizer), built by load_models
+        self._model_configs: Dict[int, Any] = {}    # index → the reward model's transformers config
         for i, (src, tok) in enumerate(zip(sources, tokenizers)):
             self.funcs.append(self._resolve(src, tok, i))
         self.names = [self._name(i, f) for i, f in enumerate(self.funcs)]
@@ -55,12 +56,8 @@ class RewardStack:
                              "reward functions; give one weight per function.")
 
     def model_configs(self) -> list:
-        """The transformers configs of the reward models (for the memory planner; no weights are read)."""
-        from transformers import AutoConfig
-
-        return [spec.config if not isinstance(spec, str) else
-                AutoConfig.from_pretrained(spec, trust_remote_code=self.trust_remote_code)
-                for spec, _ in self.pending_models.values()]
+        """The transformers configs of the reward models, in reward order (for the memory planner)."""
+        return [self._model_configs[i] for i in sorted(self._model_configs)]
 
     def _resolve(self, src: Any, tokenizer: Any, index: int):
         from transformers import PreTrainedModel
@@ -78,11 +75,13 @@ class RewardStack:
                                  f"({BUILTIN_REWARDS.names()}) nor a loadable reward model ({exc}).") from None
             check_reward_model_config(config, src)
             self.pending_models[index] = (src, tokenizer)
+            self._model_configs[index] = config
             return src
         if isinstance(src, PreTrainedModel):
             from .models import check_reward_model_config
             check_reward_model_config(src.config, reward_name(src))
             self.pending_models[index] = (src, tokenizer)
+            self._model_configs[index] = src.config
             return src
         if callable(src):
             return src

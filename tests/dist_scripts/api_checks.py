@@ -17,7 +17,7 @@ from datasets import Dataset  # noqa: E402
 
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from api_checks_tools import TOOLS  # noqa: E402
-from recorder import SHARDED_ZERO3, recorder, training_rows  # noqa: E402
+from recorder import SHARDED_ZERO3, digit_fraction, recorder, training_rows  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
@@ -201,10 +201,6 @@ class Steering:
 
     def on_save(self, args, state, control, checkpoint=None, **kwargs):
         self.saved.append([state.global_step, checkpoint])
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
 @check("control")

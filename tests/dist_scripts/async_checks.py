@@ -18,7 +18,8 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, recorder, rollout_worker, training_rows, watch_split_versions  # noqa: E402
+from recorder import (SHARDED_ZERO3, digit_fraction, recorder, rollout_worker, training_rows,  # noqa: E402
+                      watch_split_versions)
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` shows where a hang is
 OUT = sys.argv[1]
@@ -27,10 +28,6 @@ results = {}
 
 
 check = recorder(results, ONLY)
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:", "idx": i} for i in range(64)])

@@ -25,16 +25,12 @@ from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines import completion_logprobs  # noqa: E402
 from dsgrpo.rollout import Rollout  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import training_rows  # noqa: E402
+from recorder import digit_fraction, training_rows  # noqa: E402
 
 OUT = sys.argv[1]
 FAULT = sys.argv[2] if len(sys.argv) > 2 else ""
 kind, _, at = FAULT.partition("@")
 at = int(at or 0)
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
 def die():

@@ -21,17 +21,14 @@ from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.gather import GatherStats, full_parameters  # noqa: E402
 from dsgrpo.engines.weights import checkpoint_units  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, policy_logps, recorder, training_rows, vllm_logps, watch_split_versions  # noqa: E402
+from recorder import (SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows,  # noqa: E402
+                      vllm_logps, watch_split_versions)
 
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
 results, KEEP = {}, []
 check = recorder(results, ONLY)
 BUCKET = 64 * 1024  # smaller than the embedding and the MLP matrices: each layer is gathered on its own
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])

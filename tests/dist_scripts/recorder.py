@@ -1,6 +1,6 @@
 """What the 2-rank check scripts share: a decorator that records each check's numbers (or its traceback, so the
 other checks still run and the pytest side names the one that failed), the ZeRO-3 config that really shards
-tiny models (persistence threshold 0), and log-probs of one fixed token sequence as the policy and as vLLM see
+tiny models (persistence threshold 0), the digit-fraction reward most of them train on, and log-probs of one fixed token sequence as the policy and as vLLM see
 them (how a weight sync is checked)."""
 
 import traceback
@@ -27,6 +27,11 @@ def recorder(results: dict, only=None):
             return fn
         return wrap
     return check
+
+
+def digit_fraction(prompts, completions, **kwargs):
+    """The share of digits in each completion: a reward tiny random models learn within a few steps."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
 FIXED = [1, 5, 9, 12, 30, 31, 32, 33, 34, 35]  # a token sequence whose log-probs every side computes

@@ -16,18 +16,14 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import (SHARDED_ZERO3, after_each_sync, policy_logps, recorder, training_rows,  # noqa: E402
-                      vllm_logps)
+from recorder import (SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps, recorder,  # noqa: E402
+                      training_rows, vllm_logps)
 
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
 results, KEEP = {}, []
 check = recorder(results, ONLY)
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
 def config(name, **overrides):

@@ -17,7 +17,8 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.http import HTTPError, request_json  # noqa: E402
 from dsgrpo.testing import ServerProcess, tiny_model  # noqa: E402
-from recorder import FIXED, SHARDED_ZERO3, after_each_sync, policy_logps, recorder, training_rows  # noqa: E402
+from recorder import (FIXED, SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps,  # noqa: E402
+                      recorder, training_rows)
 
 OUT, STATE, PORT, GROUP_PORT = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 ONLY = set(sys.argv[5].split(",")) if len(sys.argv) > 5 else None
@@ -26,10 +27,6 @@ URL = f"http://127.0.0.1:{PORT}"
 results, KEEP = {}, []
 check = recorder(results, ONLY)
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
 def config(name, **overrides):

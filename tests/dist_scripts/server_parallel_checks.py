@@ -16,16 +16,13 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from dsgrpo.http import request_json  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import FIXED, SHARDED_ZERO3, after_each_sync, policy_logps, recorder, training_rows  # noqa: E402
+from recorder import (FIXED, SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps,  # noqa: E402
+                      recorder, training_rows)
 
 OUT, PORT, GROUP_PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 URL = f"http://127.0.0.1:{PORT}"
 results = {}
 check = recorder(results)
-
-
-def digit_fraction(prompts, completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
 def server_logps():
