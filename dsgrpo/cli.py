@@ -2,17 +2,22 @@
 
 The YAML holds GRPOConfig fields plus the run's inputs (RUN_KEYS): the model, the datasets and the reward
 functions. `--key value` overrides either kind. Under `deepspeed` (which appends --local_rank=N) or torchrun
-every rank runs the same command; plain `dsgrpo train` runs a world of one."""
+every rank runs the same command; plain `dsgrpo train` runs a world of one.
+
+A configuration or input error (an unknown key, a missing file, a dataset without a prompt column, bad YAML, a
+checkpoint that cannot continue the run) is reported as one `dsgrpo: error: ...` block by rank 0 alone, with
+exit code 2 and no traceback; `--debug` or DSGRPO_DEBUG=1 prints the traceback on every rank as well."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Any, Dict, List, Tuple
+import traceback
+from typing import Any, Callable, Dict, List, Tuple
 
-import yaml
-
-from .config import GRPOConfig, parse_cli_overrides
+from .config import GRPOConfig, load_yaml_mapping, parse_cli_overrides
+from .errors import CheckpointError
 from .importing import import_object
 
 RUN_KEYS = {
@@ -36,8 +41,7 @@ def split_config(values: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]
 
 
 def load_run_config(path: str, overrides: List[str]) -> Tuple[Dict[str, Any], GRPOConfig]:
-    with open(path) as fh:
-        values = yaml.safe_load(fh) or {}
+    values = load_yaml_mapping(path)
     values.update(parse_cli_overrides(overrides, extra_keys=tuple(RUN_KEYS)))
     run, rest = split_config(values)
     for key in ("model", "train_dataset", "reward_funcs"):
@@ -69,6 +73,27 @@ def build_dataset(spec, split: str):
     return load_dataset_spec(spec, split)
 
 
+def check_model_exists(run: Dict[str, Any]) -> None:
+    """A local model path that is not there fails now; when the run trains a built-in task that has a warm-up
+    model (the CPU demo's), the message says how to build it."""
+    from .engines.builder import check_model_source
+    from .tasks import WARMUP_TASKS
+
+    model = run["model"]
+    if not isinstance(model, str):
+        return
+    try:
+        check_model_source(model)
+    except FileNotFoundError as exc:
+        spec = run.get("train_dataset")
+        task = spec[len("task:"):].partition(":")[0] if isinstance(spec, str) and spec.startswith("task:") else None
+        if task not in WARMUP_TASKS:
+            raise
+        python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else sys.executable
+        raise FileNotFoundError(f"{exc}\nIt is the warm-up model of task:{task} (what `make demo` builds first). "
+                                f"Build it with:\n    {python} -m dsgrpo.tasks warmup --out {model}") from None
+
+
 def train(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(prog="dsgrpo train", description="Train with GRPO from a YAML config.")
     parser.add_argument("config")
@@ -77,6 +102,7 @@ def train(argv: List[str]) -> int:
     from . import AsyncGRPOTrainer, GRPOTrainer, dist
     dist.adopt_slurm_env()  # the config validates against the world size, known from Slurm before any init
     run, args = load_run_config(known.config, overrides)
+    check_model_exists(run)
     from .logging import learning_curve_summary
 
     split = run.get("dataset_split", "train")
@@ -88,6 +114,7 @@ def train(argv: List[str]) -> int:
     trainer = cls(run["model"], [reward_source(f) for f in funcs], args=args,
                           train_dataset=build_dataset(run["train_dataset"], split),
                           eval_dataset=build_dataset(run.get("eval_dataset"), split), peft_config=run.get("peft_config"))
+    _computing.add("train")
     state = trainer.train()
     if dist.is_main():
         print(learning_curve_summary(state.log_history))
@@ -113,8 +140,7 @@ def plan(argv: List[str]) -> int:
                                                "cannot reach).")
     parser.add_argument("--json", action="store_true", help="Print the plan as one JSON object.")
     known, overrides = parser.parse_known_args(argv)
-    with open(known.config) as fh:
-        values = yaml.safe_load(fh) or {}
+    values = load_yaml_mapping(known.config)
     values.update(parse_cli_overrides(overrides, extra_keys=tuple(RUN_KEYS) + ("model_name_or_path",)))
     model = values.get("model") or values.get("model_name_or_path")
     if not model and not known.model_config:
@@ -140,11 +166,52 @@ def plan(argv: List[str]) -> int:
     return 0 if result.fits else 1
 
 
+# What a wrong config or input raises before any compute starts (and CheckpointError / MemoryPlanError at start
+# of training): reported as `dsgrpo: error: <message>`, exit 2. Anything else is a crash and keeps its traceback.
+INPUT_ERRORS = (ValueError, TypeError, OSError, ImportError)
+USAGE_EXIT_CODE = 2
+_computing: set = set()  # non-empty once a subcommand has started real work (cli.train: trainer.train())
+
+
+def run_reporting_errors(command: Callable[[List[str]], int], argv: List[str]) -> int:
+    """Run a subcommand; a configuration or input error becomes one `dsgrpo: error:` block on rank 0 (every
+    rank parses the same config and fails the same way, so one copy is enough) and exit code 2."""
+    argv = list(argv)
+    debug = os.environ.get("DSGRPO_DEBUG", "") not in ("", "0")
+    if "--debug" in argv:
+        argv.remove("--debug")
+        debug = True
+    _computing.clear()
+    try:
+        return command(argv)
+    except INPUT_ERRORS + _start_errors() as exc:
+        if _computing and not isinstance(exc, _start_errors()):
+            raise  # raised by training itself (a reward function, a kernel): a crash, with its traceback
+        from . import dist
+        dist.adopt_slurm_env()  # an srun task knows its rank from Slurm's variables
+        if debug:
+            traceback.print_exc()
+        if dist.is_main():
+            message = str(exc) or type(exc).__name__
+            hint = "" if debug else "\n(--debug or DSGRPO_DEBUG=1 shows the traceback)"
+            print(f"dsgrpo: error: {message}{hint}", file=sys.stderr, flush=True)
+        return USAGE_EXIT_CODE
+
+
+def _start_errors() -> tuple:
+    from .plan import MemoryPlanError
+    return (CheckpointError, MemoryPlanError)
+
+
 def main(argv: List[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_reporting_errors(_dispatch, list(sys.argv[1:] if argv is None else argv))
+
+
+def _dispatch(argv: List[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n"
               "       dsgrpo plan CONFIG.yaml [--gpus-per-node N --gpu-memory 80GB --nodes M | --cpu] [--json]\n"
+              "       dsgrpo report RUN_DIR [RUN_DIR ...] [--out DIR]   (report.html: plots of the runs, overlaid)\n"
               "       dsgrpo export CHECKPOINT_DIR OUT_DIR [--merged]   (--merged: a LoRA run's merged model too)\n"
               "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n"
               "       dsgrpo vllm-serve --model M [--tensor-parallel-size N] [--data-parallel-size D] [--host H] "
@@ -160,6 +227,9 @@ def main(argv: List[str] | None = None) -> int:
         return train(argv[1:])
     if argv[0] == "plan":
         return plan(argv[1:])
+    if argv[0] == "report":
+        from .report import main as report
+        return report(argv[1:])
     if argv[0] == "export":
         merged = "--merged" in argv
         paths = [a for a in argv[1:] if a != "--merged"]

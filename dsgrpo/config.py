@@ -40,7 +40,7 @@ LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "cons
 # the AdamW family maps to DeepSpeed's AdamW; anything else must come in through `optimizers=`
 ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_apex_fused", "adamw_torch_xla", "adamw_torch_npu_fused",
                 "adamw_anyprecision")
-REPORT_SINKS = ("none", "jsonl", "wandb")  # the sinks dsgrpo has (metrics.jsonl is always written)
+REPORT_SINKS = ("none", "jsonl", "wandb", "tensorboard", "trackio")  # metrics.jsonl is always written
 # fields that hold a dict and may also be given as a JSON string (TRL/transformers CLIs pass them so)
 JSON_DICT_FIELDS = ("model_init_kwargs", "generation_kwargs", "chat_template_kwargs", "lr_scheduler_kwargs",
                     "gradient_checkpointing_kwargs", "accelerator_config", "transformers_continuous_batching_config",
@@ -75,14 +75,14 @@ class GRPOConfig:
     logging_first_step: bool = field(default=False, metadata=_help("Also log the first optimizer step."))
     log_level: str = field(default="passive", metadata=_help("Verbosity of transformers' and dsgrpo's loggers on rank 0 ('passive' leaves them as they are).", choices=LOG_LEVELS))
     log_level_replica: str = field(default="warning", metadata=_help("The same for the other ranks.", choices=LOG_LEVELS))
-    disable_tqdm: Optional[bool] = field(default=None, metadata=_help("No progress bar (None: a bar when stderr is a terminal or no other sink prints)."))
+    disable_tqdm: Optional[bool] = field(default=None, metadata=_help("No progress bar: plain progress lines at each logging step instead (None: a bar when the console is a terminal, lines otherwise)."))
     save_strategy: str = field(default="steps", metadata=_help("'steps' (every save_steps), 'epoch' (after each pass over the prompts) or 'no' (only the final model).", choices=SAVE_STRATEGIES))
     save_steps: float = field(default=500, metadata=_help("Save a checkpoint every this many optimizer steps; below 1, a fraction of the run (0.1: every tenth)."))
     save_total_limit: Optional[int] = field(default=None, metadata=_help("Keep at most this many checkpoints (None: keep all)."))
     save_only_model: bool = field(default=False, metadata=_help("Checkpoints hold the model in Hugging Face format only (no optimizer, scheduler or RNG state): smaller, but a run cannot resume from them."))
-    report_to: Union[None, str, list] = field(default="none", metadata=_help("Metric sinks besides the console and metrics.jsonl: 'none', 'wandb', 'all' (every installed sink dsgrpo has), or a list."))
-    project: str = field(default="huggingface", metadata=_help("Project name of the wandb run (WANDB_PROJECT, when set, wins)."))
-    run_name: Optional[str] = field(default=None, metadata=_help("Run name for wandb."))
+    report_to: Union[None, str, list] = field(default="none", metadata=_help("Metric sinks besides the console and metrics.jsonl: 'none', 'wandb', 'tensorboard', 'trackio', 'all' (every installed one), or a list."))
+    project: str = field(default="huggingface", metadata=_help("Project of the wandb run (WANDB_PROJECT, when set, wins) and of the trackio run."))
+    run_name: Optional[str] = field(default=None, metadata=_help("Run name for wandb and trackio."))
     resume_from_checkpoint: Optional[str] = field(default=None, metadata=_help("Checkpoint directory to resume from, or true/'latest' for the newest complete one in output_dir."))
     ddp_timeout: int = field(default=1800, metadata=_help("Seconds a collective may wait for the other ranks before the run fails (DEEPSPEED_TIMEOUT, minutes, overrides it)."))
     push_to_hub: bool = field(default=False, metadata=_help("Upload the model to the Hugging Face Hub (hub_model_id) as hub_strategy says, from a background thread; checked at start-up."))
@@ -251,9 +251,9 @@ class GRPOConfig:
     log_on_each_node: bool = _inert(True, "rank 0 logs; every rank's lines carry their rank", "Log on each node's first rank.")
     logging_nan_inf_filter: bool = _inert(True, "a non-finite loss or gradient norm stops the run (NonFiniteError)", "Skip NaN/inf losses in the logged mean.")
     include_num_input_tokens_seen: Union[str, bool] = _inert("no", "num_tokens (prompt + completion tokens so far) is always logged", "Count input tokens.")
-    trackio_space_id: Optional[str] = _inert(None, "there is no trackio sink yet (report_to refuses 'trackio')", "trackio Space.")
-    trackio_bucket_id: Optional[str] = _inert(None, "see trackio_space_id", "trackio bucket.")
-    trackio_static_space_id: Optional[str] = _inert(None, "see trackio_space_id", "trackio static Space.")
+    trackio_space_id: Optional[str] = field(default=None, metadata=_help("With report_to trackio: the Hugging Face Space to log to (None: trackio's local store only)."))
+    trackio_bucket_id: Optional[str] = field(default=None, metadata=_help("With report_to trackio and a Space: its bucket (None: trackio's choice)."))
+    trackio_static_space_id: Optional[str] = _inert(None, "no static snapshot Space is published after training (run trackio's own `freeze`)", "trackio static Space.")
     prediction_loss_only: bool = _inert(False, "evaluation generates and scores; it has no loss", "Evaluation returns the loss only.")
     eval_do_concat_batches: bool = _inert(True, "evaluation scores the whole set at once", "Concatenate eval batches.")
     eval_use_gather_object: bool = _inert(False, "evaluation gathers rewards as tensors", "gather_object in evaluation.")
@@ -465,6 +465,11 @@ class GRPOConfig:
                 raise ValueError(f"report_to={self.report_to!r}: dsgrpo has no {sink!r} sink yet (it has "
                                  f"{list(REPORT_SINKS)}; metrics.jsonl is always written). Remove {sink!r} rather than "
                                  "have it silently dropped.")
+        import importlib.util
+        for sink in self.report_sinks():
+            if sink != "jsonl" and importlib.util.find_spec(sink) is None:
+                raise ValueError(f"report_to names {sink!r} but the {sink} package is not installed: `pip install "
+                                 f"{sink}`, or remove {sink!r} from report_to.")
 
     def report_sinks(self, installed_only: bool = True) -> list:
         """The sinks report_to names ('all': every sink dsgrpo has whose package is installed; 'none': none)."""
@@ -572,14 +577,31 @@ class GRPOConfig:
     @classmethod
     def from_yaml(cls, path: str, overrides: Optional[list] = None) -> "GRPOConfig":
         """Load a YAML file, then apply `--key value` overrides (a list of argv strings)."""
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"Config file {path!r} does not exist. Pass the path of a YAML file (see examples/).")
-        with open(path) as fh:
-            values = yaml.safe_load(fh) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: expected a mapping of field: value at the top level, got {type(values).__name__}.")
+        values = load_yaml_mapping(path)
         values.update(parse_cli_overrides(overrides or []))
         return cls.from_dict(values)
+
+
+def load_yaml_mapping(path: str) -> dict:
+    """A YAML config file's top-level mapping. A syntax error names the file, line and column (an editor's
+    `path:line:column`); a missing file or a top level that is not a mapping says what was expected."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Config file {path!r} does not exist. Pass the path of a YAML file (see examples/).")
+    with open(path) as fh:
+        try:
+            values = yaml.safe_load(fh)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+            what = "; ".join(part for part in (exc.context, exc.problem) if part)
+            raise ValueError(f"{where}: invalid YAML: {what}.") from None
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: invalid YAML: {exc}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of field: value at the top level, got {type(values).__name__}.")
+    return values
 
 
 def field_names() -> list:
@@ -614,7 +636,12 @@ def parse_cli_overrides(argv: list, extra_keys: tuple = ()) -> dict:
         key = key.replace("-", "_")
         if key not in extra_keys:
             check_known_keys({key: None})
-        out[key] = yaml.safe_load(raw)
+        try:
+            out[key] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or exc
+            raise ValueError(f"--{key} {raw!r}: the value is read as YAML and is not valid YAML ({problem}). Quote "
+                             f"it for a string: --{key} '\"{raw}\"'.") from None
         i += 1
     return out
 

@@ -1,11 +1,20 @@
-"""Metric sinks, fed only on rank 0 with metrics already reduced over ranks: the console (a progress bar),
-`metrics.jsonl` in output_dir, and wandb when `report_to` names it."""
+"""Metric sinks, fed only on rank 0 with metrics already reduced over ranks: `metrics.jsonl` (and
+`completions.jsonl`) in output_dir, the console's progress, and the trackers `report_to` names (wandb,
+tensorboard, trackio). Every tracker gets the same metric names as metrics.jsonl.
+
+The console shows a progress bar when it is a terminal; otherwise (a Slurm log, CI, a pipe) it prints one plain
+line per logging step (step/total, reward, kl, tokens/s, ETA), which stays readable where carriage-return bars
+turn into noise."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import socket
 import sys
+import time
+from datetime import datetime
 from typing import Dict, List, Optional
 
 
@@ -15,22 +24,14 @@ class MetricSinks:
         self.print_rows = args.num_completions_to_print
         self.unique_prompts = args.log_unique_prompts
         self.jsonl = None
-        self.wandb = None
-        self.bar = None
+        self.trackers: List = []
+        self.progress = None
         if not enabled:
             return
         os.makedirs(args.output_dir, exist_ok=True)
         self.jsonl = open(os.path.join(args.output_dir, "metrics.jsonl"), "a")
-        if "wandb" in args.report_sinks():
-            import wandb
-            self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", args.project), name=args.run_name,
-                                    config=args.to_dict(), dir=args.output_dir)
-        if not args.disable_tqdm:
-            try:
-                from tqdm.auto import tqdm
-                self.bar = tqdm(total=total_steps, desc="GRPO", dynamic_ncols=True, file=sys.stderr)
-            except ImportError:
-                self.bar = None
+        self.trackers = [TRACKERS[name](args) for name in args.report_sinks() if name in TRACKERS]
+        self.progress = make_progress(args, total_steps)
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
         if not self.enabled:
@@ -38,10 +39,10 @@ class MetricSinks:
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
-        if self.bar is not None:
-            self.bar.set_postfix({k: f"{metrics[k]:.3g}" for k in ("reward", "loss", "kl") if k in metrics})
+        numbers = {k: v for k, v in record.items() if k != "step" and v is not None}
+        for tracker in self.trackers:
+            tracker.log(step, numbers)
+        self.progress.show(step, numbers)
 
     def resumed(self, path: str, step: int) -> None:
         """Drop records the interrupted run wrote after its checkpoint: they are about to be redone."""
@@ -54,16 +55,15 @@ class MetricSinks:
         with open(name, "w") as fh:
             fh.writelines(kept)
         self.jsonl = open(name, "a")
-        if self.bar is not None:
-            self.bar.update(step - self.bar.n)
+        self.progress.resumed(step)
         print(f"dsgrpo: resumed from {path} at step {step}", file=sys.stderr, flush=True)
 
     def advance(self, steps: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.update(steps)
+        if self.progress is not None:
+            self.progress.advance(steps)
 
     def log_completions(self, step: int, rows: List[dict]) -> None:
-        """Every rank's rows of a round (TRL's completions table): to completions.jsonl and wandb; at most
+        """Every rank's rows of a round (TRL's completions table): to completions.jsonl and the trackers; at most
         num_completions_to_print of them printed; with log_unique_prompts, one row per distinct prompt."""
         if not self.enabled:
             return
@@ -77,18 +77,18 @@ class MetricSinks:
         with open(path, "a") as fh:
             for row in rows:
                 fh.write(json.dumps({"step": step, **row}) + "\n")
-        if self.wandb is not None:
-            import wandb
-            cols = list(rows[0]) if rows else []
-            self.wandb.log({"completions": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])}, step=step)
+        if rows:
+            for tracker in self.trackers:
+                tracker.table(step, rows)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        if self.progress is not None:
+            self.progress.close()
         if self.jsonl is not None:
             self.jsonl.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
 
 def _plain(v) -> Optional[float]:
@@ -96,6 +96,161 @@ def _plain(v) -> Optional[float]:
         return float(v)
     except (TypeError, ValueError):
         return None
+
+
+# ------------------------------------------------------------------------------------------------ trackers
+class WandbTracker:
+    def __init__(self, args):
+        import wandb
+        self.wandb = wandb
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", args.project), name=args.run_name,
+                              config=args.to_dict(), dir=args.output_dir)
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def table(self, step: int, rows: List[dict]) -> None:
+        cols = list(rows[0])
+        self.run.log({"completions": self.wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])},
+                     step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TensorBoardTracker:
+    """Event files under TENSORBOARD_LOGGING_DIR, else output_dir/runs/<date>_<host> (transformers' layout), so
+    `tensorboard --logdir output_dir/runs` shows every run of that folder."""
+
+    def __init__(self, args):
+        from torch.utils.tensorboard import SummaryWriter
+        logdir = os.environ.get("TENSORBOARD_LOGGING_DIR") or os.path.join(
+            args.output_dir, "runs", datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname())
+        self.writer = SummaryWriter(log_dir=os.path.expanduser(logdir))
+        self.writer.add_text("args", "```\n" + json.dumps(args.to_dict(), indent=1, default=str) + "\n```")
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, global_step=step)
+        self.writer.flush()
+
+    def table(self, step: int, rows: List[dict]) -> None:
+        cols = list(rows[0])
+        cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731 (one markdown cell)
+        text = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+                         + ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows])
+        self.writer.add_text("completions", text, global_step=step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class TrackioTracker:
+    """trackio's local store (TRACKIO_DIR, else its cache folder); a Space or bucket when the config names one,
+    as transformers' TrackioCallback does (project, run_name, trackio_space_id, trackio_bucket_id)."""
+
+    def __init__(self, args):
+        import trackio
+        self.trackio = trackio
+        trackio.init(project=args.project, name=args.run_name, config=args.to_dict(), resume="allow",
+                     space_id=args.trackio_space_id, bucket_id=args.trackio_bucket_id)
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        self.trackio.log(metrics, step=step)
+
+    def table(self, step: int, rows: List[dict]) -> None:
+        cols = list(rows[0])
+        self.trackio.log({"completions": self.trackio.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])},
+                         step=step)
+
+    def close(self) -> None:
+        self.trackio.finish()
+
+
+TRACKERS = {"wandb": WandbTracker, "tensorboard": TensorBoardTracker, "trackio": TrackioTracker}
+
+
+# ------------------------------------------------------------------------------------------------ the console
+def make_progress(args, total_steps: int):
+    """A bar on a terminal (unless disable_tqdm); plain lines anywhere else."""
+    on_terminal = sys.stdout.isatty() and sys.stderr.isatty()
+    if on_terminal and not args.disable_tqdm:
+        try:
+            return ProgressBar(total_steps)
+        except ImportError:
+            pass
+    return ProgressLines(total_steps)
+
+
+class ProgressBar:
+    def __init__(self, total_steps: int):
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=total_steps, desc="GRPO", dynamic_ncols=True, file=sys.stderr)
+
+    def show(self, step: int, metrics: Dict[str, float]) -> None:
+        self.bar.set_postfix({k: f"{metrics[k]:.3g}" for k in ("reward", "loss", "kl") if k in metrics})
+
+    def advance(self, steps: int) -> None:
+        self.bar.update(steps)
+
+    def resumed(self, step: int) -> None:
+        self.bar.update(step - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class ProgressLines:
+    """`step 40/400 (10%) | reward 0.312 | kl 0.0021 | 1.2e+03 tok/s | 1m05s elapsed | ETA 9m45s` at each
+    logging step, `eval at step N: ...` after an evaluation, and one closing line; to stdout, flushed."""
+
+    SHOWN = ("reward", "loss", "kl", "entropy")
+
+    def __init__(self, total_steps: int, stream=None):
+        self.total = total_steps
+        self.stream = stream or sys.stdout
+        self.started = time.monotonic()
+        self.first_step = 0  # the step this process started from (a resumed run's ETA counts only its own steps)
+
+    def show(self, step: int, metrics: Dict[str, float]) -> None:
+        elapsed = time.monotonic() - self.started
+        if "train_runtime" in metrics:  # the summary row
+            line = f"done: step {step}/{self.total} in {_duration(metrics['train_runtime'])}"
+        elif any(k.startswith("eval_") for k in metrics):
+            line = f"eval at step {step}: " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
+                                                        if k.endswith("reward") or k.endswith("/mean"))
+        else:
+            parts = [f"step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%)"]
+            parts += [f"{k} {metrics[k]:.4g}" for k in self.SHOWN if k in metrics]
+            if "completion_tok_per_s" in metrics:
+                parts.append(f"{metrics['completion_tok_per_s']:.4g} tok/s")
+            parts.append(f"{_duration(elapsed)} elapsed")
+            done = step - self.first_step
+            if done > 0 and step < self.total:
+                parts.append(f"ETA {_duration(elapsed / done * (self.total - step))}")
+            line = " | ".join(parts)
+        print(line, file=self.stream, flush=True)
+
+    def advance(self, steps: int) -> None:
+        pass
+
+    def resumed(self, step: int) -> None:
+        self.first_step = step
+        self.started = time.monotonic()
+
+    def close(self) -> None:
+        pass
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def learning_curve_summary(history: List[Dict[str, float]], rows: int = 8, window: int = 5) -> str:

@@ -22,9 +22,10 @@ PROMPT = "Repeat this number: {number}"
 
 
 def copy_digits_dataset(n: int = 512, digits: int = 3, seed: int = 0):
-    """A datasets.Dataset of conversational prompts with an `answer` column."""
+    """A datasets.Dataset of conversational prompts with an `answer` column (`task:copy_digits:N`: N prompts)."""
     from datasets import Dataset
 
+    n = int(n)
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
@@ -105,6 +106,7 @@ def gsm8k_dataset(source: str = "openai/gsm8k", split: str = "train"):
 
 
 TASKS = {"copy_digits": copy_digits_dataset, "gsm8k": gsm8k_dataset}
+WARMUP_TASKS = ("copy_digits",)  # tasks whose model `python -m dsgrpo.tasks warmup` builds (the CPU demo's)
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,7 @@
 
 import sys
 
-from .cli import train
+from .cli import run_reporting_errors, train
 
 if __name__ == "__main__":
-    sys.exit(train(sys.argv[1:]))
+    sys.exit(run_reporting_errors(train, sys.argv[1:]))

@@ -7,9 +7,9 @@
 #   NUM_PROCS    ranks on this node: the GPUs found, or 2 CPU ranks on a machine without one
 #   MASTER_PORT  29500
 #   HOSTFILE     (none: this node only)
-#   PYTHON       python (the interpreter whose deepspeed and dsgrpo are used)
-# Assumes a prepared environment (`make setup`, or the GPU install in README.md). For Slurm use
-# launch_scripts/slurm/train.sbatch instead.
+#   PYTHON       the checkout's .venv/bin/python when there is one (`make setup` builds it), else `python`:
+#                the interpreter whose deepspeed and dsgrpo are used; the first line of the log names it
+# For Slurm use launch_scripts/slurm/train.sbatch instead.
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
@@ -20,7 +20,9 @@ config=$1
 shift
 [[ -f "$config" ]] || { echo "$0: config file '$config' not found" >&2; exit 2; }
 
-PYTHON=${PYTHON:-python}
+source "$(dirname "${BASH_SOURCE[0]}")/python_env.sh"
+dsgrpo_python "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" || exit 2
+echo "dsgrpo train.sh: python $PYTHON (from $PYTHON_FROM)"
 if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   NUM_PROCS=${NUM_PROCS:-$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')}
 else
@@ -35,6 +37,6 @@ export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 
 launcher=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NUM_PROCS" --master_port "$MASTER_PORT")
 [[ -n "$HOSTFILE" ]] && launcher+=(--hostfile "$HOSTFILE")
-echo "dsgrpo train.sh: NUM_PROCS=$NUM_PROCS MASTER_PORT=$MASTER_PORT HOSTFILE=${HOSTFILE:-none} PYTHON=$PYTHON"
+echo "dsgrpo train.sh: NUM_PROCS=$NUM_PROCS MASTER_PORT=$MASTER_PORT HOSTFILE=${HOSTFILE:-none}"
 echo "dsgrpo train.sh: ${launcher[*]} --module dsgrpo.train $config $*"
 exec "${launcher[@]}" --module dsgrpo.train "$config" "$@"
