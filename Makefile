@@ -44,10 +44,11 @@ test-dist: setup
 	$(PY) -m pytest -q -m "dist or slow" tests
 
 # The CPU demo: a format-only warm-up of the tiny model (seconds), then 2 ZeRO-3 ranks with colocated vLLM
-# learn the copy_digits task (about 5 minutes on 2 cores) and print a learning curve.
+# learn the copy_digits task (about 2 minutes on 2 cores), print a learning curve and write report.html.
 demo: setup
 	$(PY) -m dsgrpo.tasks warmup --out outputs/demo/init_model
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash launch_scripts/train.sh examples/cpu_demo.yaml
+	bash launch_scripts/train.sh examples/cpu_demo.yaml
+	$(PY) -m dsgrpo.cli report outputs/demo/run
 
 # Re-pin requirements/cpu-lock.txt from the current .venv.
 lock:

@@ -17,6 +17,8 @@ import time
 from datetime import datetime
 from typing import Dict, List, Optional
 
+from . import dist
+
 
 class MetricSinks:
     def __init__(self, args, total_steps: int, enabled: bool):
@@ -110,9 +112,7 @@ class WandbTracker:
         self.run.log(metrics, step=step)
 
     def table(self, step: int, rows: List[dict]) -> None:
-        cols = list(rows[0])
-        self.run.log({"completions": self.wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])},
-                     step=step)
+        self.run.log({"completions": self.wandb.Table(*_columns_and_data(rows))}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -135,7 +135,7 @@ class TensorBoardTracker:
         self.writer.flush()
 
     def table(self, step: int, rows: List[dict]) -> None:
-        cols = list(rows[0])
+        cols, _ = _columns_and_data(rows)
         cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731 (one markdown cell)
         text = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
                          + ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows])
@@ -159,22 +159,50 @@ class TrackioTracker:
         self.trackio.log(metrics, step=step)
 
     def table(self, step: int, rows: List[dict]) -> None:
-        cols = list(rows[0])
-        self.trackio.log({"completions": self.trackio.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])},
-                         step=step)
+        self.trackio.log({"completions": self.trackio.Table(*_columns_and_data(rows))}, step=step)
 
     def close(self) -> None:
         self.trackio.finish()
+
+
+def _columns_and_data(rows: List[dict]):
+    """The completions table as (columns, rows of values): what wandb's and trackio's Table take."""
+    cols = list(rows[0])
+    return cols, [[r[c] for c in cols] for r in rows]
 
 
 TRACKERS = {"wandb": WandbTracker, "tensorboard": TensorBoardTracker, "trackio": TrackioTracker}
 
 
 # ------------------------------------------------------------------------------------------------ the console
+def console_is_terminal() -> bool:
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def set_log_levels(args) -> None:
+    """log_level (rank 0) / log_level_replica (the others) for transformers' and dsgrpo's loggers. Off a terminal
+    (or with disable_tqdm) the libraries' own bars (loading and saving shards, dataset maps) are off on every
+    rank too: in a log file each is a run of carriage returns."""
+    import logging
+
+    import datasets
+    import huggingface_hub
+    import transformers
+
+    if args.disable_tqdm or not console_is_terminal():
+        transformers.logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
+        datasets.disable_progress_bars()
+    level = args.log_level if dist.is_main() else args.log_level_replica
+    if level == "passive":
+        return
+    transformers.logging.set_verbosity(getattr(logging, level.upper()))
+    logging.getLogger("dsgrpo").setLevel(getattr(logging, level.upper()))
+
+
 def make_progress(args, total_steps: int):
     """A bar on a terminal (unless disable_tqdm); plain lines anywhere else."""
-    on_terminal = sys.stdout.isatty() and sys.stderr.isatty()
-    if on_terminal and not args.disable_tqdm:
+    if console_is_terminal() and not args.disable_tqdm:
         try:
             return ProgressBar(total_steps)
         except ImportError:

@@ -31,7 +31,7 @@ from .engines import lora
 from .engines.builder import prepare_model
 from .engines.weights import named_full_parameters
 from .hub import make_pusher
-from .logging import MetricSinks
+from .logging import MetricSinks, set_log_levels
 from .plan import check_at_start as check_memory_at_start
 from .preemption import Preemption
 from .rewards import RewardStack
@@ -626,19 +626,6 @@ def materialised(dataset):
     if isinstance(dataset, datasets.IterableDataset):
         return datasets.Dataset.from_list(list(dataset))
     return dataset
-
-
-def set_log_levels(args) -> None:
-    """log_level (rank 0) / log_level_replica (the others) for transformers' and dsgrpo's loggers."""
-    import logging
-
-    import transformers
-
-    level = args.log_level if dist.is_main() else args.log_level_replica
-    if level == "passive":
-        return
-    transformers.logging.set_verbosity(getattr(logging, level.upper()))
-    logging.getLogger("dsgrpo").setLevel(getattr(logging, level.upper()))
 
 
 @torch.no_grad()

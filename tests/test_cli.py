@@ -61,6 +61,114 @@ def test_help_lists_fields(capsys):
     assert "num_generations" in out and "serve-reward" in out
 
 
+def write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+RUN = "model: {model}\ntrain_dataset: task:copy_digits\nreward_funcs: [dsgrpo.tasks:copy_digits_reward]\n"
+
+
+def test_a_configuration_error_is_one_block_on_rank_0_and_exit_2(tmp_path, capsys, monkeypatch):
+    cfg = write(tmp_path / "a.yaml", RUN.format(model="/nowhere/m") + "learning_rat: 1e-5\n")
+    monkeypatch.delenv("DSGRPO_DEBUG", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", cfg]) == 2
+    err = capsys.readouterr().err
+    assert err == ("dsgrpo: error: Unknown config key 'learning_rat'. Did you mean 'learning_rate'?\n"
+                   "(--debug or DSGRPO_DEBUG=1 shows the traceback)\n")
+    monkeypatch.setenv("RANK", "1")  # every rank fails alike; one copy of the message is enough
+    assert main(["train", cfg]) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    for argv, env in ((["train", cfg, "--debug"], None), (["train", cfg], "1")):
+        if env:
+            monkeypatch.setenv("DSGRPO_DEBUG", env)
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback (most recent call last):") and "check_known_keys" in err
+        assert err.rstrip().endswith("dsgrpo: error: Unknown config key 'learning_rat'. Did you mean 'learning_rate'?")
+
+
+def test_bad_yaml_names_file_line_and_column(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("DSGRPO_DEBUG", raising=False)
+    cfg = write(tmp_path / "bad.yaml", "model: x\ntrain_dataset: [task:copy_digits\nreward_funcs: y\n")
+    assert main(["train", cfg]) == 2
+    err = capsys.readouterr().err.splitlines()[0]
+    assert err.startswith(f"dsgrpo: error: {cfg}:3:13: invalid YAML: while parsing a flow sequence; expected ',' or "
+                          "']'"), err
+    cfg = write(tmp_path / "indent.yaml", "model: x\n  beta: 0.1\n")
+    assert main(["plan", cfg]) == 2
+    assert f"{cfg}:2:7: invalid YAML: mapping values are not allowed here." in capsys.readouterr().err
+    assert main(["train", write(tmp_path / "list.yaml", "- a\n- b\n")]) == 2
+    assert "expected a mapping of field: value at the top level, got list" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "absent.yaml")]) == 2
+    assert "Config file" in capsys.readouterr().err
+    demo = os.path.join(REPO, "examples", "cpu_demo.yaml")
+    assert main(["train", demo, "--beta", "[0.1"]) == 2
+    assert "--beta '[0.1': the value is read as YAML and is not valid YAML" in capsys.readouterr().err
+
+
+def test_the_demo_config_without_its_warm_up_model_says_how_to_build_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.chdir(tmp_path)  # where outputs/demo/init_model does not exist
+    assert main(["train", os.path.join(REPO, "examples", "cpu_demo.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "model='outputs/demo/init_model': no such directory" in err
+    assert "It is the warm-up model of task:copy_digits (what `make demo` builds first). Build it with:\n" in err
+    assert "-m dsgrpo.tasks warmup --out outputs/demo/init_model" in err
+    # another task's missing model gets the plain message
+    cfg = write(tmp_path / "g.yaml", RUN.format(model="./no/model").replace("task:copy_digits", "task:gsm8k"))
+    assert main(["train", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "model='./no/model': no such directory" in err and "warm-up" not in err
+
+
+def test_an_error_raised_by_training_itself_keeps_its_traceback():
+    from dsgrpo import cli
+
+    def crashes_while_training(argv):
+        cli._computing.add("train")  # what cli.train marks before trainer.train()
+        raise ValueError("a reward function's own bug")
+
+    with pytest.raises(ValueError, match="a reward function's own bug"):
+        cli.run_reporting_errors(crashes_while_training, [])
+    from dsgrpo.errors import CheckpointError
+
+    def refused_at_resume(argv):
+        cli._computing.add("train")
+        raise CheckpointError("checkpoint-4 was written by another world size")
+
+    assert cli.run_reporting_errors(refused_at_resume, []) == 2  # an input error, even once train() began
+
+
+@pytest.mark.dist
+def test_train_sh_finds_the_venv_and_reports_an_input_error_once(tmp_path):
+    """A newcomer's shell: PYTHON unset, the .venv not on PATH. train.sh finds the checkout's .venv, both ranks
+    start, the dataset lacks a prompt column: one error block (rank 0), exit 2, no traceback."""
+    import subprocess
+    import sys
+    venv_python = os.path.join(REPO, ".venv", "bin", "python")
+    if os.path.realpath(sys.executable) != os.path.realpath(venv_python):
+        pytest.skip("the suite runs outside the checkout's .venv")
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"question": "1+1"}\n{"question": "2+2"}\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                            "MASTER_PORT", "PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH="/usr/local/bin:/usr/bin:/bin", MASTER_PORT=str(29800 + os.getpid() % 150), DEEPSPEED_TIMEOUT="3")
+    from dsgrpo.testing import tiny_model
+    proc = subprocess.run(["bash", os.path.join(REPO, "launch_scripts", "train.sh"), "examples/cpu_demo.yaml",
+                           "--model", tiny_model("qwen2"), "--train_dataset", str(data), "--use_vllm", "false",
+                           "--output_dir", str(tmp_path / "out")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0] == f"dsgrpo train.sh: python {venv_python} (from the checkout's .venv)"
+    assert proc.returncode == 2, out[-3000:]
+    assert out.count("dsgrpo: error:") == 1 and "train_dataset has no 'prompt' column" in out, out[-3000:]
+    assert "Traceback" not in out and "[rank" not in out
+
+
 @pytest.mark.slow
 def test_dsgrpo_train_runs_a_world_of_one(tmp_path):
     import json

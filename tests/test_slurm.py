@@ -54,9 +54,10 @@ def config(tmp_path, **over):
 
 
 def submit(env, tmp_path, cfg, *sbatch_args, ranks_per_node=2, **knobs):
+    # submitted from the checkout, as a user does: the job finds its .venv there (SLURM_SUBMIT_DIR)
     out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", *sbatch_args, SBATCH, str(cfg)],
                          env=dict(env, RANKS_PER_NODE=str(ranks_per_node), **knobs), capture_output=True, text=True,
-                         check=True)
+                         check=True, cwd=REPO)
     return out.stdout.strip().split(";")[0]
 
 
@@ -89,9 +90,15 @@ def steps(run_dir):
 
 
 def test_one_node_job_trains_and_exports(slurm, tmp_path):
-    job = submit(slurm, tmp_path, config(tmp_path), "--nodes=1")
+    # a newcomer's environment: PYTHON unset and the .venv not on PATH; the job uses the checkout's .venv
+    env = dict(slurm, PATH="/usr/local/bin:/usr/bin:/bin")
+    env.pop("PYTHON", None)
+    job = submit(env, tmp_path, config(tmp_path), "--nodes=1")
     assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED", job_log(tmp_path, job)[-3000:]
     log = job_log(tmp_path, job)
+    venv_python = os.path.join(REPO, ".venv", "bin", "python")
+    if os.path.realpath(sys.executable) == os.path.realpath(venv_python):
+        assert log.splitlines()[0] == f"=== python {venv_python} (from the checkout's .venv)", log[:500]
     assert "=== command: srun --nodes=1 --relative=0 --ntasks-per-node=2" in log and "=== config" in log and "max_steps: 4" in log
     assert steps(tmp_path / "run") == [1, 2, 3, 4]
     assert (tmp_path / "run" / "model.safetensors").exists() and (tmp_path / "run" / "config.json").exists()

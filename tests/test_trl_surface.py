@@ -74,8 +74,8 @@ def test_a_schedule_missing_its_arguments_names_them():
 def test_refusals_name_the_field_and_the_fix():
     with pytest.raises(ValueError, match="optim='adafactor'.*optimizers="):
         GRPOConfig(optim="adafactor")
-    with pytest.raises(ValueError, match="report_to.*'tensorboard'.*silently"):
-        GRPOConfig(report_to=["tensorboard"])
+    with pytest.raises(ValueError, match="report_to.*'comet_ml'.*silently"):
+        GRPOConfig(report_to=["tensorboard", "comet_ml"])
     with pytest.raises(ValueError, match="save_steps=2.5: above 1"):
         GRPOConfig(save_steps=2.5)
     with pytest.raises(ValueError, match="clip_min=3.0 must be less than"):
@@ -100,8 +100,19 @@ def test_inert_fields_warn_once_naming_the_field(capsys):
 
 def test_report_to_all_means_the_installed_sinks():
     cfg = GRPOConfig(report_to="all")
-    assert "jsonl" in cfg.report_sinks() and set(cfg.report_sinks()) <= {"jsonl", "wandb"}
+    assert cfg.report_sinks() == ["jsonl", "wandb", "tensorboard", "trackio"]  # all installed here (the lock pins them)
     assert GRPOConfig(report_to="none").report_sinks() == []
+
+
+def test_report_to_a_sink_that_is_not_installed_names_the_fix(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trackio" else real(name, *a))
+    with pytest.raises(ValueError, match=r"report_to names 'trackio' but the trackio package is not installed: "
+                                         r"`pip install trackio`"):
+        GRPOConfig(report_to=["tensorboard", "trackio"])
+    with pytest.raises(ValueError, match="dsgrpo has no 'mlflow' sink yet"):
+        GRPOConfig(report_to="mlflow")
 
 
 def test_model_load_kwargs_carry_trust_remote_code_and_leave_dtype_to_the_engines():
