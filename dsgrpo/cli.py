@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Tuple
 from .config import GRPOConfig, load_yaml_mapping, parse_cli_overrides
 from .errors import CheckpointError
 from .importing import import_object
+from .watchdog import RANK_LOST_EXIT_CODE, RankLostError
 
 RUN_KEYS = {
     "model": "Hub id or local path of the policy.",
@@ -184,6 +185,10 @@ def run_reporting_errors(command: Callable[[List[str]], int], argv: List[str]) -
     _computing.clear()
     try:
         return command(argv)
+    except RankLostError as exc:  # a peer is gone: say who, then leave at once (shutdown could wait on it)
+        print(f"dsgrpo: error: {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(RANK_LOST_EXIT_CODE)
     except INPUT_ERRORS + _start_errors() as exc:
         if _computing and not isinstance(exc, _start_errors()):
             raise  # raised by training itself (a reward function, a kernel): a crash, with its traceback

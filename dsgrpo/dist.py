@@ -42,9 +42,18 @@ def init(timeout_s: float = 1800) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.distributed\..* is deprecated")
     minutes = os.environ.get("DEEPSPEED_TIMEOUT")
     timeout = datetime.timedelta(minutes=float(minutes)) if minutes else datetime.timedelta(seconds=timeout_s)
+    _timeout["s"] = timeout.total_seconds()
     deepspeed.init_distributed(dist_backend=device.dist_backend(), timeout=timeout)
     if device.on_gpu():
         torch.cuda.set_device(local_rank())
+
+
+_timeout = {"s": 1800.0}
+
+
+def collective_timeout_s() -> float:
+    """How long a collective waits for its peers before it fails (set by init)."""
+    return _timeout["s"]
 
 
 def adopt_slurm_env() -> None:

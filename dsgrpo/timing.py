@@ -4,12 +4,47 @@ mark, which Linux lets a process reset: /proc/self/clear_refs)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
-from typing import Dict
+from typing import Callable, Dict, List
 
 GiB = 2 ** 30
 _highest = 0  # the largest phase peak this process has seen (resetting the mark must not lose the process's peak)
+_phases: Dict[int, List[str]] = {}  # thread id → the phases it is in (innermost last): what the heartbeat reports
+phase_listeners: List[Callable[[], None]] = []  # called when the main thread's phase changes (the heartbeat)
+
+
+@contextmanager
+def phase(name: str):
+    """Label what this thread is doing (the heartbeat names the main thread's phase when a rank is lost). An
+    exception leaving it carries the innermost phase it left, as `exc.dsgrpo_phase`."""
+    stack = _phases.setdefault(threading.get_ident(), [])
+    stack.append(name)
+    _changed()
+    try:
+        yield
+    except BaseException as exc:
+        if getattr(exc, "dsgrpo_phase", None) is None:
+            try:
+                exc.dsgrpo_phase = name
+            except AttributeError:  # an exception type without a __dict__
+                pass
+        raise
+    finally:
+        stack.pop()
+        _changed()
+
+
+def _changed() -> None:
+    if threading.get_ident() == threading.main_thread().ident:
+        for listener in phase_listeners:
+            listener()
+
+
+def current_phase() -> str:
+    stack = _phases.get(threading.main_thread().ident) or ["startup"]
+    return stack[-1] if stack else "between phases"
 
 
 class PhaseTimer:
@@ -18,15 +53,16 @@ class PhaseTimer:
         self.peaks: Dict[str, int] = {}
 
     @contextmanager
-    def __call__(self, phase: str):
+    def __call__(self, name: str):
         start = time.perf_counter()
         _reset_peak()
         try:
-            yield
+            with phase(name):
+                yield
         finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
             peak = _peak()
-            self.peaks[phase] = max(self.peaks.get(phase, 0), peak)
+            self.peaks[name] = max(self.peaks.get(name, 0), peak)
             global _highest
             _highest = max(_highest, peak)
 

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import checkpoint, compat, device, dist
+from . import checkpoint, compat, device, dist, watchdog
 from .algorithms import (Truncation, compute_advantages, entropy_mask, nan_std, off_policy_mask, sapo_token_loss,
                          vespo_weights)
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
@@ -42,7 +42,7 @@ from .rollout.samplers import make_sampler
 from .rollout.sources import GenerationSource, RolloutSetup
 from .rollout.tools import ToolRunner
 from .schedule import Schedule
-from .timing import PhaseTimer, highest_peak
+from .timing import PhaseTimer, highest_peak, phase
 from .update import NonFiniteError, PolicyUpdate, learning_alarm, router_aux_coef
 
 __all__ = ["GRPOTrainer", "NonFiniteError", "save_hf_model"]
@@ -81,6 +81,9 @@ class GRPOTrainer:
         device.prepare_process(dist.local_world_size(), args.num_threads)
         device.set_tf32(args.tf32)
         dist.init(timeout_s=args.ddp_timeout)
+        # every rank's heartbeat, so a failed collective can name the rank that was lost and where (watchdog.py)
+        watchdog.start(dist.rank(dist.EVERYONE), dist.world_size(dist.EVERYONE),
+                       step=lambda: self.state.global_step if hasattr(self, "state") else 0)
         set_log_levels(args)
         if dist.is_main():
             compat.warn_if_untested()
@@ -292,15 +295,21 @@ class GRPOTrainer:
             if self.resume_path:
                 checkpoint.check_resume(self.resume_path, self.args, self.world, self.policy.module.config
                                         if self.placement.trains else None, self.adapter)
-        if self.generating_rank is not None:  # split placement: this rank samples for the trainers until they stop
-            resumed = checkpoint.generator_state(self.resume_path, dist.rank(dist.EVERYONE)) if self.resume_path else None
-            if self.generating_rank.run(resumed):
-                raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
-            return self.state
         try:
-            return self._train()
-        finally:
-            self.source.close()
+            if self.generating_rank is not None:  # split placement: this rank samples for the trainers until they stop
+                resumed = checkpoint.generator_state(self.resume_path, dist.rank(dist.EVERYONE)) if self.resume_path else None
+                if self.generating_rank.run(resumed):
+                    raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
+                return self.state
+            try:
+                return self._train()
+            finally:
+                self.source.close()
+        except RuntimeError as exc:  # a collective failed (a peer's socket closed, or ddp_timeout): who is lost?
+            lost = watchdog.explain(exc)
+            if lost is None:
+                raise
+            raise lost from exc
 
     def _train(self) -> TrainerState:
         args, state = self.args, self.state
@@ -365,7 +374,7 @@ class GRPOTrainer:
 
     def save_checkpoint(self) -> str:
         """checkpoint-<step>/ with engine, trainer, rollout-source and RNG states (every rank calls it)."""
-        with self.source.paused():  # a still source: the checkpoint holds exactly what was sampled so far
+        with self.source.paused(), phase("checkpoint"):  # a still source: it holds exactly what was sampled so far
             path = checkpoint.save(self)
         self.update.last_checkpoint = path
         if self.hub is not None:
@@ -374,7 +383,8 @@ class GRPOTrainer:
         return path
 
     def _resume(self, path: str) -> None:
-        checkpoint.load(self, path)
+        with phase("resume"):
+            checkpoint.load(self, path)
         # the generator was built from the initial weights: give it the resumed ones before it generates
         self.source.sync_weights(self.policy.module, self.state.generation_round - 1)
         self.sinks.resumed(path, self.state.global_step)
@@ -476,7 +486,7 @@ class GRPOTrainer:
         group = self.args.num_generations_eval or self.args.num_generations
         out = {}
         for name, prompts in self.eval_prompts.items():
-            with self.source.paused():  # evaluation shares the engine
+            with self.source.paused(), phase("evaluate"):  # evaluation shares the engine
                 batch = self.source.evaluation_batch(prompts, group)
                 _, metrics = self._score(batch, group)
             prefix = f"eval_{name}_" if name else "eval_"

@@ -12,8 +12,9 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600, env: d
              check: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
            str(29500 + os.getpid() % 1000), os.path.join(REPO, script), *args]
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", DEEPSPEED_TIMEOUT="3", DS_ACCELERATOR="cpu",
-                    VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONPATH=REPO, **(env or {}))
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "DEEPSPEED_TIMEOUT": "3", "DS_ACCELERATOR": "cpu",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": REPO, **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # env={NAME: None} unsets NAME
     try:
         proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired as exc:

@@ -2,11 +2,16 @@
 weights with an uninterrupted run; preemption by SIGUSR1; export; refused resumes. One chain of launches:
 
     reference: 6 steps, never interrupted
-    chain:     gen@3 (SIGKILL while generating step 3)   → resumes checkpoint-2 (an epoch boundary)
-               backward@4 (SIGKILL in step 4's backward) → resumes checkpoint-2
-               save@4 (SIGKILL while checkpoint-4 is being written) → latest must still be checkpoint-2
+    chain:     gen@3 (SIGKILL of both ranks while generating step 3) → resumes checkpoint-2 (an epoch boundary)
+               gen@3:1 (SIGKILL of rank 1 alone) → rank 0 names it and exits; resumes checkpoint-2
+               sync@3:0 (SIGKILL of rank 0 while step 3's weights go to vLLM) → rank 1 names it
+               backward@4:1:stop (SIGSTOP of rank 1 in step 4's backward: rank 0's collective times out)
+               save@4:1 (SIGKILL of rank 1 while checkpoint-4 is being written) → latest must still be checkpoint-2
                usr1@5 (SIGUSR1 after step 5: checkpoint-5, exit 75)
                (no fault) → resumes checkpoint-5 and finishes
+
+Each one-rank fault must end the run with the survivor's RankLostError naming the lost rank and its phase,
+within 2 × ddp_timeout (30 s here; DEEPSPEED_TIMEOUT unset so ddp_timeout decides) of the fault.
 """
 
 import json
@@ -34,13 +39,46 @@ def runs(tmp_path_factory):
     ref, chain = root / "reference", root / "chain"
     torchrun(SCRIPT, str(ref), timeout=600)
     seen = {}
-    for fault in ("gen@3", "backward@4", "save@4", "usr1@5"):
-        proc = torchrun(SCRIPT, str(chain), fault, timeout=600, check=False)
+    for fault in FAULTS:
+        proc = torchrun(SCRIPT, str(chain), fault, timeout=600, check=False, env=CHAOS_ENV)
         assert proc.returncode != 0, f"{fault}: the injected fault did not stop the run"
         seen[fault] = {"stderr": proc.stderr, "latest": (chain / "latest").read_text().strip(),
                        "listing": sorted(os.listdir(chain))}
     torchrun(SCRIPT, str(chain), timeout=600)
     return {"ref": ref, "chain": chain, "seen": seen}
+
+
+FAULTS = ("gen@3", "gen@3:1", "sync@3:0", "backward@4:1:stop", "save@4:1", "usr1@5")
+DDP_TIMEOUT = 30
+CHAOS_ENV = {"DEEPSPEED_TIMEOUT": None, "CKPT_DDP_TIMEOUT": str(DDP_TIMEOUT)}
+PHASE = {"gen": "generate", "sync": "sync", "backward": "train", "save": "checkpoint"}
+
+
+def survivor_report(stderr: str, fault: str):
+    """(seconds from the fault to the survivor's report, the report) from the two marked lines ckpt_run prints."""
+    import re
+    died = re.search(r"^FAULT rank (\d) (?:dies|stops) at \S+ t=([\d.]+)$", stderr, re.M)
+    said = re.search(r"SURVIVOR rank (\d) t=([\d.]+): (.*)$", stderr, re.M)
+    assert died and said, f"{fault}: no fault/survivor line\n{stderr[-3000:]}"
+    assert died.group(1) != said.group(1)
+    return float(said.group(2)) - float(died.group(2)), said.group(3)
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f.count(":")])
+def test_a_lost_rank_is_named_with_its_phase_within_twice_the_timeout(runs, fault):
+    seen = runs["seen"][fault]
+    seconds, report = survivor_report(seen["stderr"], fault)
+    kind, rank = fault.split("@")[0], fault.split(":")[1]
+    assert report.startswith(f"lost rank {rank} (pid "), report
+    assert f"in phase '{PHASE[kind]}'" in report, report
+    state = "the process is stopped (SIGSTOP" if fault.endswith(":stop") else "the process is gone (killed or crashed)"
+    assert state in report, report
+    assert seconds <= 2 * DDP_TIMEOUT, (seconds, report)
+    if fault.endswith(":stop"):  # the survivor waited for the collective's timeout, and no longer
+        assert DDP_TIMEOUT <= seconds and "Timed out" in report, (seconds, report)
+    else:  # a killed peer's socket closes at once: no waiting for the timeout
+        assert seconds < DDP_TIMEOUT / 2, (seconds, report)
+    assert seen["latest"] == "checkpoint-2"
 
 
 def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(runs):
@@ -60,10 +98,10 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(runs):
 def test_kills_leave_a_valid_latest(runs):
     seen = runs["seen"]
     assert seen["gen@3"]["latest"] == "checkpoint-2"
-    assert seen["backward@4"]["latest"] == "checkpoint-2"
-    # killed during the save of checkpoint-4: the partial folder is there, unpublished; latest unchanged
-    assert seen["save@4"]["latest"] == "checkpoint-2"
-    assert ".checkpoint-4.partial" in seen["save@4"]["listing"] and "checkpoint-4" not in seen["save@4"]["listing"]
+    assert seen["backward@4:1:stop"]["latest"] == "checkpoint-2"
+    # rank 1 killed during the save of checkpoint-4: the partial folder is there, unpublished; latest unchanged
+    assert seen["save@4:1"]["latest"] == "checkpoint-2"
+    assert ".checkpoint-4.partial" in seen["save@4:1"]["listing"] and "checkpoint-4" not in seen["save@4:1"]["listing"]
 
 
 def test_sigusr1_checkpoints_and_exits_75(runs):

@@ -1,12 +1,14 @@
 """One run of the checkpoint tests, under `torchrun --nproc_per_node 2`.
 
-    ckpt_run.py OUTPUT_DIR [FAULT]     FAULT: gen@R | backward@S | save@S | usr1@S | (none)
+    ckpt_run.py OUTPUT_DIR [FAULT]     FAULT: KIND@AT[:RANK[:stop]]   KIND: gen | backward | sync | save | usr1
 
 The run trains a tiny model with real ZeRO-3 + in-process vLLM for 3 epochs of 8 prompts (6 optimizer steps,
 a checkpoint every 2 = every epoch boundary), resuming from the latest checkpoint when there is one. A fault
-is injected on BOTH ranks at the same logical point (so the whole job dies as a node failure would):
-gen@R SIGKILLs during generation round R, backward@S during the backward of step S, save@S after the shards
-of checkpoint S are written but before it is published, usr1@S sends SIGUSR1 after step S (preemption).
+is injected on BOTH ranks at the same logical point (so the whole job dies as a node failure would), or with
+:RANK on that rank alone (the others must notice, name it and exit): gen@R SIGKILLs during generation round R,
+backward@S during the backward of step S, sync@S while the weights of step S are sent to vLLM, save@S after the
+shards of checkpoint S are written but before it is published, usr1@S sends SIGUSR1 after step S (preemption);
+`:stop` sends SIGSTOP instead of SIGKILL (a hung rank). Launchers' own arguments (--local_rank=N) are ignored.
 At the end rank 0 writes the policy's log-probs of a fixed sequence to OUTPUT_DIR/final_logps.json.
 """
 
@@ -14,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -25,16 +28,24 @@ from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines import completion_logprobs  # noqa: E402
 from dsgrpo.rollout import Rollout  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
+from dsgrpo.watchdog import RANK_LOST_EXIT_CODE, RankLostError  # noqa: E402
 from recorder import digit_fraction, training_rows  # noqa: E402
 
-OUT = sys.argv[1]
-FAULT = sys.argv[2] if len(sys.argv) > 2 else ""
-kind, _, at = FAULT.partition("@")
+ARGV = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+OUT = ARGV[0]
+FAULT = ARGV[1] if len(ARGV) > 1 else ""
+kind, _, where = FAULT.partition("@")
+at, _, target = where.partition(":")
 at = int(at or 0)
+target, _, how = target.partition(":")
 
 
 def die():
-    os.kill(os.getpid(), signal.SIGKILL)
+    if target and int(target) != dist.rank():
+        return
+    print(f"FAULT rank {dist.rank()} {'stops' if how == 'stop' else 'dies'} at {FAULT} t={time.time():.3f}",
+          file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 
 class Usr1:
@@ -47,6 +58,7 @@ args = GRPOConfig(output_dir=OUT, num_train_epochs=3, per_device_train_batch_siz
                   max_completion_length=8, learning_rate=5e-3, lr_scheduler_type="linear", warmup_steps=1,
                   gradient_checkpointing=False, logging_steps=1, save_steps=2, save_total_limit=2, seed=3,
                   resume_from_checkpoint="latest", vllm_kv_cache_bytes=32 * 2**20,
+                  ddp_timeout=int(os.environ.get("CKPT_DDP_TIMEOUT", 1800)),  # the chaos tests' bound
                   deepspeed={"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
                              "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
                              "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
@@ -67,6 +79,14 @@ elif kind == "backward":
         if torch.is_grad_enabled() and trainer.state.global_step == at - 1:
             die()
     trainer.policy.module.register_forward_hook(hook)
+elif kind == "sync":
+    original_sync = trainer.source.sync_weights
+
+    def sync_weights(module, round, *a, **k):
+        if trainer.state.global_step == at:
+            die()
+        return original_sync(module, round, *a, **k)
+    trainer.source.sync_weights = sync_weights
 elif kind == "save":
     original_save = trainer.policy.save_checkpoint
 
@@ -78,7 +98,11 @@ elif kind == "save":
     trainer.policy.save_checkpoint = save_checkpoint
 
 resumed_from = trainer.resume_path
-trainer.train()
+try:
+    trainer.train()
+except RankLostError as exc:  # a peer was killed or stopped: what the survivor says, and when
+    print(f"SURVIVOR rank {dist.rank()} t={time.time():.3f}: {exc}", file=sys.stderr, flush=True)
+    os._exit(RANK_LOST_EXIT_CODE)
 
 r = Rollout([[1, 5, 9, 12]], [[30, 31, 32, 33, 34]], [[0.0] * 5], [True])
 t = r.tensors(trainer.tokenizer.pad_token_id)

@@ -1,0 +1,213 @@
+"""Which rank was lost, and where, when a collective fails.
+
+Every rank runs a heartbeat thread that writes `dsgrpo/heartbeat/<rank>` = "count time phase step pid host" to
+the job's rendezvous store, through a store client of its own, every HEARTBEAT_S seconds. When a collective
+fails on a rank — a peer's socket closed (the peer was killed) or the collective timed out after ddp_timeout (a
+peer is stopped, or hung in a device call or a reward call) — `diagnose()` reads every heartbeat twice,
+DIAGNOSE_S apart: a rank whose count did not move is lost, and its last phase and step say where. On the same
+host /proc tells gone (killed, crashed) from stopped (SIGSTOP) from alive-but-stuck. The store lives in rank 0's
+process (or in torchrun's agent): when it cannot be reached at all, the lost rank is its host.
+
+The surviving ranks then end with RankLostError instead of a backend error without names. `dsgrpo train` prints
+it as one `dsgrpo: error:` block and exits at once with RANK_LOST_EXIT_CODE (a process whose peer is gone can
+hang in its own shutdown: engine threads, process-group teardown), bounded by ddp_timeout + DIAGNOSE_S."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+HEARTBEAT_S = 1.0
+DIAGNOSE_S = 3.0  # > 2 heartbeats: a live rank's count moves at least twice in this window
+RANK_LOST_EXIT_CODE = 3
+KEY = "dsgrpo/heartbeat/{rank}"
+
+
+class RankLostError(RuntimeError):
+    """A peer rank stopped answering (killed, stopped or hung); the message names it and its last phase."""
+
+
+@dataclass
+class Beat:
+    count: int
+    time: float
+    phase: str
+    since: float  # when the main thread entered that phase
+    step: int
+    pid: int
+    host: str
+
+    @classmethod
+    def parse(cls, raw: bytes) -> "Beat":
+        count, stamp, phase, since, step, pid, host = raw.decode().split(" ", 6)
+        return cls(int(count), float(stamp), phase, float(since), int(step), int(pid), host)
+
+
+class Heartbeat:
+    """One per process; started once the process group exists; a daemon thread, and a beat at every change of
+    the main thread's phase (so the last beat of a killed rank says where it died)."""
+
+    def __init__(self, rank: int, world: int, step: Callable[[], int]):
+        from . import timing
+        self.rank, self.world, self.step = rank, world, step
+        self.store = _store_client()
+        self.host = socket.gethostname()
+        self.count = 0
+        self.phase, self.since = timing.current_phase(), time.time()
+        self._lock = threading.Lock()  # one store client, two threads
+        self._stop = threading.Event()
+        self._broken = False
+        self.beat()  # the first beat is written before any collective can fail
+        timing.phase_listeners.append(self.beat)
+        self.thread = threading.Thread(target=self._run, name="dsgrpo-heartbeat", daemon=True)
+        self.thread.start()
+
+    def beat(self) -> None:
+        from .timing import current_phase
+        if self._broken:
+            return
+        with self._lock:
+            now, phase = time.time(), current_phase()
+            if phase != self.phase:
+                self.phase, self.since = phase, now
+            self.count += 1
+            value = f"{self.count} {now:.3f} {phase} {self.since:.3f} {self.step()} {os.getpid()} {self.host}"
+            try:
+                self.store.set(KEY.format(rank=self.rank), value)
+            except Exception as exc:  # the store's host is gone: diagnose() will say so; nothing to beat to
+                self._broken = True
+                if os.environ.get("DSGRPO_DEBUG"):
+                    print(f"dsgrpo: heartbeat of rank {self.rank} stops: {exc!r}", flush=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S) and not self._broken:
+            self.beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def read(self) -> Dict[int, Optional[Beat]]:
+        """Every rank's last beat (None: it never wrote one). Raises when the store cannot be reached."""
+        out = {}
+        with self._lock:
+            for rank in range(self.world):
+                key = KEY.format(rank=rank)
+                out[rank] = Beat.parse(self.store.get(key)) if self.store.check([key]) else None
+        return out
+
+    def diagnose(self, pause: float = DIAGNOSE_S, stuck_after: Optional[float] = None) -> Optional[str]:
+        """A sentence naming every lost rank and where it was, or None when all are alive (the failure was
+        something else). A rank is lost when its heartbeat stops (killed, or the whole process stopped), or,
+        with `stuck_after` (a collective timed out), when it has been in one phase that long while its
+        heartbeat goes on (its main thread is stuck there). Takes `pause` seconds."""
+        try:
+            first = self.read()
+            time.sleep(pause)
+            second = self.read()
+        except Exception as exc:  # the rendezvous store is gone with its host
+            host = "torchrun's agent" if os.environ.get("TORCHELASTIC_RUN_ID") else "rank 0"
+            if self.rank == 0 and host == "rank 0":
+                return None  # it is our own store: something else failed
+            return (f"lost {host}: the job's rendezvous store, which it hosts, cannot be reached "
+                    f"({type(exc).__name__}: {exc})")
+        others = [r for r in range(self.world) if r != self.rank]
+        lost = [r for r in others if second[r] is None or first[r] is None or second[r].count == first[r].count]
+        if lost:
+            return "; ".join(_describe(r, second[r]) for r in lost)
+        if stuck_after is not None:
+            now = time.time()
+            stuck = [r for r in others if now - second[r].since >= stuck_after]
+            if stuck:
+                return "; ".join(f"rank {r} (pid {second[r].pid} on {second[r].host}) is stuck in phase "
+                                 f"'{second[r].phase}' at step {second[r].step}: {now - second[r].since:.0f} s there, "
+                                 "its heartbeat still running (a hung device, reward or I/O call?)" for r in stuck)
+        return None
+
+
+def _describe(rank: int, beat: Optional[Beat]) -> str:
+    if beat is None:
+        return f"lost rank {rank}: it never sent a heartbeat"
+    ago = time.time() - beat.time
+    where = f"in phase '{beat.phase}' at step {beat.step}"
+    return f"lost rank {rank} (pid {beat.pid} on {beat.host}) {where}: {process_state(beat)}, last heartbeat {ago:.0f} s ago"
+
+
+def process_state(beat: Beat) -> str:
+    """What /proc says of the lost rank's process when it ran on this host."""
+    if beat.host != socket.gethostname():
+        return "it stopped sending heartbeats (another host: killed, stopped or hung)"
+    try:
+        with open(f"/proc/{beat.pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "the process is gone (killed or crashed)"
+    if state in ("T", "t"):
+        return "the process is stopped (SIGSTOP, or a debugger)"
+    if state == "Z":
+        return "the process is gone (killed or crashed)"
+    return f"the process is alive but not answering (state {state}: hung in a device, reward or I/O call?)"
+
+
+@contextmanager
+def _launcher_signals_held():
+    """A launcher that saw a rank die sends the others SIGTERM (torchrun at once, deepspeed's within a second) and
+    SIGKILL 30 s later: the diagnosis, a few seconds, must finish first, or nobody learns which rank was lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    previous = {sig: signal.signal(sig, lambda *a: None) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _store_client():
+    """A client of the job's rendezvous store (MASTER_ADDR:MASTER_PORT: rank 0's TCPStore, or torchrun's agent's)."""
+    from torch.distributed import TCPStore
+    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                    timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
+
+
+_heartbeat: List[Heartbeat] = []
+
+
+def start(rank: int, world: int, step: Callable[[], int]) -> Optional[Heartbeat]:
+    """Start this process's heartbeat (idempotent; none in a world of one)."""
+    if world < 2:
+        return None
+    if not _heartbeat:
+        _heartbeat.append(Heartbeat(rank, world, step))
+    _heartbeat[0].step = step
+    return _heartbeat[0]
+
+
+def explain(error: BaseException) -> Optional[RankLostError]:
+    """For an error raised by a collective: a RankLostError naming the lost ranks, or None (nobody is lost)."""
+    if not _heartbeat:
+        return None
+    from .timing import current_phase
+    text = str(error).strip()
+    timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+    with _launcher_signals_held():
+        found = _heartbeat[0].diagnose(stuck_after=_timeout_s() / 2 if timed_out else None)
+    if found is None:
+        return None
+    first_line = text.splitlines()[0] if text else type(error).__name__
+    where = getattr(error, "dsgrpo_phase", None) or current_phase()
+    return RankLostError(f"{found}. This rank ({_heartbeat[0].rank}) was in phase '{where}' when its collective "
+                         f"failed: {first_line[:300]}")
+
+
+def _timeout_s() -> float:
+    from . import dist
+    return dist.collective_timeout_s()
