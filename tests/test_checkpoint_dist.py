@@ -95,6 +95,25 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(runs):
     assert got["resumed_from"].endswith("checkpoint-5") and got["steps"] == 6
 
 
+def test_a_rank_killed_under_the_deepspeed_launcher_is_named(tmp_path):
+    """The deepspeed launcher polls its children every second and SIGTERMs the rest when one fails: the survivor
+    still names the lost rank (the diagnosis holds the signal) before it goes."""
+    out = tmp_path / "run"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": REPO,
+           "OMP_NUM_THREADS": "1", "CKPT_DDP_TIMEOUT": str(DDP_TIMEOUT)}
+    env.pop("DEEPSPEED_TIMEOUT", None)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port",
+           str(29400 + os.getpid() % 90), os.path.join(REPO, SCRIPT), str(out), "backward@3:1"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode != 0
+    seconds, report = survivor_report(proc.stdout + proc.stderr, "backward@3:1")
+    assert report.startswith("lost rank 1 (pid ") and "in phase 'train' at step 2" in report, report
+    assert "the process is gone (killed or crashed)" in report and seconds < DDP_TIMEOUT / 2, (seconds, report)
+    assert (out / "latest").read_text().strip() == "checkpoint-2"
+
+
 def test_kills_leave_a_valid_latest(runs):
     seen = runs["seen"]
     assert seen["gen@3"]["latest"] == "checkpoint-2"

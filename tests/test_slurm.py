@@ -166,3 +166,26 @@ def test_train_sh_runs_the_demo_config_on_two_cpu_ranks(tmp_path):
     assert "NUM_PROCS=2" in proc.stdout + proc.stderr
     assert steps(tmp_path / "demo") == [1, 2, 3]
     assert "learning curve" in proc.stdout
+
+
+def test_a_rank_killed_under_srun_is_named_and_the_job_fails_in_bounded_time(slurm, tmp_path):
+    """No launcher kills the survivors under srun: rank 0 must notice rank 1's death by itself, name it and the
+    phase, and exit (3), so the job fails instead of hanging until its time limit."""
+    import re
+    from datetime import datetime
+    env = {k: v for k, v in slurm.items() if k != "DEEPSPEED_TIMEOUT"}  # ddp_timeout decides
+    cfg = config(tmp_path, reward_funcs=["fault_rewards:digits_or_fault"], ddp_timeout=30, save_steps=1)
+    job = submit(env, tmp_path, cfg, "--nodes=1", PYTHONPATH=f"{REPO}:{REPO}/tests/dist_scripts", FAULT_RANK="1",
+                 FAULT_STEP="2", FAULT_SIGNAL="KILL")
+    assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "FAILED", job_log(tmp_path, job)[-3000:]
+    log = job_log(tmp_path, job)
+    fault = re.search(r"FAULT rank 1 SIGKILL in reward at step 2 t=([\d.]+)", log)
+    assert fault, log[-3000:]
+    said = re.search(r"^0: dsgrpo: error: (lost rank 1 \(pid \d+ on \S+\) in phase 'reward' at step 2: the process "
+                     r"is gone \(killed or crashed\).*)$", log, re.M)
+    assert said, log[-3000:]
+    ended = datetime.strptime(job_field(slurm, job, "EndTime"), "%Y-%m-%dT%H:%M:%S").timestamp()
+    assert ended - float(fault.group(1)) <= 2 * 30, (ended - float(fault.group(1)), said.group(1))
+    assert "=== finished with exit code" in log and "exit code 0" not in log
+    assert (tmp_path / "run" / "latest").read_text().strip() == "checkpoint-2"
+
