@@ -10,6 +10,7 @@ Layout (the Hugging Face convention):
         rng_state_<rank>.json     python / numpy / torch RNG states of each rank (JSON: nothing to unpickle)
         rollout_state_<rank>.json what the rollout source keeps of each rank (the async trainer's pool), as JSON
         resolved_config.yaml, config.json, generation_config.json, tokenizer files (for `dsgrpo export`)
+        checksums.json            size and sha256 of every file above (each rank hashes a share)
         COMPLETE                  written last inside the folder
       latest                      the name of the newest complete checkpoint (replaced atomically)
 
@@ -17,14 +18,23 @@ A checkpoint is written into `.checkpoint-<step>.partial/` and renamed into plac
 finished and COMPLETE exists; `latest` moves after the rename; older checkpoints are pruned after that. A kill
 at any point leaves the previous `latest` intact. Generation is seeded per round, and the prompt order is a
 function of the round number, so a resumed run continues exactly where the interrupted one was.
+
+A resume first checks the checkpoint against its checksums.json (sizes, then each rank hashes a share of the
+files), before any state is read: a truncated shard or a changed byte is refused naming the file, never loaded
+(torch's zip reader would fail deep inside DeepSpeed without the name) and never a silent fresh start. Writing
+that fails on any rank (a full disk) fails the save on every rank, removes the partial folder and leaves
+`latest` and the previous checkpoints as they were.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import random
 import shutil
+import sys
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -36,6 +46,7 @@ from .errors import CheckpointError
 ENGINE_TAG = "engine"
 REFERENCE_TAG = "reference"
 COMPLETE = "COMPLETE"
+CHECKSUMS = "checksums.json"
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again", a checkpoint was written; batch scripts requeue on it
 # Settings a checkpoint cannot be continued under: data order, batch geometry or the model would change.
 IDENTITY_FIELDS = ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "seed",
@@ -69,12 +80,15 @@ def resolve_resume(spec: Any, output_dir: str) -> Optional[str]:
         return None
     if spec is True or str(spec).lower() in ("true", "latest"):
         pointer = os.path.join(output_dir, "latest")
+        path = None
         if os.path.isfile(pointer):
             path = os.path.join(output_dir, open(pointer).read().strip())
-            if is_complete(path):
-                return path
-        found = complete_checkpoints(output_dir)
-        return found[-1] if found else None
+        if path is None or not is_complete(path):
+            found = complete_checkpoints(output_dir)
+            path = found[-1] if found else None
+        if path is not None:
+            _check_newest(path, output_dir, spec)
+        return path
     path = str(spec)
     if not os.path.isdir(path):
         raise CheckpointError(f"resume_from_checkpoint={path!r}: no such directory. Pass a checkpoint-<step> folder, "
@@ -82,7 +96,35 @@ def resolve_resume(spec: Any, output_dir: str) -> Optional[str]:
     if not is_complete(path):
         raise CheckpointError(f"resume_from_checkpoint={path!r} is not a complete checkpoint (no {COMPLETE} marker or "
                               "trainer_state.json): it was interrupted while being written. Resume from an older one.")
+    check_intact(path)
     return path
+
+
+def _check_newest(path: str, output_dir: str, spec) -> None:
+    """`latest` found a damaged checkpoint: say so, and name the newest intact one to resume from instead (a
+    person decides: training silently from an older state would redo steps without anyone knowing)."""
+    try:
+        check_intact(path)
+        return
+    except DamagedCheckpointError as exc:
+        damaged = exc
+    for older in reversed([p for p in complete_checkpoints(output_dir) if os.path.abspath(p) != os.path.abspath(path)
+                           and _step_of(p) < _step_of(path)]):
+        try:
+            check_intact(older)
+        except DamagedCheckpointError:
+            continue
+        raise CheckpointError(f"resume_from_checkpoint={spec!r}: the newest checkpoint, {path}, is damaged: "
+                              f"{damaged.what}. The newest intact one is {older}: resume from it with "
+                              f"resume_from_checkpoint={older} (or move {os.path.basename(path)} away so that "
+                              "'latest' finds it).")
+    raise CheckpointError(f"resume_from_checkpoint={spec!r}: the newest checkpoint, {path}, is damaged: {damaged.what}, "
+                          "and no older intact checkpoint is left in the folder. Start a new output_dir.")
+
+
+def _step_of(path: str) -> int:
+    name = os.path.basename(os.path.normpath(path))
+    return int(name[len("checkpoint-"):]) if name[len("checkpoint-"):].isdigit() else -1
 
 
 def run_identity(args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -137,14 +179,83 @@ def _jsonable(x):
 
 # ------------------------------------------------------------------------------------------------ save / load
 def save(trainer) -> str:
-    """Write checkpoint-<global_step> (every rank calls this; the engine save is collective)."""
+    """Write checkpoint-<global_step> (every rank calls this; the engine save is collective). A write that fails
+    on any rank (OSError: a full disk, a lost mount) fails it on every rank with CheckpointWriteError, after the
+    partial folder is removed; `latest` and the older checkpoints are untouched."""
     args, step = trainer.args, trainer.state.global_step
     final = os.path.join(args.output_dir, checkpoint_name(step))
     partial = os.path.join(args.output_dir, f".{checkpoint_name(step)}.partial")
+    _agree_or_fail(_attempt(lambda: check_space(args.output_dir, checkpoint_name(step)), args.output_dir), partial,
+                   "there is room for the checkpoint")
     if dist.is_main():
         shutil.rmtree(partial, ignore_errors=True)  # debris of a save that was killed
         os.makedirs(partial)
     dist.barrier("partial checkpoint folder exists before ranks write into it")
+    failure = _attempt(lambda: _write_rank_state(trainer, partial), args.output_dir)
+    _agree_or_fail(failure, partial, "every rank's shards and RNG state are on disk")
+    failure = _attempt(lambda: _write_trainer_state(trainer, partial, step), args.output_dir) if dist.is_main() else None
+    _agree_or_fail(failure, partial, "trainer state and model files are on disk")
+    failure, share = None, {}
+    try:
+        share = _digest_share(partial, dist.rank(), dist.world_size())
+    except OSError as exc:
+        failure = f"rank {dist.rank()}: {exc}"
+    digests = dist.all_gather_object((failure, share))
+    failures = [f for f, _ in digests if f]
+    if not failures and dist.is_main():
+        failure = _attempt(lambda: _publish(partial, final, {k: v for _, d in digests for k, v in d.items()}, args, step),
+                           args.output_dir)
+    _agree_or_fail(failures[0] if failures else failure, partial, "checkpoint published")
+    return final
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint failed on some rank; nothing of it was published."""
+
+
+def _attempt(write, folder: str) -> Optional[str]:
+    """None, or what went wrong on this rank while `write` wrote into `folder`."""
+    try:
+        write()
+        return None
+    except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk as a RuntimeError
+        text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        try:  # torch's words for ENOSPC ("unexpected pos ...") do not say it: the free space does
+            text += f" ({shutil.disk_usage(folder).free / 2**20:.1f} MiB free there)"
+        except OSError:
+            pass
+        return f"rank {dist.rank()}: {text}"
+
+
+def check_space(output_dir: str, name: str) -> None:
+    """Refuse to start a checkpoint the disk cannot hold: the newest complete one's size is the estimate (none
+    before the first: then a failing write is caught as it happens)."""
+    found = complete_checkpoints(output_dir)
+    if not found:
+        return
+    need = sum(os.path.getsize(os.path.join(found[-1], f)) for f in checkpoint_files(found[-1]))
+    free = shutil.disk_usage(output_dir).free
+    if free < need * 1.05:
+        raise OSError(errno.ENOSPC, f"no room for {name} in {output_dir}: {free / 2**20:.1f} MiB free, and "
+                                    f"{os.path.basename(found[-1])} took {need / 2**20:.1f} MiB")
+
+
+def _agree_or_fail(failure: Optional[str], partial: str, reason: str) -> None:
+    """Collective: every rank learns whether any rank's writes failed, and all raise the same error."""
+    failures = [f for f in dist.all_gather_object(failure) if f]
+    if not failures:
+        dist.barrier(reason)
+        return
+    if dist.is_main():
+        shutil.rmtree(partial, ignore_errors=True)
+    dist.barrier("the failed checkpoint's partial folder is removed")
+    raise CheckpointWriteError(f"writing {os.path.basename(partial)[1:-len('.partial')]} failed ({'; '.join(failures)}). "
+                               f"Nothing of it was published: latest and the older checkpoints in "
+                               f"{os.path.dirname(partial)} are as they were. Free space (or fix the mount) and resume.")
+
+
+def _write_rank_state(trainer, partial: str) -> None:
+    args = trainer.args
     if args.save_only_model:  # the model in Hugging Face format, nothing to resume from (transformers' meaning)
         trainer.write_model(partial)
     else:
@@ -157,32 +268,105 @@ def save(trainer) -> str:
         json.dump(rng_state(), fh)
     with open(os.path.join(partial, rollout_state_name(dist.rank())), "w") as fh:
         json.dump(trainer.source.state_dict(), fh)
-    dist.barrier("every rank's shards and RNG state are on disk")
-    if dist.is_main():
-        state = {"global_step": step, "generation_round": trainer.state.generation_round,
-                 "num_input_tokens_seen": trainer.state.num_input_tokens_seen, "max_steps": trainer.state.max_steps,
-                 "epoch": trainer.state.epoch, "log_history": trainer.state.log_history,
-                 "entropy_control": trainer.update.entropy_coef.state_dict(), "model_only": bool(args.save_only_model),
-                 "identity": run_identity(args, trainer.world, trainer.policy.module.config, trainer.adapter)}
-        with open(os.path.join(partial, "trainer_state.json"), "w") as fh:
-            json.dump(state, fh)
-        args.save(os.path.join(partial, "resolved_config.yaml"))
-        trainer.policy.module.config.save_pretrained(partial)
-        if trainer.lora_policy:  # `dsgrpo export` rebuilds the adapter from it
-            module = trainer.policy.module
-            module.peft_config[module.active_adapters[0]].save_pretrained(partial)
-        generation_config = getattr(trainer.policy.module, "generation_config", None)
-        if generation_config is not None:
-            generation_config.save_pretrained(partial)
-        trainer.tokenizer.save_pretrained(partial)
-        open(os.path.join(partial, COMPLETE), "w").close()
-        if os.path.exists(final):  # an older save of the same step (a rerun): replace it
-            shutil.rmtree(final)
-        os.rename(partial, final)
-        _point_latest(args.output_dir, checkpoint_name(step))
-        prune(args.output_dir, args.save_total_limit)
-    dist.barrier("checkpoint published")
-    return final
+
+
+def _write_trainer_state(trainer, partial: str, step: int) -> None:
+    args = trainer.args
+    state = {"global_step": step, "generation_round": trainer.state.generation_round,
+             "num_input_tokens_seen": trainer.state.num_input_tokens_seen, "max_steps": trainer.state.max_steps,
+             "epoch": trainer.state.epoch, "log_history": trainer.state.log_history,
+             "entropy_control": trainer.update.entropy_coef.state_dict(), "model_only": bool(args.save_only_model),
+             "identity": run_identity(args, trainer.world, trainer.policy.module.config, trainer.adapter)}
+    with open(os.path.join(partial, "trainer_state.json"), "w") as fh:
+        json.dump(state, fh)
+    args.save(os.path.join(partial, "resolved_config.yaml"))
+    trainer.policy.module.config.save_pretrained(partial)
+    if trainer.lora_policy:  # `dsgrpo export` rebuilds the adapter from it
+        module = trainer.policy.module
+        module.peft_config[module.active_adapters[0]].save_pretrained(partial)
+    generation_config = getattr(trainer.policy.module, "generation_config", None)
+    if generation_config is not None:
+        generation_config.save_pretrained(partial)
+    trainer.tokenizer.save_pretrained(partial)
+
+
+def _publish(partial: str, final: str, digests: Dict[str, Dict[str, Any]], args, step: int) -> None:
+    with open(os.path.join(partial, CHECKSUMS), "w") as fh:
+        json.dump(dict(sorted(digests.items())), fh, indent=0)
+    open(os.path.join(partial, COMPLETE), "w").close()
+    if os.path.exists(final):  # an older save of the same step (a rerun): replace it
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    _point_latest(args.output_dir, checkpoint_name(step))
+    prune(args.output_dir, args.save_total_limit)
+
+
+# ------------------------------------------------------------------------------------------------ checksums
+def checkpoint_files(folder: str) -> List[str]:
+    """Every file of a checkpoint but its checksums and marker, as sorted paths relative to it."""
+    out = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), folder)
+            if rel not in (CHECKSUMS, COMPLETE):
+                out.append(rel)
+    return sorted(out)
+
+
+def sha256(path: str) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _digest_share(folder: str, rank: int, world: int) -> Dict[str, Dict[str, Any]]:
+    """This rank's share of the files (every world-th, by size so shares weigh alike): {path: {size, sha256}}."""
+    files = sorted(checkpoint_files(folder), key=lambda f: -os.path.getsize(os.path.join(folder, f)))
+    return {f: {"size": os.path.getsize(os.path.join(folder, f)), "sha256": sha256(os.path.join(folder, f))}
+            for f in files[rank::world]}
+
+
+def damage(path: str, rank: int = 0, world: int = 1) -> Optional[str]:
+    """What is wrong with a checkpoint's files against its checksums.json (sizes of all; sha256 of this rank's
+    share), or None when intact. A checkpoint written before checksums existed has none to check."""
+    manifest = os.path.join(path, CHECKSUMS)
+    if not os.path.isfile(manifest):
+        return None
+    try:
+        with open(manifest) as fh:
+            expected = json.load(fh)
+    except (OSError, ValueError) as exc:
+        return f"{CHECKSUMS} cannot be read ({exc})"
+    present = set(checkpoint_files(path))
+    for name in sorted(expected):
+        if name not in present:
+            return f"{name} is missing"
+        size = os.path.getsize(os.path.join(path, name))
+        if size != expected[name]["size"]:
+            return f"{name} has {size} bytes, {expected[name]['size']} were written (truncated or overwritten)"
+    for name in sorted(expected, key=lambda f: -expected[f]["size"])[rank::world]:
+        if sha256(os.path.join(path, name)) != expected[name]["sha256"]:
+            return f"{name} does not match its sha256 (the file changed after it was written)"
+    return None
+
+
+def check_intact(path: str) -> None:
+    """Collective when a process group exists: refuse a damaged checkpoint, naming the file, on every rank."""
+    if not os.path.isfile(os.path.join(path, CHECKSUMS)):
+        if dist.is_main():
+            print(f"dsgrpo: {path} has no {CHECKSUMS} (written by an older dsgrpo): resuming without checking it",
+                  file=sys.stderr, flush=True)
+        return
+    found = [d for d in dist.all_gather_object(damage(path, dist.rank(dist.EVERYONE), dist.world_size(dist.EVERYONE)),
+                                               group=dist.EVERYONE) if d]
+    if found:
+        raise DamagedCheckpointError(path, found[0])
+
+
+class DamagedCheckpointError(CheckpointError):
+    def __init__(self, path: str, what: str):
+        self.path, self.what = path, what
+        super().__init__(f"{path} is damaged: {what}. It was not loaded. Resume from an older checkpoint "
+                         "(resume_from_checkpoint=PATH) or start a new output_dir.")
 
 
 def rollout_state_name(rank: int) -> str:
@@ -271,6 +455,7 @@ def export(checkpoint: str, out_dir: str, merged: bool = False) -> str:
 
     if not is_complete(checkpoint):
         raise CheckpointError(f"{checkpoint} is not a complete checkpoint; nothing exported.")
+    check_intact(checkpoint)
     state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint, tag=ENGINE_TAG)
     if os.path.isfile(os.path.join(checkpoint, "adapter_config.json")):
         from .engines.lora import export_adapter

@@ -196,3 +196,85 @@ def test_bad_resumes_are_refused_and_touch_nothing(runs, tmp_path):
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         trainer(resume_from_checkpoint=str(partial))
     assert {p: os.path.getmtime(chain / p) for p in os.listdir(chain)} == before
+
+
+# ------------------------------------------------------------------------------------------- damage and disk full
+def test_a_damaged_checkpoint_is_refused_naming_the_file_before_any_engine(runs, tmp_path):
+    from datasets import Dataset
+
+    from dsgrpo import GRPOConfig, GRPOTrainer
+    from dsgrpo.checkpoint import CheckpointError, DamagedCheckpointError, damage
+    from dsgrpo.testing import tiny_model
+    chain = runs["chain"]
+    assert damage(str(chain / "checkpoint-6")) is None  # the chain's own checkpoints are intact
+
+    def trainer(out, resume):
+        args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=2, seed=3, max_steps=8,
+                          use_vllm=False, gradient_checkpointing=False, resume_from_checkpoint=resume)
+        return GRPOTrainer(tiny_model("qwen2"), lambda prompts, completions, **k: [0.0] * len(completions), args=args,
+                           train_dataset=Dataset.from_list([{"prompt": "x"}]))
+
+    truncated = tmp_path / "truncated" / "checkpoint-6"
+    shutil.copytree(chain / "checkpoint-6", truncated)
+    shard = truncated / "engine" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    size = shard.stat().st_size
+    with open(shard, "r+b") as fh:
+        fh.truncate(size // 2)
+    with pytest.raises(DamagedCheckpointError, match=f"engine/zero_pp_rank_1_mp_rank_00_optim_states.pt has "
+                                                     f"{size // 2} bytes, {size} were written") as err:
+        trainer(tmp_path / "out1", str(truncated))
+    assert "It was not loaded" in str(err.value)
+    export = subprocess.run([sys.executable, "-m", "dsgrpo.cli", "export", str(truncated), str(tmp_path / "x")],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert export.returncode == 2 and "optim_states.pt has" in export.stderr and "Traceback" not in export.stderr
+
+    # one changed byte in the trainer state, and `latest` pointing at it: the older intact checkpoint is named
+    out = tmp_path / "latest_damaged"
+    out.mkdir()
+    for name in ("checkpoint-5", "checkpoint-6", "latest"):
+        (shutil.copytree if (chain / name).is_dir() else shutil.copy)(chain / name, out / name)
+    state = out / "checkpoint-6" / "trainer_state.json"
+    raw = bytearray(state.read_bytes())
+    at = raw.index(b'"global_step": 6') + len(b'"global_step": ')
+    raw[at:at + 1] = b"7"  # still valid JSON, and the wrong step: only the checksum can tell
+    state.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError) as err:
+        trainer(out, "latest")
+    text = str(err.value)
+    assert f"the newest checkpoint, {out / 'checkpoint-6'}, is damaged: trainer_state.json does not match its sha256" in text
+    assert f"The newest intact one is {out / 'checkpoint-5'}: resume from it with resume_from_checkpoint=" in text
+
+
+def tmpfs(path, size):
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_fails_the_save_on_every_rank_and_keeps_latest(tmp_path):
+    from dsgrpo.checkpoint import damage
+    small, tiny = tmp_path / "small", tmp_path / "tiny"
+    tmpfs(small, "12m")  # one checkpoint (6.6 MiB) fits, a second does not
+    tmpfs(tiny, "4m")    # not even the first
+    try:
+        proc = torchrun(SCRIPT, str(small / "run"), timeout=600, check=False)
+        assert proc.returncode != 0
+        said = [l for l in proc.stderr.splitlines() if "CheckpointWriteError: writing checkpoint-4 failed" in l]
+        assert {l.split("]")[0] for l in said} == {"[rank0", "[rank1"}, proc.stderr[-3000:]  # both ranks stop alike
+        assert "no room for checkpoint-4" in said[0] and "checkpoint-2 took" in said[0]
+        assert "latest and the older checkpoints" in said[0]
+        left = sorted(os.listdir(small / "run"))
+        assert "checkpoint-2" in left and not [n for n in left if "checkpoint-4" in n], left
+        assert (small / "run" / "latest").read_text().strip() == "checkpoint-2"
+        assert damage(str(small / "run" / "checkpoint-2")) is None
+
+        proc = torchrun(SCRIPT, str(tiny / "run"), timeout=600, check=False)
+        assert proc.returncode != 0
+        said = [l for l in proc.stderr.splitlines() if "CheckpointWriteError: writing checkpoint-2 failed" in l]
+        assert len(said) == 2 and "MiB free there" in said[0], proc.stderr[-3000:]
+        left = sorted(os.listdir(tiny / "run"))
+        assert "latest" not in left and not [n for n in left if "checkpoint" in n], left  # no partial folder left
+    finally:
+        for path in (small, tiny):
+            subprocess.run(["umount", "-l", str(path)])
+
