@@ -447,6 +447,9 @@ class GRPOTrainer:
         for k, name in enumerate(self.rewards.names):
             metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards[:, k]).item()
             metrics[f"rewards/{name}/std"] = nan_std(rewards[:, k], dim=0).item()
+        if self.rewards.remote_names:  # a flapping scorer shows as retries before it fails a step
+            retries = dist.all_reduce_sum(torch.tensor(self.rewards.pop_retries()))
+            metrics.update({f"rewards/{name}/retries": n.item() for name, n in zip(self.rewards.remote_names, retries)})
         if args.log_completions:  # every rank's rows (a collective), written by rank 0
             offset = dist.rank() * L
             rows = [{"prompt": str(p), "completion": str(c), "reward": float(stats["rewards"][offset + i]),

@@ -68,6 +68,19 @@ def test_code_reward_passes_and_fails():
 
 
 @pytest.mark.parametrize("program", [
+    "def add(a, b):\n    return a + b\nraise ValueError('after defining it')",     # raises after the definitions
+    "def add(a, b):\n    return a + b\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",  # killed
+    "def add(a, b):\n    return a + b\nimport os\nos._exit(0)",                    # leaves before the tests run
+    "def add(a, b):\n    return a + b\nimport sys\nsys.exit(0)",
+    "def add(a, b):\n    return a + b\nimport time\ntime.sleep(60)",                # times out
+])
+def test_code_reward_never_credits_a_program_that_raises_is_killed_or_times_out(program):
+    tests = ["assert add(1, 2) == 3"]
+    assert run_tests("def add(a, b):\n    return a + b", tests, FAST) == 1.0  # the same tests pass on their own
+    assert run_tests(program, tests, FAST) == 0.0
+
+
+@pytest.mark.parametrize("program", [
     "while True:\n    pass",                                    # infinite loop: killed at the limit
     "x = bytearray(4 * 1024 ** 3)",                            # memory hog: RLIMIT_AS
     "import os\nwhile True:\n    os.fork()",                   # fork bomb: RLIMIT_NPROC + process-group kill
@@ -155,6 +168,38 @@ def test_remote_retries_then_succeeds_and_times_out(served):
         return [0.0] * len(completions)
     with pytest.raises(RemoteRewardError, match=r"failed after 2 attempts \(timeout 0.3 s\)"):
         RemoteReward(served(slow), timeout=0.3, retries=1, backoff=0.01)(["p"], ["a"])
+
+
+def test_dsgrpo_serve_reward_answers_401_without_its_token_and_413_to_an_oversized_body():
+    import re
+    import sys
+    import urllib.error
+    import urllib.request
+    proc = subprocess.Popen([sys.executable, "-m", "dsgrpo.cli", "serve-reward", "--builtin", "think_format_reward",
+                             "--port", "0", "--token", "s3cret", "--max-request-bytes", "2000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"(http://127.0.0.1:\d+/score)", line).group(1)
+
+        def post(body: bytes, token=None):
+            headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+            try:
+                with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=10) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, None
+        good = json.dumps({"prompts": ["p"], "completions": ["<think>x</think>y"]}).encode()
+        assert post(good)[0] == 401 and post(good, "wrong")[0] == 401
+        assert post(good, "s3cret") == (200, {"rewards": [1.0]})
+        big = json.dumps({"prompts": ["p"], "completions": ["x" * 5000]}).encode()
+        assert post(big, "s3cret")[0] == 413
+        with pytest.raises(RemoteRewardError, match="refuses our token"):  # what the trainer's start-up check says
+            RemoteReward(url, token="wrong").check()
+        RemoteReward(url, token="s3cret").check()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def test_remote_server_down_is_a_clear_error():

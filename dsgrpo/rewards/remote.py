@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -32,15 +33,49 @@ class RemoteReward:
             raise ValueError(f"RemoteReward url={url!r}: expected http(s)://host:port/path.")
         self.url, self.timeout, self.retries, self.backoff, self.token = url, timeout, retries, backoff, token
         self.__name__ = name or f"remote_{parsed.hostname}_{parsed.port or ''}".rstrip("_")
+        self.retried = 0  # attempts after a failed one, since the trainer last read them (rewards/<name>/retries)
+        self._count = threading.Lock()  # async reward calls run in threads
+
+    def _headers(self) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def check(self) -> None:
+        """At trainer start, before any compute: the scorer answers, and takes our token. GET /ready (dsgrpo
+        serve-reward's, behind its token); a scorer without that route (404/405) is reachable all the same."""
+        health = self.url.rsplit("/", 1)[0] + "/ready"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(health, headers=self._headers()),
+                                        timeout=min(self.timeout, 10.0)):
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                raise RemoteRewardError(f"Remote reward {self.__name__} at {self.url} refuses our token (HTTP "
+                                        f"{exc.code}): set the reward's token to the server's --token.") from None
+            if exc.code < 500:
+                return
+            problem = f"HTTP {exc.code}"
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            problem = str(getattr(exc, "reason", exc))
+        raise RemoteRewardError(f"Remote reward {self.__name__} at {self.url} cannot be reached ({problem}), checked "
+                                "before training starts. Start `dsgrpo serve-reward` there, or fix the URL.")
+
+    def pop_retries(self) -> int:
+        with self._count:
+            n, self.retried = self.retried, 0
+        return n
 
     def __call__(self, prompts, completions, completion_ids=None, **columns) -> List[Optional[float]]:
         body = json.dumps({"prompts": prompts, "completions": completions,
                            "completion_ids": completion_ids or [], "columns": columns}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        headers = self._headers()
         last_error: Exception | None = None
         for attempt in range(self.retries + 1):
+            if attempt:
+                with self._count:
+                    self.retried += 1
             try:
                 req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
@@ -81,7 +116,9 @@ def make_server(score: Callable, host: str = "127.0.0.1", port: int = 8000, toke
             return 500, {"error": f"{type(exc).__name__}: {exc}"}
         return 200, {"rewards": rewards}
 
-    routes = {("POST", "/score"): score_route, ("GET", "/health"): lambda _: (200, {"ok": True})}
+    # /health is open (load balancers); /ready takes the token like /score, so a client can check it before scoring
+    routes = {("POST", "/score"): score_route, ("GET", "/health"): lambda _: (200, {"ok": True}),
+              ("GET", "/ready"): lambda _: (200, {"ok": True})}
     return json_server(routes, host, port, token, max_request_bytes)
 
 

@@ -20,6 +20,7 @@ import torch
 
 from .. import compat
 from .builtins import BUILTIN_REWARDS
+from .remote import RemoteReward
 
 
 def reward_name(fn: Any) -> str:
@@ -49,11 +50,22 @@ class RewardStack:
         for i, (src, tok) in enumerate(zip(sources, tokenizers)):
             self.funcs.append(self._resolve(src, tok, i))
         self.names = [self._name(i, f) for i, f in enumerate(self.funcs)]
+        for f in self.funcs:  # a remote scorer that is down, or refuses the token, fails now: before any compute
+            if isinstance(f, RemoteReward):
+                f.check()
         self.model_indices = sorted(self.pending_models)
         self.errors_as_none = errors_as_none
         if reward_weights is not None and len(reward_weights) != len(self.funcs):
             raise ValueError(f"reward_weights has {len(reward_weights)} entries but there are {len(self.funcs)} "
                              "reward functions; give one weight per function.")
+
+    @property
+    def remote_names(self) -> List[str]:
+        return [self.names[i] for i, f in enumerate(self.funcs) if isinstance(f, RemoteReward)]
+
+    def pop_retries(self) -> List[float]:
+        """Retried requests of each remote scorer since the last call (in remote_names' order)."""
+        return [float(f.pop_retries()) for f in self.funcs if isinstance(f, RemoteReward)]
 
     def model_configs(self) -> list:
         """The transformers configs of the reward models, in reward order (for the memory planner)."""

@@ -66,6 +66,39 @@ def _():
     return {"names": trainer.rewards.names, "metrics": training_rows(trainer)[0]}
 
 
+@check("flapping_scorer")
+def _():
+    """Every other request to this scorer fails (HTTP 500): the retries (with backoff) hide it from training, and
+    each round's metrics count them."""
+    data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(16)])
+    remote = RemoteReward(os.environ["FLAPPING_URL"], timeout=10, retries=3, backoff=0.01, name="flapping")
+    args = GRPOConfig(output_dir=os.path.join(OUT, "flapping"), max_steps=3, per_device_train_batch_size=4,
+                      num_generations=2, max_completion_length=6, use_vllm=False, gradient_checkpointing=False,
+                      logging_steps=1, save_strategy="no")
+    trainer = GRPOTrainer(tiny_model("qwen2"), [length_bonus, remote], args=args, train_dataset=data)
+    trainer.train()
+    rows = training_rows(trainer)
+    return {"retries": [r["rewards/flapping/retries"] for r in rows],
+            "remote": [r["rewards/flapping/mean"] for r in rows], "local": [r["rewards/length_bonus/mean"] for r in rows]}
+
+
+@check("scorer_down_at_start")
+def _():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    from dsgrpo.rewards.remote import RemoteRewardError
+    args = GRPOConfig(output_dir=os.path.join(OUT, "down"), max_steps=1, per_device_train_batch_size=4,
+                      num_generations=2, use_vllm=False, gradient_checkpointing=False)
+    try:
+        GRPOTrainer(tiny_model("qwen2"), [RemoteReward(f"http://127.0.0.1:{port}/score", timeout=2)], args=args,
+                    train_dataset=Dataset.from_list([{"prompt": "x"}] * 4))
+    except RemoteRewardError as exc:
+        return {"error": None, "message": str(exc), "engine_built": os.path.exists(os.path.join(OUT, "down"))}
+    return {"error": "the trainer started with its scorer down"}
+
+
 with open(os.path.join(OUT, f"result-{rank}.json"), "w") as fh:
     json.dump(results, fh)
 dist.barrier("results written")
