@@ -1,6 +1,6 @@
 """Which rank was lost, and where, when a collective fails.
 
-Every rank runs a heartbeat thread that writes `dsgrpo/heartbeat/<rank>` = "count time phase step pid host" to
+Every rank runs a heartbeat thread that writes `dsgrpo/heartbeat/<rank>` = {count, time, phase, step, pid, host} to
 the job's rendezvous store, through a store client of its own, every HEARTBEAT_S seconds. When a collective
 fails on a rank — a peer's socket closed (the peer was killed) or the collective timed out after ddp_timeout (a
 peer is stopped, or hung in a device call or a reward call) — `diagnose()` reads every heartbeat twice,
@@ -15,6 +15,7 @@ hang in its own shutdown: engine threads, process-group teardown), bounded by dd
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import socket
@@ -46,8 +47,7 @@ class Beat:
 
     @classmethod
     def parse(cls, raw: bytes) -> "Beat":
-        count, stamp, phase, since, step, pid, host = raw.decode().split(" ", 6)
-        return cls(int(count), float(stamp), phase, float(since), int(step), int(pid), host)
+        return cls(**json.loads(raw))
 
 
 class Heartbeat:
@@ -78,7 +78,8 @@ class Heartbeat:
             if phase != self.phase:
                 self.phase, self.since = phase, now
             self.count += 1
-            value = f"{self.count} {now:.3f} {phase} {self.since:.3f} {self.step()} {os.getpid()} {self.host}"
+            value = json.dumps({"count": self.count, "time": now, "phase": phase, "since": self.since,
+                                "step": self.step(), "pid": os.getpid(), "host": self.host})
             try:
                 self.store.set(KEY.format(rank=self.rank), value)
             except Exception as exc:  # the store's host is gone: diagnose() will say so; nothing to beat to
@@ -111,7 +112,7 @@ class Heartbeat:
             first = self.read()
             time.sleep(pause)
             second = self.read()
-        except Exception as exc:  # the rendezvous store is gone with its host
+        except (RuntimeError, OSError, TimeoutError) as exc:  # the rendezvous store is gone with its host
             host = "torchrun's agent" if os.environ.get("TORCHELASTIC_RUN_ID") else "rank 0"
             if self.rank == 0 and host == "rank 0":
                 return None  # it is our own store: something else failed

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from .. import dist
+from ..timing import phase
 from .async_source import GroupExchange
 from .sources import RolloutSetup
 from .weight_sync import received_weights
@@ -34,11 +35,13 @@ class GeneratingRank:
         self.exchange.start_worker(rnd)
         try:
             while True:
-                self.exchange.cut(rnd)
-                self.receive_weights(rnd + 1)
+                with phase("batch cut"):  # what the heartbeat reports of this rank's main thread
+                    self.exchange.cut(rnd)
+                with phase("sync"):
+                    self.receive_weights(rnd + 1)
                 order = dist.broadcast_object(None, src=0, group=dist.EVERYONE)  # AsyncRolloutSource.end_round
                 if order["save"]:
-                    with self.exchange.paused():
+                    with self.exchange.paused(), phase("checkpoint"):
                         dist.all_gather_object(self.exchange.state_dict(), group=dist.EVERYONE)
                         dist.barrier("the generators' pools are taken; they may sample again", group=dist.EVERYONE)
                 rnd += 1

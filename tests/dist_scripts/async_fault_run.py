@@ -1,0 +1,74 @@
+"""One run of the async chaos tests, under `torchrun --nproc_per_node 2`.
+
+    async_fault_run.py OUTPUT_DIR PLACEMENT [FAULT]     PLACEMENT: colocate | split
+                                                        FAULT: worker@N:R | kill@N:R
+
+AsyncGRPOTrainer, on-policy (max_staleness=0), 6 rounds, a checkpoint every 2, resuming from the latest one when
+there is one. worker@N:R: the N-th reward call on rank R raises inside its rollout worker, mid-chunk (claimed and
+generated, not yet pooled). kill@N:R: rank R SIGKILLs itself at that point (split placement: a generating rank).
+Each training rank appends what it trained (per round, the prompt positions of the trained groups) and how the run
+ended to OUTPUT_DIR/attempts-<rank>.jsonl.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from datasets import Dataset  # noqa: E402
+
+from dsgrpo import AsyncGRPOTrainer, GRPOConfig, dist  # noqa: E402
+from dsgrpo.testing import tiny_model  # noqa: E402
+from dsgrpo.watchdog import RankLostError  # noqa: E402
+from recorder import SHARDED_ZERO3, digit_fraction  # noqa: E402
+
+OUT, PLACEMENT = sys.argv[1], sys.argv[2]
+FAULT = sys.argv[3] if len(sys.argv) > 3 else ""
+kind, _, where = FAULT.partition("@")
+call_no, _, target = where.partition(":")
+calls = {"n": 0}
+
+
+def reward(prompts, completions, **kwargs):
+    calls["n"] += 1
+    if FAULT and dist.rank(dist.EVERYONE) == int(target) and calls["n"] == int(call_no):
+        print(f"FAULT rank {target} {kind} at reward call {call_no} t={time.time():.3f}", file=sys.stderr, flush=True)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise ZeroDivisionError("the rollout worker dies mid-chunk, on purpose")
+    return digit_fraction(prompts, completions)
+
+
+args = GRPOConfig(output_dir=OUT, max_steps=6, save_steps=2, per_device_train_batch_size=8 if PLACEMENT == "colocate"
+                  else 16, num_generations=4, max_completion_length=8, learning_rate=2e-3, logging_steps=1,
+                  gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=32 * 2**20,
+                  async_placement=PLACEMENT, max_staleness=0, async_chunk_groups=1, resume_from_checkpoint="latest",
+                  ddp_timeout=60)
+data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
+trainer = AsyncGRPOTrainer(tiny_model("qwen2"), reward, args=args, train_dataset=data)
+rounds = []
+if trainer.trains:
+    original = trainer.source.next_batch
+
+    def next_batch(round_index):
+        out = original(round_index)
+        rounds.append({"round": round_index, "positions": sorted(p for _, p, _ in trainer.source.last_plan.chosen)})
+        return out
+    trainer.source.next_batch = next_batch
+
+ended = {"how": "finished"}
+try:
+    trainer.train()
+except RankLostError as exc:
+    ended = {"how": "rank lost", "message": str(exc), "t": time.time()}
+except RuntimeError as exc:
+    ended = {"how": "error", "message": str(exc), "t": time.time()}
+if trainer.trains:
+    with open(os.path.join(OUT, f"attempts-{dist.rank(dist.EVERYONE)}.jsonl"), "a") as fh:
+        fh.write(json.dumps({"fault": FAULT, "resumed_from": trainer.resume_path, "rounds": rounds, **ended}) + "\n")
+print(f"ENDED rank {dist.rank(dist.EVERYONE)}: {ended['how']}", file=sys.stderr, flush=True)
+if ended["how"] != "finished":
+    os._exit(3)
