@@ -56,6 +56,13 @@ def collective_timeout_s() -> float:
     return _timeout["s"]
 
 
+def rendezvous_store_client(timeout_s: float):
+    """A client of its own to the job's rendezvous store (MASTER_ADDR:MASTER_PORT: rank 0's TCPStore, or
+    torchrun's agent's), for the watchdog's heartbeats: usable from another thread while collectives run."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
 def adopt_slurm_env() -> None:
     """An `srun` task per rank (launch_scripts/slurm/train.sbatch): take rank and world from Slurm's variables.
     MASTER_ADDR/MASTER_PORT come from the batch script."""

@@ -14,7 +14,6 @@ hang in its own shutdown: engine threads, process-group teardown), bounded by dd
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import signal
@@ -24,6 +23,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
+
+from . import dist
 
 HEARTBEAT_S = 1.0
 DIAGNOSE_S = 3.0  # > 2 heartbeats: a live rank's count moves at least twice in this window
@@ -57,7 +58,7 @@ class Heartbeat:
     def __init__(self, rank: int, world: int, step: Callable[[], int]):
         from . import timing
         self.rank, self.world, self.step = rank, world, step
-        self.store = _store_client()
+        self.store = dist.rendezvous_store_client(timeout_s=10)
         self.host = socket.gethostname()
         self.count = 0
         self.phase, self.since = timing.current_phase(), time.time()
@@ -172,13 +173,6 @@ def _launcher_signals_held():
             signal.signal(sig, handler)
 
 
-def _store_client():
-    """A client of the job's rendezvous store (MASTER_ADDR:MASTER_PORT: rank 0's TCPStore, or torchrun's agent's)."""
-    from torch.distributed import TCPStore
-    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                    timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
-
-
 _heartbeat: List[Heartbeat] = []
 
 
@@ -194,7 +188,7 @@ def start(rank: int, world: int, step: Callable[[], int]) -> Optional[Heartbeat]
 
 def explain(error: BaseException) -> Optional[RankLostError]:
     """For an error raised by a collective: a RankLostError naming the lost ranks, or None (nobody is lost)."""
-    if not _heartbeat:
+    if not _heartbeat or type(error).__module__.startswith("dsgrpo"):  # our own errors say what they are
         return None
     from .timing import current_phase
     text = str(error).strip()
@@ -210,5 +204,4 @@ def explain(error: BaseException) -> Optional[RankLostError]:
 
 
 def _timeout_s() -> float:
-    from . import dist
     return dist.collective_timeout_s()
