@@ -81,3 +81,43 @@ for path in {paths!r}:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400,
                           env=dict(os.environ, OMP_NUM_THREADS="2"), cwd=REPO)
     assert proc.stdout.count("OK") == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_the_vllm_generator_skips_detokenizing_unless_stop_strings_need_it():
+    """dsgrpo's generator reads token ids only, so it asks vLLM not to detokenize: the same seeded tokens as with
+    detokenizing; with a stop string (which needs the text) generation still stops at it."""
+    code = """
+import os
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+import torch
+from vllm import SamplingParams
+from dsgrpo import GRPOConfig
+from dsgrpo.rollout.base import SamplingConfig
+from dsgrpo.rollout.vllm_engine import VLLMGenerator
+from dsgrpo.testing import tiny_model
+path = tiny_model("qwen2")
+args = GRPOConfig(output_dir="/tmp/x", max_completion_length=16, vllm_kv_cache_bytes=32 * 2**20, seed=0)
+gen = VLLMGenerator(path, args, dtype=torch.float32)
+sampling = SamplingConfig.from_args(args)
+ids = [1, 5, 6, 7]
+ours = gen.generate([ids], [2], sampling, seeds=[11]).completion_ids
+again = gen.llm.generate([{"prompt_token_ids": ids}], SamplingParams(n=2, max_tokens=16, seed=11, logprobs=0,
+                         detokenize=True), use_tqdm=False)[0].outputs
+assert ours == [list(o.token_ids) for o in again], (ours, again)
+text = again[0].text
+stop = text[len(text) // 2:len(text) // 2 + 3]
+assert len(stop) == 3 and len(ours[0]) == 16
+stopped = gen.generate([ids], [2], SamplingConfig.from_args(GRPOConfig(output_dir="/tmp/x", max_completion_length=16,
+                       generation_kwargs={"stop": [stop]})), seeds=[11]).completion_ids
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(path)
+# vLLM cuts its text before the stop string but keeps the token that completed it: generation ended right there
+text = tok.decode(stopped[0])
+assert len(stopped[0]) < 16 and stop in text and stop not in tok.decode(stopped[0][:-1]), (stop, text, len(stopped[0]))
+print("OK")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400,
+                          env=dict(os.environ, OMP_NUM_THREADS="2"), cwd=REPO)
+    assert "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+

@@ -67,6 +67,9 @@ class VLLMGenerator:
         self.sleep.before_generate()
         seeds = seeds or [None] * len(counts)
         extra = vllm_sampling_kwargs(sampling)
+        # the trainer reads token ids, never vLLM's text: detokenizing every step costs ~7% of a CPU decode step
+        # (W2: 5.85 → 5.47 ms), but stop strings need the text
+        extra.setdefault("detokenize", bool(extra.get("stop")))
         params = [SamplingParams(n=n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p or 0.0,
                                  repetition_penalty=sampling.repetition_penalty, logprobs=0, seed=seed, **extra)
