@@ -62,14 +62,9 @@ class Hardware:
 def available_host_bytes() -> int:
     """What the kernel says new allocations can get (MemAvailable: free memory plus what it can reclaim), not the
     machine's total: on CPU the ranks share the machine with everything else on it."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    from .timing import proc_kib
+    available = proc_kib("/proc/meminfo", "MemAvailable")
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass

@@ -7,12 +7,12 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 GiB = 2 ** 30
 _highest = 0  # the largest phase peak this process has seen (resetting the mark must not lose the process's peak)
 _phases: Dict[int, List[str]] = {}  # thread id → the phases it is in (innermost last): what the heartbeat reports
-phase_listeners: List[Callable[[], None]] = []  # called when the main thread's phase changes (the heartbeat)
+phase_listeners: List[Callable[[], None]] = []  # called when the main thread enters a phase (the heartbeat)
 
 
 @contextmanager
@@ -32,8 +32,7 @@ def phase(name: str):
                 pass
         raise
     finally:
-        stack.pop()
-        _changed()
+        stack.pop()  # no beat on leaving: the next phase's entry (or the periodic beat) reports it
 
 
 def _changed() -> None:
@@ -96,11 +95,16 @@ def _peak() -> int:
     if device.on_gpu():
         import torch
         return int(torch.cuda.max_memory_allocated())
+    return proc_kib("/proc/self/status", "VmHWM") or 0
+
+
+def proc_kib(path: str, key: str) -> Optional[int]:
+    """A `Key:   N kB` line of a /proc file (status, meminfo) in bytes; None when absent or unreadable."""
     try:
-        with open("/proc/self/status") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None

@@ -52,8 +52,8 @@ class Beat:
 
 
 class Heartbeat:
-    """One per process; started once the process group exists; a daemon thread, and a beat at every change of
-    the main thread's phase (so the last beat of a killed rank says where it died)."""
+    """One per process; started once the process group exists; a daemon thread, and a beat whenever the main
+    thread enters a phase (so the last beat of a killed rank says where it died)."""
 
     def __init__(self, rank: int, world: int, step: Callable[[], int]):
         from . import timing
@@ -63,12 +63,10 @@ class Heartbeat:
         self.count = 0
         self.phase, self.since = timing.current_phase(), time.time()
         self._lock = threading.Lock()  # one store client, two threads
-        self._stop = threading.Event()
         self._broken = False
         self.beat()  # the first beat is written before any collective can fail
         timing.phase_listeners.append(self.beat)
-        self.thread = threading.Thread(target=self._run, name="dsgrpo-heartbeat", daemon=True)
-        self.thread.start()
+        threading.Thread(target=self._run, name="dsgrpo-heartbeat", daemon=True).start()  # until the process ends
 
     def beat(self) -> None:
         from .timing import current_phase
@@ -89,11 +87,9 @@ class Heartbeat:
                     print(f"dsgrpo: heartbeat of rank {self.rank} stops: {exc!r}", flush=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S) and not self._broken:
+        while not self._broken:
+            time.sleep(HEARTBEAT_S)
             self.beat()
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def read(self) -> Dict[int, Optional[Beat]]:
         """Every rank's last beat (None: it never wrote one). Raises when the store cannot be reached."""
