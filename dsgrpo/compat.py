@@ -59,6 +59,9 @@ PINS: Tuple[Pin, ...] = (
         "(sync_ref_model mixes the slices in place)", source_has=("param.ds_tensor", "param.ds_status")),
     Pin("deepspeed.runtime.zero.partition_parameters:ZeroParamStatus.AVAILABLE", "deepspeed 0.19.8",
         "param.ds_status: a persistent parameter stays AVAILABLE (whole) and its full copy must be mixed too"),
+    Pin("deepspeed.comm.torch:TorchBackend.__init__", "deepspeed 0.19.8",
+        "the CPU shared-memory allreduce maps every local rank's /dev/shm segment at init and never unlinks it "
+        "(unlink_deepspeed_cpu_shm_segment)", source_has=("shm_comm_op.initialize",)),
     # ---- torch.distributed
     Pin("torch.distributed.distributed_c10d:_get_default_store", "torch 2.13",
         "the async claim counter falls back to the rendezvous store when MASTER_ADDR/PORT are unknown"),
@@ -394,6 +397,25 @@ def quiet_vllm_rotary_reload_warning() -> None:
 
 
 SHM_DIR = "/dev/shm"
+
+
+def unlink_deepspeed_cpu_shm_segment(rank: int) -> bool:
+    """DeepSpeed's CPU allreduce between the ranks of one machine (deepspeed_shm_comm, used when the launcher's
+    LOCAL_SIZE equals the world size) creates a 66 MiB /dev/shm segment per rank, named
+    deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank> (ops/csrc/cpu/comm/shm.cpp), maps every
+    rank's at init and never unlinks them: each 2-rank CPU job left 132 MiB of RAM in tmpfs until reboot (3.5 GiB
+    after a day of runs here, enough for the OOM killer to stop a run that had fitted). Once every rank has mapped
+    them (init returns only then; the caller passes a barrier first) the names can go: a mapping outlives its name,
+    and the memory is freed when the last process holding it exits, killed or not. Returns whether it was there."""
+    import os
+
+    name = f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_" \
+           f"{os.environ.get('MASTER_PORT', '')}_{rank}"
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def unique_cpu_shm_names() -> None:

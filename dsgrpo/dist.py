@@ -46,6 +46,9 @@ def init(timeout_s: float = 1800) -> None:
     deepspeed.init_distributed(dist_backend=device.dist_backend(), timeout=timeout)
     if device.on_gpu():
         torch.cuda.set_device(local_rank())
+    elif world_size(EVERYONE) > 1:
+        barrier("every rank has mapped every rank's DeepSpeed shared-memory segment", EVERYONE)
+        compat.unlink_deepspeed_cpu_shm_segment(rank(EVERYONE))
 
 
 _timeout = {"s": 1800.0}

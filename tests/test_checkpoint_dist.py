@@ -14,6 +14,7 @@ Each one-rank fault must end the run with the survivor's RankLostError naming th
 within 2 × ddp_timeout (30 s here; DEEPSPEED_TIMEOUT unset so ddp_timeout decides) of the fault.
 """
 
+import glob
 import json
 import os
 import shutil
@@ -97,21 +98,25 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(runs):
 
 def test_a_rank_killed_under_the_deepspeed_launcher_is_named(tmp_path):
     """The deepspeed launcher polls its children every second and SIGTERMs the rest when one fails: the survivor
-    still names the lost rank (the diagnosis holds the signal) before it goes."""
+    still names the lost rank (the diagnosis holds the signal) before it goes. Under this launcher DeepSpeed's CPU
+    allreduce runs over /dev/shm segments it never unlinks: dsgrpo unlinks them once mapped, so even a killed job
+    leaves none (compat.unlink_deepspeed_cpu_shm_segment)."""
     out = tmp_path / "run"
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": REPO,
            "OMP_NUM_THREADS": "1", "CKPT_DDP_TIMEOUT": str(DDP_TIMEOUT)}
     env.pop("DEEPSPEED_TIMEOUT", None)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port",
-           str(29400 + os.getpid() % 90), os.path.join(REPO, SCRIPT), str(out), "backward@3:1"]
+    port = 29400 + os.getpid() % 90
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port),
+           os.path.join(REPO, SCRIPT), str(out), "backward@3:1"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode != 0
     seconds, report = survivor_report(proc.stdout + proc.stderr, "backward@3:1")
     assert report.startswith("lost rank 1 (pid ") and "in phase 'train' at step 2" in report, report
     assert "the process is gone (killed or crashed)" in report and seconds < DDP_TIMEOUT / 2, (seconds, report)
     assert (out / "latest").read_text().strip() == "checkpoint-2"
+    assert not glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_*_{port}_*")
 
 
 def test_kills_leave_a_valid_latest(runs):
