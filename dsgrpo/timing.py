@@ -60,6 +60,8 @@ class PhaseTimer:
                 yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            from . import device
+            device.return_freed_memory()  # the next phase starts from this one's live memory, not its heap
             peak = _peak()
             self.peaks[name] = max(self.peaks.get(name, 0), peak)
             global _highest
