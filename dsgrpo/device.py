@@ -53,23 +53,19 @@ def empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
-# glibc's malloc: a freed block above the mmap threshold goes back to the OS at once, one below stays in the heap.
-# The threshold starts at 128 KiB and rises with every large free up to 32 MiB, after which a CPU job's transients
-# (a backward's activations, ZeRO-3's gathered layers, the optimizer's fp32 gradient copy) stay resident beside the
-# next phase's, and the resident peak sits GBs above the live peak (Qwen2.5-0.5B shape on 2 ranks: 10.5 GiB resident
-# for 7.9 live). A fixed 1 MiB threshold returns them; measured here it costs nothing (W1 generate 3.95 s / train
-# 5.6-5.8 s a step either way; 64 KiB costs ~10% of generation: vLLM's per-step tensors cross it).
-MMAP_THRESHOLD_BYTES = 1 << 20
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
-
-
+# glibc's malloc keeps freed blocks under its mmap threshold (which slides up to 32 MiB) in its heap, so on CPU a
+# phase's freed transients (ZeRO-3's gathered layers, a backward's activations) stay resident beside the next
+# phase's and the resident peak sits GBs above the live peak (Qwen2.5-0.5B shape on 2 ranks: 10.5-11 GiB resident
+# at the optimizer step for 9.2 live). The trainer trims at the end of each phase and before each optimizer step.
+# A fixed low threshold instead (MALLOC_MMAP_THRESHOLD_ of 1 MiB or 64 KiB) returns them too but page-faults every
+# large allocation: W2's step 20% slower.
 def _libc():
     global _libc_handle
     if _libc_handle is None:
         try:
             import ctypes
             _libc_handle = ctypes.CDLL("libc.so.6")
-            _libc_handle.malloc_trim, _libc_handle.mallopt  # noqa: B018 (glibc's, not musl's)
+            _libc_handle.malloc_trim  # noqa: B018 (glibc's, not musl's)
         except (OSError, AttributeError):
             _libc_handle = False
     return _libc_handle
@@ -79,17 +75,11 @@ _libc_handle = None
 
 
 def return_freed_memory() -> None:
-    """CPU: hand the pages of freed heap blocks (those under the mmap threshold) back to the OS; microseconds. Called
-    at the end of every timed phase, so each phase starts from the last one's live memory."""
+    """CPU: hand the pages of freed heap blocks back to the OS (glibc's malloc_trim: microseconds, plus re-faulting
+    what is allocated again). Each phase and each optimizer step then start from live memory."""
     libc = None if on_gpu() else _libc()
     if libc:
         libc.malloc_trim(0)
-
-
-def _fix_mmap_threshold() -> None:
-    libc = _libc()
-    if libc and "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # the user's own setting wins
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 def prepare_process(local_world_size: int, num_threads=None) -> int:
@@ -98,7 +88,6 @@ def prepare_process(local_world_size: int, num_threads=None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", accelerator_name())
     if on_gpu():
         return torch.get_num_threads()
-    _fix_mmap_threshold()
     n = num_threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
     os.environ["OMP_NUM_THREADS"] = str(n)
     torch.set_num_threads(n)
