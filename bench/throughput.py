@@ -47,6 +47,8 @@ def main() -> int:
     p.add_argument("--no-balancing", action="store_true")
     p.add_argument("--gradient-checkpointing", default="false", choices=["auto", "true", "false"],
                    help="GRPOConfig.gradient_checkpointing (TRL's default is true)")
+    p.add_argument("--vllm-enforce-eager", default="auto", choices=["auto", "true", "false"],
+                   help="GRPOConfig.vllm_enforce_eager (auto: compiled when the run is long enough on CPU)")
     p.add_argument("--chunk-groups", type=int, default=None, help="async_chunk_groups (None: the trainer's default)")
     p.add_argument("--slow-reward", type=float, default=0.0, help="seconds the reward sleeps per call")
     p.add_argument("--skew", type=float, default=0.0, help="extra seconds per token for every 4th prompt on rank 1")
@@ -71,7 +73,8 @@ def main() -> int:
                       logging_steps=1, bf16=False, use_vllm=not a.hf_generate,
                       deepspeed=a.deepspeed, vllm_kv_cache_bytes=256 * 2**20, async_placement=a.placement,
                       max_staleness=a.max_staleness, async_load_balancing=not a.no_balancing,
-                      async_chunk_groups=a.chunk_groups)
+                      async_chunk_groups=a.chunk_groups,
+                      vllm_enforce_eager={"true": True, "false": False}.get(a.vllm_enforce_eager))
     stamps = []
 
     class Clock:

@@ -214,6 +214,7 @@ class GRPOConfig:
     deepspeed: Union[str, dict] = field(default="zero3.json", metadata=_help("Policy DeepSpeed config: a path, a file name in ds_configs/, or a dict. 'auto' values are filled from this config."))
     ref_deepspeed: Union[str, dict] = field(default="zero3_inference.json", metadata=_help("Reference-model DeepSpeed config (built only when beta != 0)."))
     vllm_kv_cache_bytes: Optional[int] = field(default=None, metadata=_help("KV-cache size per vLLM engine in bytes (None: sized from the machine, at most 1 GiB per rank on CPU)."))
+    vllm_enforce_eager: Optional[bool] = field(default=None, metadata=_help("Run vLLM's model eagerly: no torch.compile, no CUDA graphs. None: compiled on GPU (vLLM's default); on CPU compiled when the run decodes enough tokens to repay compiling (~20 s at start-up; then a decode step ~20% faster on small models), eager for short runs."))
     weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket."))
     save_merged_model: bool = field(default=False, metadata=_help("With `peft_config`: the final save writes the merged model (base + adapter, Hugging Face format) to output_dir/merged beside the adapter."))
     num_threads: Optional[int] = field(default=None, metadata=_help("CPU threads per rank (None: cores / local ranks)."))

@@ -142,7 +142,7 @@ class GRPOTrainer:
         self.generator = make_generator(args, self.placement, model_path=self.model_path,
                                         policy_engine=policy, tokenizer=self.tokenizer,
                                         dtype=self.dtype, zero3=is_zero3(self.ds_config), tied=self.tied,
-                                        connected=self.server)
+                                        connected=self.server, total_steps=self.state.max_steps)
         self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
                                     max_tool_calling_iterations=args.max_tool_calling_iterations,
                                     rollout_func=rollout_func, trainer=self)

@@ -131,3 +131,20 @@ def test_an_unquoted_no_is_the_string_no_where_the_field_takes_strings():
     cfg = GRPOConfig.from_dict({**parse_cli_overrides(["--save_strategy", "no", "--bf16", "false"]),
                                 **yaml.safe_load("eval_strategy: no\nlogging_strategy: no\n")})
     assert (cfg.save_strategy, cfg.eval_strategy, cfg.logging_strategy, cfg.bf16) == ("no", "no", "no", False)
+
+
+def test_vllm_enforce_eager_auto_compiles_only_runs_long_enough_to_repay_it():
+    from dsgrpo.rollout.vllm_engine import CPU_COMPILE_MIN_DECODE_STEPS, enforce_eager
+
+    def cfg(**kw):
+        return GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=8, num_generations=8, **kw)
+    assert enforce_eager(cfg(max_completion_length=512), total_steps=10) is True       # 5,120 decode steps
+    assert enforce_eager(cfg(max_completion_length=512), total_steps=400) is False     # 204,800
+    assert enforce_eager(cfg(max_completion_length=512), total_steps=None) is True     # unknown (a server)
+    # rounds, not optimizer steps: with num_iterations 2 each round trains two steps
+    steps = CPU_COMPILE_MIN_DECODE_STEPS // 100
+    assert enforce_eager(cfg(max_completion_length=100), total_steps=steps) is False
+    assert enforce_eager(cfg(max_completion_length=100, num_iterations=2), total_steps=steps) is True
+    # an explicit value wins both ways
+    assert enforce_eager(cfg(max_completion_length=512, vllm_enforce_eager=True), total_steps=400) is True
+    assert enforce_eager(cfg(max_completion_length=8, vllm_enforce_eager=False), total_steps=1) is False

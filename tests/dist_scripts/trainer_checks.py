@@ -77,6 +77,7 @@ vllm_args = GRPOConfig(
                "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                "gradient_clipping": "auto"},
     vllm_kv_cache_bytes=64 * 2**20, weight_sync_bucket_bytes=64 * 1024,  # small buckets: many gathers
+    vllm_enforce_eager=False,  # compiled (long runs on CPU, every GPU run): syncs must reach the compiled graph
     report_to=["wandb"], eval_strategy="steps", eval_steps=20, num_generations_eval=2)
 os.environ["WANDB_MODE"] = "offline"
 trainer = GRPOTrainer(tiny_model("qwen2-tied"), digit_fraction_with_column, args=vllm_args, train_dataset=prompts,
@@ -113,7 +114,7 @@ def _():
     return {"history": training_rows(trainer), "final_logps": fixed_logps(), "callback_steps": counter.steps,
             "callback_logs": counter.logs, "began": counter.began, "ended": counter.ended,
             "max_steps": trainer.state.max_steps, "columns_ok": all(seen_columns) and bool(seen_columns),
-            "evals": counter.evals}
+            "evals": counter.evals, "eager": trainer.generator.llm.llm_engine.model_config.enforce_eager}
 
 
 # ------------------------------------------------------------------ 2. the HF-generate trainer: gradients

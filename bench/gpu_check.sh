@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 16's one prepared device check, for the GPU machine the `device` tool lends (one H200; Python 3.12 with
+# torch + CUDA, transformers, peft; no vLLM, no DeepSpeed, no network). Under 10 minutes: ZeRO-3 GRPO steps of the
+# Qwen2.5-0.5B shape in bf16 with the HF-generate backend (peak torch.cuda.max_memory_allocated against the
+# planner's prediction) and the chunked log-prob's peak against the full logits' (bench/gpu_check.py).
+#
+# Prepare here once; the wheels travel in .whl, which git ignores:
+#   echo /.whl/ >> .git/info/exclude
+#   bash bench/gpu_check.sh --fetch-wheels
+# Then, through the device tool:  run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=600)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# What the GPU image lacks (its package list: the device tool's KINDS.md): DeepSpeed (an sdist: built here as a pure-
+# Python wheel; it JIT-builds its CUDA ops there) and its pydantic / hjson; datasets and its dill / multiprocess;
+# transformers and huggingface-hub at the versions dsgrpo pins (the image's may be older).
+WHEELS="hjson==3.1.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 transformers==5.19.0"
+
+if [ "${1:-}" = "--fetch-wheels" ]; then
+  PIP="${PYTHON:-.venv/bin/python} -m pip"
+  mkdir -p .whl
+  # a fresh build (the install's cached wheel carries the CPU shm op compiled for this Python)
+  DS_BUILD_OPS=0 $PIP wheel --no-deps --no-cache-dir deepspeed==0.19.8 -w .whl
+  hub=$(grep -E '^huggingface[-_]hub==' requirements/cpu-lock.txt || true)
+  tok=$(grep -E '^tokenizers==' requirements/cpu-lock.txt || true)
+  # shellcheck disable=SC2086
+  $PIP download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl $WHEELS $hub $tok
+  du -sh .whl
+  exit 0
+fi
+
+OUT="${OUT:-/tmp/gpu_check}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt" || true
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+python3 -c "import torch, deepspeed, transformers, datasets; print('torch', torch.__version__, '| deepspeed', \
+deepspeed.__version__, '| transformers', transformers.__version__, '| cuda', torch.cuda.is_available())"
+timeout 540 python3 bench/gpu_check.py --out "$OUT" --timeout 300 2>&1 | tee "$OUT/gpu_check.txt"
