@@ -14,6 +14,7 @@ hang in its own shutdown: engine threads, process-group teardown), bounded by dd
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -64,9 +65,21 @@ class Heartbeat:
         self.phase, self.since = timing.current_phase(), time.time()
         self._lock = threading.Lock()  # one store client, two threads
         self._broken = False
+        self._stopping = threading.Event()
         self.beat()  # the first beat is written before any collective can fail
         timing.phase_listeners.append(self.beat)
-        threading.Thread(target=self._run, name="dsgrpo-heartbeat", daemon=True).start()  # until the process ends
+        self._thread = threading.Thread(target=self._run, name="dsgrpo-heartbeat", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)  # beats until the process ends
+
+    def stop(self) -> None:
+        """Join the beating thread before the interpreter finalizes. A daemon thread still inside the store's C++
+        call then is ended by a forced unwind through pybind11's noexcept frame, which aborts the whole process
+        ('terminate called without an active exception', SIGABRT after a finished run: seen once in a full test
+        run, rank 0 of a resumed run that had written all its results)."""
+        self._stopping.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=HEARTBEAT_S + 10)  # one beat in flight at most (the client's timeout: 10 s)
 
     def beat(self) -> None:
         from .timing import current_phase
@@ -87,8 +100,7 @@ class Heartbeat:
                     print(f"dsgrpo: heartbeat of rank {self.rank} stops: {exc!r}", flush=True)
 
     def _run(self) -> None:
-        while not self._broken:
-            time.sleep(HEARTBEAT_S)
+        while not self._broken and not self._stopping.wait(HEARTBEAT_S):
             self.beat()
 
     def read(self) -> Dict[int, Optional[Beat]]:
