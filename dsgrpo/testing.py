@@ -20,6 +20,8 @@ import os
 import random
 from typing import Optional
 
+SHM_DIR = "/dev/shm"
+
 # ChatML with Qwen2.5's tool conventions: with `tools`, the system turn lists their schemas; a `tool` message is
 # a <tool_response> block in a user turn (consecutive ones share it); an assistant's tool_calls are <tool_call>
 # blocks. Without tools the rendering is plain ChatML, byte for byte what it was before tools existed.
@@ -309,6 +311,14 @@ class ServerProcess:
             procs = [root] + root.children(recursive=True)
         except psutil.NoSuchProcess:
             procs = []
+        # shared memory its engine mapped (vLLM's message queue of a tensor-parallel group, /dev/shm/psm_*): a killed
+        # process never unlinks it, and each one left 24 MiB of RAM in tmpfs
+        segments = set()
+        for proc in procs:
+            try:
+                segments.update(m.path for m in proc.memory_maps() if m.path.startswith(SHM_DIR + "/psm_"))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
         for proc in procs:
             try:
                 proc.kill()
@@ -325,7 +335,9 @@ class ServerProcess:
         self.state["pid"] = None
         if self.state.get("master_port"):  # a killed TP engine leaves its shared memory (compat.unique_cpu_shm_names)
             import glob
-            for leftover in glob.glob(f"/dev/shm/dsgrpo{self.state['master_port']}-*"):
+            segments.update(glob.glob(f"{SHM_DIR}/dsgrpo{self.state['master_port']}-*"))
+        for leftover in segments:
+            if os.path.exists(leftover):
                 os.unlink(leftover)
 
     def restart(self, timeout_s: float = 300) -> dict:

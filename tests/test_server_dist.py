@@ -2,6 +2,7 @@
 DeepSpeed ZeRO-3, fp32) pushing their weights to it over a gloo communicator. One launch of
 tests/dist_scripts/server_checks.py records numbers; each test asserts on one part of them."""
 
+import glob
 import json
 
 import pytest
@@ -104,12 +105,15 @@ def test_a_two_rank_server_follows_every_push(tmp_path, layout):
         for rank in (0, 1):
             with open(f"/dev/shm/dsgrpo{server.state['master_port']}-tp:0-[0-1]-cpushm_{rank}", "wb") as fh:
                 fh.write(b"stale")
+    segments_before = set(glob.glob("/dev/shm/psm_*"))
     server.start()
     try:
         torchrun("tests/dist_scripts/server_parallel_checks.py", str(tmp_path), str(port), str(group_port), nproc=1,
                  timeout=600)
     finally:
         server.kill()
+    # the engine's shared memory (vLLM's message queue: 24 MiB under tensor parallelism) goes with the killed server
+    assert set(glob.glob("/dev/shm/psm_*")) <= segments_before
     run = part([json.load(open(tmp_path / "result-0.json"))], "parallel_server")[0]
     assert (run["health"]["tensor_parallel_size"], run["health"]["data_parallel_size"]) == (
         (2, 1) if layout[0] == "--tensor-parallel-size" else (1, 2))
