@@ -20,7 +20,7 @@ import os
 import random
 from typing import Optional
 
-SHM_DIR = "/dev/shm"
+from .compat import SHM_DIR
 
 # ChatML with Qwen2.5's tool conventions: with `tools`, the system turn lists their schemas; a `tool` message is
 # a <tool_response> block in a user turn (consecutive ones share it); an assistant's tool_calls are <tool_call>
