@@ -169,6 +169,7 @@ class GRPOConfig:
     multi_objective_aggregation: str = field(default="sum_then_normalize", metadata=_help("How several rewards become one advantage.", choices=MULTI_OBJECTIVE_AGGREGATIONS))
     reward_weights: Optional[list] = field(default=None, metadata=_help("One weight per reward function (None: all 1.0)."))
     reward_errors_as_none: bool = field(default=False, metadata=_help("Score a batch as None (no opinion) when a reward function raises, instead of stopping."))
+    code_sandbox: str = field(default="isolated", metadata=_help("How code_reward runs completions' code: 'isolated' (namespaces, its own uid, limits; training refuses to start where that cannot be built) or 'none' (limits only, no containment: for data and models you trust).", choices=("isolated", "none")))
     mask_truncated_completions: bool = field(default=False, metadata=_help("Exclude completions cut at max_completion_length from the loss."))
     top_entropy_quantile: float = field(default=1.0, metadata=_help("Train only on the top-rho quantile of tokens by entropy, the threshold taken over every rank's micro-batch (1.0 keeps all; 0.2 is the paper's)."))
     entropy_coef: float = field(default=0.0, metadata=_help("Entropy bonus: the loss minus this times the mean per-token entropy (the same meaning for every loss type). With use_adaptive_entropy, the starting coefficient."))

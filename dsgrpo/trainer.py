@@ -97,7 +97,7 @@ class GRPOTrainer:
         router_aux_coef(args, model_config)  # router_aux_loss_coef on a dense model is refused before loading
         self.tokenizer = self._tokenizer(processing_class)
         self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none,
-                                   trust_remote_code=args.trust_remote_code)
+                                   trust_remote_code=args.trust_remote_code, code_sandbox=args.code_sandbox)
         self.tool_runner = ToolRunner(tools, args.tool_timeout_s) if tools else None  # checks the schemas now
         self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
         hidden = getattr(model_config, "hidden_size", None)

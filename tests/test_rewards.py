@@ -1,4 +1,4 @@
-"""The reward stack and its sources: built-ins on real GSM8K data, the code sandbox against hostile programs,
+"""The reward stack and its sources: built-ins on real GSM8K data (the code sandbox: tests/test_sandbox.py),
 remote scorers over loopback, a real reward-model backbone, async concurrency and error messages."""
 
 import asyncio
@@ -15,7 +15,6 @@ import torch
 from dsgrpo.rewards import (RemoteReward, RemoteRewardError, RewardError, RewardStack, accuracy_reward, code_reward,
                             get_length_penalty, get_soft_overlong_punishment, think_format_reward)
 from dsgrpo.rewards.remote import make_server
-from dsgrpo.rewards.sandbox import SandboxLimits, run_tests
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GSM8K = os.environ.get("DSGRPO_GSM8K", os.path.join(REPO, "..", "shared", "data", "gsm8k"))
@@ -50,70 +49,6 @@ def test_overlong_and_length_penalties():
     ids = [[0] * n for n in (3, 6, 8, 10, 12)]
     assert get_soft_overlong_punishment(10, 4)(["x"] * 5, completion_ids=ids) == [0.0, 0.0, -0.5, -1.0, -1.0]
     assert get_length_penalty(6, 0.1)(["x"] * 5, completion_ids=ids) == pytest.approx([-0.3, 0.0, -0.2, -0.4, -0.6])
-
-
-# ------------------------------------------------------------------------------------------- sandbox
-FAST = SandboxLimits(timeout_s=3.0, cpu_s=3)
-
-
-def _nobody_processes() -> int:
-    out = subprocess.run(["ps", "-u", "nobody", "-o", "pid="], capture_output=True, text=True).stdout
-    return len(out.split())
-
-
-def test_code_reward_passes_and_fails():
-    completion = "Here:\n```python\ndef add(a, b):\n    return a + b\n```"
-    tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 5"]
-    assert code_reward([completion, "```python\nraise SystemExit(1)\n```"], [tests, tests]) == [0.5, 0.0]
-
-
-@pytest.mark.parametrize("program", [
-    "def add(a, b):\n    return a + b\nraise ValueError('after defining it')",     # raises after the definitions
-    "def add(a, b):\n    return a + b\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",  # killed
-    "def add(a, b):\n    return a + b\nimport os\nos._exit(0)",                    # leaves before the tests run
-    "def add(a, b):\n    return a + b\nimport sys\nsys.exit(0)",
-    "def add(a, b):\n    return a + b\nimport time\ntime.sleep(60)",                # times out
-])
-def test_code_reward_never_credits_a_program_that_raises_is_killed_or_times_out(program):
-    tests = ["assert add(1, 2) == 3"]
-    assert run_tests("def add(a, b):\n    return a + b", tests, FAST) == 1.0  # the same tests pass on their own
-    assert run_tests(program, tests, FAST) == 0.0
-
-
-@pytest.mark.parametrize("program", [
-    "while True:\n    pass",                                    # infinite loop: killed at the limit
-    "x = bytearray(4 * 1024 ** 3)",                            # memory hog: RLIMIT_AS
-    "import os\nwhile True:\n    os.fork()",                   # fork bomb: RLIMIT_NPROC + process-group kill
-])
-def test_sandbox_contains_hostile_programs(program):
-    assert run_tests(program, ["assert True"], FAST) == 0.0
-    for _ in range(50):  # every descendant is gone shortly after (killed as a group)
-        if os.getuid() != 0 or _nobody_processes() == 0:
-            break
-        time.sleep(0.1)
-    assert os.getuid() != 0 or _nobody_processes() == 0
-    assert run_tests("x = 1", ["assert x == 1"], FAST) == 1.0  # and the caller is unharmed
-
-
-def test_sandbox_blocks_network_and_writes_to_the_trainers_files(tmp_path):
-    hits = []
-    server = make_server(lambda prompts, completions, **kw: hits.append(1) or [0.0] * len(completions), port=0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    try:
-        program = (f"import urllib.request, json\n"
-                   f"urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:{port}/score', "
-                   f"data=json.dumps({{'prompts': ['p'], 'completions': ['c']}}).encode(), method='POST'), timeout=2)\n")
-        assert run_tests(program, ["assert True"], FAST) == 0.0
-        assert hits == []
-    finally:
-        server.shutdown()
-    victim = tmp_path / "trainer_state.json"
-    victim.write_text("precious")
-    score = run_tests(f"open({str(victim)!r}, 'w').write('gone')", ["assert True"], FAST)
-    assert victim.read_text() == "precious"
-    if os.getuid() == 0:
-        assert score == 0.0  # as nobody the write itself fails
 
 
 # ------------------------------------------------------------------------------------------- remote

@@ -21,6 +21,7 @@ import torch
 from .. import compat
 from .builtins import BUILTIN_REWARDS
 from .remote import RemoteReward
+from .sandbox import CodeReward
 
 
 def reward_name(fn: Any) -> str:
@@ -33,8 +34,9 @@ class RewardError(ValueError):
 
 class RewardStack:
     def __init__(self, reward_funcs: Any, reward_weights=None, reward_processing_classes=None,
-                 errors_as_none: bool = False, trust_remote_code: bool = False):
+                 errors_as_none: bool = False, trust_remote_code: bool = False, code_sandbox: str = "isolated"):
         self.trust_remote_code = trust_remote_code
+        self.code_sandbox = code_sandbox
         sources = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not sources:
             raise ValueError("reward_funcs is empty: give at least one reward function or model.")
@@ -50,8 +52,8 @@ class RewardStack:
         for i, (src, tok) in enumerate(zip(sources, tokenizers)):
             self.funcs.append(self._resolve(src, tok, i))
         self.names = [self._name(i, f) for i, f in enumerate(self.funcs)]
-        for f in self.funcs:  # a remote scorer that is down, or refuses the token, fails now: before any compute
-            if isinstance(f, RemoteReward):
+        for f in self.funcs:  # before any compute: a remote scorer that is down or refuses the token, a code
+            if isinstance(f, (RemoteReward, CodeReward)):  # sandbox that cannot be built on this machine
                 f.check()
         self.model_indices = sorted(self.pending_models)
         self.errors_as_none = errors_as_none
@@ -76,7 +78,7 @@ class RewardStack:
 
         if isinstance(src, str):
             if src in BUILTIN_REWARDS:
-                return BUILTIN_REWARDS.get(src)
+                return self._resolve(BUILTIN_REWARDS.get(src), tokenizer, index)
             from transformers import AutoConfig
 
             from .models import check_reward_model_config
@@ -95,6 +97,8 @@ class RewardStack:
             self.pending_models[index] = (src, tokenizer)
             self._model_configs[index] = src.config
             return src
+        if isinstance(src, CodeReward):  # the built-in, by name or by object: with the run's code_sandbox
+            return src.with_isolation(self.code_sandbox)
         if callable(src):
             return src
         raise TypeError(f"reward_funcs[{index}] = {src!r} is not a reward source: pass a callable, a built-in name "

@@ -1,0 +1,289 @@
+"""code_reward's sandbox under attack (issue 25): every hostile program of tests/sandbox_attacks.py scores no
+more than an honest wrong answer, raises nothing, leaves no process and touches nothing of the trainer's, as
+the user the suite runs as and (when that is root) again as an unprivileged uid; the program never sees a
+test; runs cannot see each other; isolation that cannot be built refuses to score, naming what is missing."""
+
+import json
+import os
+import resource
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from dsgrpo.rewards import sandbox
+from dsgrpo.rewards import sandbox_runner as runner
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import sandbox_attacks as attacks  # noqa: E402
+
+UNPRIVILEGED = 54321
+FAST = sandbox.SandboxLimits(timeout_s=2.0, cpu_s=2)
+
+
+def check_row(row: dict) -> None:
+    name = row["name"]
+    assert row.get("error") is None, f"{name}: raised {row['error']}"
+    assert isinstance(row["score"], float) and 0.0 <= row["score"] <= row["ceiling"] + 1e-9, \
+        f"{name}: scored {row['score']} > {row['ceiling']}"
+    if name == "honest":
+        assert row["score"] == 1.0 and abs(row["baseline"] - 1 / 3) < 1e-9
+        return
+    assert row["left"] == [], f"{name}: processes left behind: {row['left']}"
+    assert row["hits"] == 0, f"{name}: reached the network"
+    assert row["victim_intact"], f"{name}: changed the trainer's file"
+    assert abs(row["baseline"] - 1 / 3) < 1e-9, f"after {name}, an honest wrong answer scores {row['baseline']}"
+    assert row["seconds"] < 10, f"{name}: took {row['seconds']} s"
+
+
+# ------------------------------------------------------------------------------------------------ pure parts
+def test_plain_data_crosses_the_boundary_by_exact_type():
+    values = [None, True, 0, -7, 2 ** 70, 1.5, float("inf"), "é", b"\x00\xff", [1, [2]], (1, (2, 3)), {1, 2},
+              frozenset({3}), {"a": 1, 2: [3]}, 1 + 2j]
+    for v in values:
+        wire = json.loads(json.dumps(runner.encode(v), allow_nan=False))
+        back = runner.decode(wire)
+        assert back == v and type(back) is type(v)
+    nan = runner.decode(json.loads(json.dumps(runner.encode(float("nan")))))
+    assert nan != nan
+
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+    with pytest.raises(TypeError):  # a subclass is not plain data; without a handle table it cannot cross
+        runner.encode(Liar(3))
+    assert runner.encode(Liar(3), handle_of=lambda obj: 7) == {"handle": 7}
+    for bad in ({"pickle": "x"}, {"tuple": 1}, {"a": 1, "b": 2}, {"handle": 1}, {"float": "1e999"}, {"dict": [[1]]}):
+        with pytest.raises(ValueError):
+            runner.decode(bad)
+
+
+def test_stdin_stdout_comparison():
+    assert sandbox.outputs_match(b"3\n", "3")
+    assert sandbox.outputs_match(b"1 2\n3   4\n\n", "1 2\n3 4")
+    assert sandbox.outputs_match(b"0.3333333\n", "0.33333333333")
+    assert not sandbox.outputs_match(b"3 4", "3")
+    assert not sandbox.outputs_match(b"\xff", "3")
+    assert not sandbox.outputs_match(b"nan", "nan ") or sandbox.outputs_match(b"nan", "nan")  # equal text
+    assert not sandbox.outputs_match(b"inf", "1e309")
+
+
+# ------------------------------------------------------------------------------------------------ the corpus
+@pytest.fixture(scope="module")
+def isolation():
+    sandbox.check_isolation()  # this machine can isolate (CI: root; a developer: user namespaces)
+
+
+def test_every_attack_as_this_user(isolation, tmp_path):
+    rows = list(attacks.run_corpus(sandbox, str(tmp_path)))
+    assert len(rows) > 40
+    for row in rows:
+        check_row(row)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the suite runs unprivileged already: the corpus above covered it")
+def test_every_attack_as_an_unprivileged_user(tmp_path):
+    """CI runs as root: the same corpus as uid 54321 (no passwd entry needed), under an interpreter that uid may
+    run, with only user namespaces to isolate it."""
+    python = _world_executable_python()
+    if python is None:
+        pytest.skip("no interpreter an unprivileged user may run (e.g. /usr/bin/python3)")
+    code = _copy_for(tmp_path, UNPRIVILEGED)
+    out = subprocess.run([python, os.path.join(code, "sandbox_attacks.py"), code, str(tmp_path / "work")],
+                         user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd=code, capture_output=True,
+                         text=True, timeout=600, env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(rows) > 40
+    for row in rows:
+        check_row(row)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to build a user namespace with user namespaces off")
+def test_no_isolation_refuses_naming_what_is_missing(tmp_path):
+    """An unprivileged user where user namespaces are disabled: check_isolation refuses (never a silent fallback),
+    naming the namespace and the opt-out; code_sandbox='none' still scores."""
+    python = _world_executable_python()
+    if python is None:
+        pytest.skip("no interpreter an unprivileged user may run")
+    code = _copy_for(tmp_path, UNPRIVILEGED)
+    probe = (f"import sys; sys.path.insert(0, {code!r}); import sandbox_attacks as a\n"
+             f"sb = a.load_sandbox({code!r})\n"
+             "try:\n    sb.check_isolation()\n    print('ISOLATED')\nexcept sb.SandboxUnavailableError as e:\n"
+             "    print('REFUSED', e)\n"
+             "print('NONE', sb.run_tests('def add(a, b):\\n    return a + b', a.TESTS, isolation='none'))\n")
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_USER_NAMESPACES, python, "-c", probe], capture_output=True,
+                         text=True, timeout=120, cwd=code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "REFUSED" in out.stdout and "user namespace" in out.stdout and "code_sandbox: none" in out.stdout
+    assert "NONE 1.0" in out.stdout
+
+
+# runs argv[1:] as uid 54321 inside a user namespace (uids 0..65535 mapped) whose max_user_namespaces is 0
+_WITHOUT_USER_NAMESPACES = r'''
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+go_r, go_w = os.pipe(); ready_r, ready_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    assert libc.unshare(0x10000000) == 0, ctypes.get_errno()
+    os.write(ready_w, b"x"); os.read(go_r, 1)
+    open("/proc/sys/user/max_user_namespaces", "w").write("0")
+    os.setgroups([]); os.setresgid(54321, 54321, 54321); os.setresuid(54321, 54321, 54321)
+    os.execv(sys.argv[1], sys.argv[1:])
+os.read(ready_r, 1)
+for name in ("uid_map", "gid_map"):
+    open(f"/proc/{pid}/{name}", "w").write("0 0 65536")
+os.write(go_w, b"x")
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+'''
+
+
+def _world_executable_python():
+    for candidate in (sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3", "/usr/local/bin/python3"):
+        path = os.path.realpath(candidate) if candidate else ""
+        if path and os.path.isfile(path) and _reachable(path):
+            out = subprocess.run([path, "-c", "import sys; print(sys.version_info >= (3, 10))"], capture_output=True,
+                                 text=True, user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[])
+            if out.stdout.strip() == "True":
+                return path
+    return None
+
+
+def _reachable(path: str) -> bool:
+    parent = os.path.dirname(path)
+    while parent != "/":
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+        parent = os.path.dirname(parent)
+    return bool(os.stat(path).st_mode & stat.S_IXOTH)
+
+
+def _copy_for(tmp_path, uid: int) -> str:
+    """sandbox.py, sandbox_runner.py and the corpus where `uid` can read them; a work folder it owns."""
+    os.chmod(tmp_path, 0o755)
+    parent = str(tmp_path)
+    while parent != "/":
+        os.chmod(parent, os.stat(parent).st_mode | stat.S_IXOTH)
+        parent = os.path.dirname(parent)
+    code = tmp_path / "code"
+    code.mkdir()
+    for src in (sandbox.__file__, runner.__file__, attacks.__file__):
+        shutil.copy(src, code)
+    for f in code.iterdir():
+        os.chmod(f, 0o644)
+    os.chmod(code, 0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chown(work, uid, uid)
+    return str(code)
+
+
+# ------------------------------------------------------------------------------------------------ behaviour
+def test_correct_answers_score_and_output_at_exit_changes_nothing(isolation):
+    honest = attacks.HONEST
+    assert sandbox.run_tests(honest, attacks.TESTS, FAST) == 1.0
+    at_exit = honest + "import atexit, sys\natexit.register(lambda: sys.stdout.write('\\n__RESULT__{oops'))\n" \
+                       "print('noise', 'é', end='')\nsys.stdout.buffer.write(b'\\xff\\xfe')\n"
+    assert sandbox.run_tests(at_exit, attacks.TESTS, FAST) == 1.0
+    # tests share one namespace, run in order, may define helpers and use the program's classes and objects
+    program = ("class Stack:\n    def __init__(self): self.items = []\n    def push(self, x): self.items.append(x)\n"
+               "    def pop(self): return self.items.pop()\n    def __len__(self): return len(self.items)\n"
+               "def squares(n):\n    for i in range(n):\n        yield i * i\n"
+               "def fail(x):\n    raise ValueError('no')\nTABLE = {'a': (1, 2)}\n")
+    tests = ["s = Stack(); s.push(1); s.push(2)\nassert s.pop() == 2 and len(s) == 1",
+             "assert list(squares(4)) == [0, 1, 4, 9] and 9 in squares(4)",
+             "def check(candidate):\n    assert candidate(3) == [0, 1, 4]\ncheck(lambda n: list(squares(n)))",
+             "try:\n    fail(1)\n    raise AssertionError\nexcept ValueError as e:\n    assert str(e) == 'no'",
+             "assert TABLE == {'a': (1, 2)} and type(TABLE['a']) is tuple",
+             "assert s.items == [1]",
+             "assert Stack() == Stack()"]  # two objects of the program are not equal by identity: fails
+    assert sandbox.run_tests(program, tests, FAST) == pytest.approx(6 / 7)
+
+
+@pytest.mark.parametrize("ending", [
+    "raise ValueError('after defining it')",                  # raises after the definitions
+    "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",  # killed
+    "import os\nos._exit(0)",                                 # leaves before the tests run
+    "import sys\nsys.exit(0)",
+    "import time\ntime.sleep(60)",                            # times out
+])
+def test_no_credit_for_a_correct_function_that_never_reaches_the_tests(isolation, ending):
+    assert sandbox.run_tests(attacks.HONEST + ending, attacks.TESTS, FAST) == 0.0
+
+
+def test_standard_library_names_mean_the_module(isolation):
+    """A test that uses `math` the program imported gets Python's math, not the program's object of that name."""
+    tests = ["assert math.isclose(area(1.0), 3.14159, rel_tol=1e-3)"]
+    assert sandbox.run_tests("import math\ndef area(r):\n    return math.pi * r * r", tests, FAST) == 1.0
+    fake = "class math:\n    @staticmethod\n    def isclose(*a, **k):\n        return True\ndef area(r):\n    return 0.0"
+    assert sandbox.run_tests(fake, tests, FAST) == 0.0
+
+
+def test_stdin_stdout_cases(isolation):
+    cases = [{"input": "1 2\n", "output": "3"}, {"input": "10 20\n", "output": "30\n"}, {"input": "5 5", "output": "10"}]
+    right = "a, b = map(int, input().split())\nprint(a + b)"
+    assert sandbox.run_tests(right, cases, FAST) == 1.0
+    assert sandbox.run_tests("a, b = map(int, input().split())\nprint(a * b if a == 1 else a + b)", cases, FAST) == \
+        pytest.approx(2 / 3)
+    # exit status counts; a case that times out fails alone; big input is fed while output is read
+    assert sandbox.run_tests(right + "\nraise SystemExit(3)", cases, FAST) == 0.0
+    slow = "import time\na, b = map(int, input().split())\nif a == 10: time.sleep(30)\nprint(a + b)"
+    assert sandbox.run_tests(slow, cases, FAST) == pytest.approx(2 / 3)
+    big = [{"input": "\n".join(str(i) for i in range(200_000)) + "\n", "output": str(sum(range(200_000)))}]
+    assert sandbox.run_tests("import sys\nprint(sum(int(x) for x in sys.stdin))", big, FAST) == 1.0
+    # the expected output is never in the sandbox: a program that looks for it everywhere finds nothing
+    secret = {"input": "go\n", "output": "SECRET-OUTPUT-" + os.urandom(6).hex()}
+    hunt = ("import glob, os\nfound = ''\nfor p in glob.glob('/proc/*/cmdline') + glob.glob('/proc/*/environ') + "
+            "glob.glob('/tmp/**', recursive=True):\n    try:\n        t = open(p, 'rb').read()\n    except OSError:\n"
+            "        continue\n    if b'SECRET-OUTPUT-' in t:\n        i = t.index(b'SECRET-OUTPUT-')\n"
+            "        found = t[i:i + 26].decode()\nprint(found)")
+    assert sandbox.run_tests(hunt, [secret], FAST) == 0.0
+    # flooding stderr is an attack, not a wrong answer: the completion scores 0 even with other cases right
+    flood = right + "\nimport sys\nsys.stderr.write('x' * (2 << 20))"
+    assert sandbox.run_tests(flood, cases, FAST) == 0.0
+    with pytest.raises(ValueError, match="tests\\[1\\]"):
+        sandbox.run_tests(right, [cases[0], {"input": 1}], FAST)
+
+
+def test_runs_cannot_see_or_touch_each_other(isolation):
+    """Two runs at once: the first leaves files in its /tmp and /dev/shm and waits; the second looks for any trace
+    of it (files, processes) and tries to signal every process it can name."""
+    marker = "MARK" + os.urandom(4).hex()
+    first = (f"import time\nopen('/tmp/{marker}', 'w').write('x')\nopen('/dev/shm/{marker}', 'w').write('x')\n"
+             "time.sleep(1.5)\ndef alive():\n    return True")
+    second = (f"import glob, os, signal\ndef seen():\n    hits = [p for p in glob.glob('/tmp/**', recursive=True) + "
+              f"glob.glob('/dev/shm/*') if '{marker}' in p]\n    procs = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+              "    for p in procs:\n        try: os.kill(int(p), signal.SIGKILL) if int(p) != os.getpid() else None\n"
+              "        except OSError: pass\n    return hits, len(procs)")
+    results = {}
+    t = threading.Thread(target=lambda: results.__setitem__("first", sandbox.run_tests(first, ["assert alive()"])))
+    t.start()
+    import time
+    time.sleep(0.5)
+    assert sandbox.run_tests(second, ["assert seen() == ([], 2)"], FAST) == 1.0  # itself and its PID 1
+    t.join()
+    assert results["first"] == 1.0
+
+
+def test_scorer_memory_stays_bounded_under_a_flood(isolation):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = sandbox._run("import os\nb = b'x' * (1 << 20)\nfor _ in range(1024):\n    os.write(1, b)\n" +
+                          attacks.HONEST, attacks.TESTS, [], FAST, "isolated")
+    assert result["asserts"]["passed"] == [False] * 3 and "output limit" in result["asserts"]["ended"]
+    assert result["supervisor_maxrss_kib"] < 100 * 1024
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024
+
+
+def test_code_reward_scores_rows_in_parallel_and_conversational_completions(isolation):
+    right = "```python\n" + attacks.HONEST + "```"
+    wrong = [{"role": "assistant", "content": "```python\n" + attacks.HONEST_WRONG + "```"}]
+    reward = sandbox.CodeReward(limits=FAST, workers=2)
+    scores = reward([right, wrong] * 4, [attacks.TESTS] * 8)
+    assert scores == pytest.approx([1.0, 1 / 3] * 4)
+    assert reward([right], [attacks.TESTS[0]]) == [1.0]  # a row whose tests are one snippet
+    assert reward([right], [[]]) == [0.0]               # a row without tests: nothing passed
