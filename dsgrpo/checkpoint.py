@@ -35,6 +35,7 @@ import os
 import random
 import shutil
 import sys
+import warnings
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -409,8 +410,30 @@ def prune(output_dir: str, keep: Optional[int]) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+class CheckpointCanRunCodeWarning(UserWarning):
+    """A checkpoint from elsewhere is about to be loaded with pickle."""
+
+
+_warned_code: set = set()
+
+
+def warn_checkpoint_can_run_code(path: str, why: str) -> None:
+    """DeepSpeed reads its shards with torch.load(weights_only=False) (deepspeed 0.19: zero_to_fp32 and the torch
+    checkpoint engine): a crafted file runs code as the loading user. Said once per checkpoint, on rank 0."""
+    real = os.path.realpath(path)
+    if real in _warned_code or not dist.is_main():
+        return
+    _warned_code.add(real)
+    warnings.warn(f"{path} {why}: DeepSpeed loads checkpoint shards with pickle (torch.load(weights_only=False)), "
+                  "so a crafted checkpoint can run code as this user. Load only checkpoints you trust.",
+                  CheckpointCanRunCodeWarning, stacklevel=3)
+
+
 def load(trainer, path: str) -> None:
     """Restore engine, trainer state and this rank's RNG states from a complete checkpoint (every rank)."""
+    output_dir = os.path.realpath(trainer.args.output_dir)
+    if not os.path.realpath(path).startswith(output_dir + os.sep):
+        warn_checkpoint_can_run_code(path, f"was not written by this run (it is outside output_dir {output_dir})")
     with open(os.path.join(path, "trainer_state.json")) as fh:
         state = json.load(fh)
     check_can_continue(state["identity"], run_identity(trainer.args, trainer.world, trainer.policy.module.config, trainer.adapter),
@@ -456,6 +479,7 @@ def export(checkpoint: str, out_dir: str, merged: bool = False) -> str:
     if not is_complete(checkpoint):
         raise CheckpointError(f"{checkpoint} is not a complete checkpoint; nothing exported.")
     check_intact(checkpoint)
+    warn_checkpoint_can_run_code(checkpoint, "is being exported")
     state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint, tag=ENGINE_TAG)
     if os.path.isfile(os.path.join(checkpoint, "adapter_config.json")):
         from .engines.lora import export_adapter

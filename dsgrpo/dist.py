@@ -331,7 +331,8 @@ def counter_store(prefix: str):
 
 
 class GroupChannel:
-    """broadcast / broadcast_object over one of the named groups (dist.WEIGHTS), the interface weight streaming uses."""
+    """broadcast / broadcast_plain over one of the named groups (dist.WEIGHTS), the interface weight streaming uses
+    (the peers are this job's own ranks)."""
 
     def __init__(self, group):
         self.group = group
@@ -339,7 +340,7 @@ class GroupChannel:
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         return broadcast(tensor, src=src, group=self.group)
 
-    def broadcast_object(self, obj, src: int):
+    def broadcast_plain(self, obj, src: int):
         return broadcast_object(obj, src=src, group=self.group)
 
 
@@ -355,23 +356,32 @@ class Communicator:
                                              rank, world, datetime.timedelta(seconds=timeout_s))
 
     @staticmethod
-    def rendezvous_store(host: str, port: int, is_master: bool, timeout_s: float = 300):
+    def rendezvous_store(host: str, port: int, is_master: bool, timeout_s: float = 300, bind: Optional[str] = None):
         """The store a Communicator meets in. The master keeps one per port for its life and every group gets a new
-        namespace: a second store on the same port can share it (SO_REUSEPORT) and take half the connections."""
+        namespace: a second store on the same port can share it (SO_REUSEPORT) and take half the connections. The
+        master listens on `bind` (default `host`) alone, through a socket bound here and handed to the store:
+        TCPStore by itself listens on every interface."""
+        listen_fd = None
+        if is_master:
+            address = bind or host
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            listen_fd = socket.create_server((address, port), family=family, backlog=128, reuse_port=True).detach()
         return dist.TCPStore(host, port, is_master=is_master, timeout=datetime.timedelta(seconds=timeout_s),
-                             wait_for_workers=False)
+                             wait_for_workers=False, master_listen_fd=listen_fd)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         self.group.broadcast([tensor], compat.broadcast_options(src)).wait()
         return tensor
 
-    def broadcast_object(self, obj, src: int):
-        """A picklable object from `src` (pickle never crosses the network from an unauthenticated peer: the
-        group's members are the trainer and the server it configured)."""
-        import pickle
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if self.rank == src else None
+    def broadcast_plain(self, obj, src: int, max_bytes: int = 64 << 20):
+        """Plain data (JSON's types) from `src`: this channel crosses the network, so what arrives is parsed as
+        JSON, never unpickled, and its size is checked before anything is allocated for it."""
+        import json
+        data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8) if self.rank == src else None
         size = self.broadcast(torch.tensor([data.numel() if data is not None else 0], dtype=torch.long), src)
+        if not 0 < int(size[0]) <= max_bytes:
+            raise ValueError(f"the weight channel announced a {int(size[0])}-byte message (at most {max_bytes})")
         if data is None:
             data = torch.empty(int(size[0]), dtype=torch.uint8)
         self.broadcast(data, src)
-        return obj if self.rank == src else pickle.loads(data.numpy().tobytes())
+        return obj if self.rank == src else json.loads(data.numpy().tobytes().decode("utf-8"))

@@ -1,16 +1,24 @@
 """JSON over HTTP, the only wire format dsgrpo's servers speak (`dsgrpo serve-reward`, `dsgrpo vllm-serve`):
-nothing received is evaluated or unpickled. Servers bind to loopback unless told otherwise, take an optional
-bearer token, and refuse bodies over a size limit before reading them."""
+nothing received is evaluated or unpickled. A server is reached by whoever can reach its port, so:
+loopback unless told otherwise (and then only with a token: `server_token`), the bearer token compared in
+constant time, a read timeout on every connection and a cap on open connections, bodies over the size limit
+refused before they are read, and every malformed request (a bad Content-Length, bytes that are not UTF-8,
+JSON nested too deep, a body that is not an object) answered 400 with a one-line reason, never a traceback."""
 
 from __future__ import annotations
 
+import hmac
 import json
+import os
+import sys
+import threading
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, Optional, Tuple
 
 Route = Callable[[dict], Tuple[int, dict]]   # request body → (status, reply)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class HTTPError(RuntimeError):
@@ -19,49 +27,110 @@ class HTTPError(RuntimeError):
         self.status = status
 
 
+class BadRequest(ValueError):
+    """A request the server cannot read: 400 with this one-line reason."""
+
+
+def server_token(command: str, host: str, flag_token: Optional[str], env_var: str) -> Optional[str]:
+    """The bearer token a server requires, from `env_var`; a token given on the command line is readable by every
+    local user (/proc/PID/cmdline), so it is refused beyond loopback and warned about on it. A server that binds
+    beyond loopback without a token is refused: anyone who reaches the port could use it. Raises ValueError."""
+    token = os.environ.get(env_var) or None
+    if flag_token:
+        if host not in LOOPBACK:
+            raise ValueError(f"{command}: --token puts the token in the process's command line, readable by every "
+                             f"user of this machine; export {env_var} instead.")
+        print(f"{command}: warning: --token is readable by every local user in /proc/*/cmdline; prefer "
+              f"{env_var}.", file=sys.stderr, flush=True)
+        token = flag_token
+    if host not in LOOPBACK and not token:
+        raise ValueError(f"{command}: --host {host} exposes this server beyond this machine: set a token in {env_var} "
+                         "(and give the clients the same one), or bind to 127.0.0.1.")
+    return token
+
+
 def json_server(routes: Dict[Tuple[str, str], Route], host: str, port: int, token: Optional[str],
-                max_request_bytes: int, open_paths: Tuple[str, ...] = ("/health",)) -> ThreadingHTTPServer:
+                max_request_bytes: int, open_paths: Tuple[str, ...] = ("/health",), max_connections: int = 64,
+                read_timeout_s: float = 10.0) -> ThreadingHTTPServer:
     """A threading server (not started) answering `routes[(method, path)]`; every path but `open_paths` needs the
-    bearer token when one is set. 401 without it, 413 over the size limit, 400 for a body that is not JSON."""
+    bearer token when one is set (401 without it, checked before the path is looked up, and a 404 names no
+    route). 413 over the size limit, 400 for anything unreadable, 503 beyond `max_connections` open ones; a
+    connection idle for `read_timeout_s` is closed."""
+    expected = f"Bearer {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = read_timeout_s  # every read on the socket (request line, headers, body)
+
         def log_message(self, fmt, *args):  # quiet by default
             pass
 
         def _reply(self, code: int, payload: dict) -> None:
             data = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
             try:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
                 self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout, a refused body)
-                pass
+            except OSError:  # the client gave up (a timeout, a refused body)
+                self.close_connection = True
+
+        def send_error(self, code, message=None, explain=None):
+            # http.server's own refusals (a bad request line, too many headers): JSON, one line, like ours, with a
+            self.close_connection = True  # status line even when the request line was too broken to name HTTP/1.x
+            self.request_version = "HTTP/1.0"
+            self._reply(code, {"error": _one_line(message or self.responses.get(code, ("error",))[0])})
+
+        def _authorized(self) -> bool:
+            given = (self.headers.get("Authorization") or "").encode("latin-1", "replace")
+            return hmac.compare_digest(given, expected)
+
+        def _body(self) -> dict:
+            raw = self.headers.get("Content-Length")
+            try:
+                length = int(raw)
+            except (TypeError, ValueError):
+                raise BadRequest(f"Content-Length must be an integer (got {_one_line(str(raw))[:40]!r})") from None
+            if length <= 0 or length > max_request_bytes:
+                raise _TooLarge(f"request body must be 1..{max_request_bytes} bytes")
+            data = self.rfile.read(length)
+            if len(data) != length:
+                raise BadRequest(f"the body ended after {len(data)} of {length} bytes")
+            try:
+                body = json.loads(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise BadRequest("the body is not UTF-8") from None
+            except RecursionError:
+                raise BadRequest("the body's JSON is nested too deeply") from None
+            except ValueError as exc:
+                raise BadRequest(f"the body is not JSON ({_one_line(str(exc))})") from None
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            return body
 
         def _handle(self, method: str) -> None:
             path = self.path.split("?")[0].rstrip("/") or "/"
+            if expected and path not in open_paths and not self._authorized():
+                return self._reply(401, {"error": "missing or wrong bearer token"})
             route = routes.get((method, path))
             if route is None:
-                known = ", ".join(f"{m} {p}" for m, p in routes)
-                return self._reply(404, {"error": f"no {method} {path}; this server answers {known}"})
-            if token and path not in open_paths and self.headers.get("Authorization") != f"Bearer {token}":
-                return self._reply(401, {"error": "missing or wrong bearer token"})
-            body = {}
-            if method == "POST":
-                length = int(self.headers.get("Content-Length") or 0)
-                if length <= 0 or length > max_request_bytes:
-                    return self._reply(413, {"error": f"request body must be 1..{max_request_bytes} bytes"})
-                try:
-                    body = json.loads(self.rfile.read(length))
-                except json.JSONDecodeError as exc:
-                    return self._reply(400, {"error": f"bad request: {exc}"})
+                return self._reply(404, {"error": f"no {method} {_one_line(path)[:100]}"})
+            try:
+                body = self._body() if method == "POST" else {}
+            except _TooLarge as exc:
+                self.close_connection = True
+                return self._reply(413, {"error": str(exc)})
+            except BadRequest as exc:
+                self.close_connection = True
+                return self._reply(400, {"error": f"bad request: {exc}"})
             try:
                 code, reply = route(body)
-            except (ValueError, KeyError, TypeError) as exc:
-                code, reply = 400, {"error": f"bad request: {type(exc).__name__}: {exc}"}
+            except KeyError as exc:
+                code, reply = 400, {"error": f"bad request: missing field {_one_line(str(exc))}"}
+            except (ValueError, TypeError) as exc:
+                code, reply = 400, {"error": f"bad request: {type(exc).__name__}: {_one_line(str(exc))}"}
             except Exception as exc:  # noqa: BLE001 - the route's own failure: report it, keep serving
-                code, reply = 500, {"error": f"{type(exc).__name__}: {exc}"}
+                code, reply = 500, {"error": f"{type(exc).__name__}: {_one_line(str(exc))}"}
             self._reply(code, reply)
 
         def do_GET(self):
@@ -70,7 +139,53 @@ def json_server(routes: Dict[Tuple[str, str], Route], host: str, port: int, toke
         def do_POST(self):
             self._handle("POST")
 
-    return ThreadingHTTPServer((host, port), Handler)
+    return _CappedServer((host, port), Handler, max_connections)
+
+
+class _TooLarge(BadRequest):
+    pass
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())[:300]
+
+
+class _CappedServer(ThreadingHTTPServer):
+    """At most `max_connections` connections are served at once; one more is answered 503 and closed at once
+    instead of holding a thread. A client that resets or times out is not the server's error: no traceback."""
+
+    daemon_threads = True
+    request_queue_size = 128  # listen backlog: socketserver's 5 makes a burst of clients wait on SYN retries
+    _BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 38\r\n" \
+            b"Connection: close\r\n\r\n{\"error\": \"too many open connections\"}"
+
+    def __init__(self, address, handler, max_connections: int):
+        self.slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.settimeout(1.0)
+                request.sendall(self._BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request, client_address):
+        pass
 
 
 def request_json(url: str, payload: Optional[dict] = None, token: Optional[str] = None, timeout: float = 30.0) -> dict:

@@ -247,11 +247,11 @@ class ServerProcess:
                  extra=(), nproc: int = 1, dtype: str = "float32", log_path: Optional[str] = None):
         import sys
         serve = ["-m", "dsgrpo.cli", "vllm-serve", "--model", model, "--port", str(port), "--group-port",
-                 str(group_port), "--dtype", dtype, *extra] + (["--token", token] if token else [])
+                 str(group_port), "--dtype", dtype, *extra]
         master_port = _free_port()
         launcher = [sys.executable] + (["-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                                         "--master_port", str(master_port)] if nproc > 1 else [])
-        self.state = {"cmd": launcher + serve, "url": f"http://127.0.0.1:{port}", "pid": None,
+        self.state = {"cmd": launcher + serve, "url": f"http://127.0.0.1:{port}", "pid": None, "token": token,
                       "log": log_path or state_file + ".log", "master_port": master_port if nproc > 1 else None}
         self.state_file = state_file
 
@@ -274,6 +274,8 @@ class ServerProcess:
         import urllib.request
 
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        if self.state.get("token"):  # the server reads its token from the environment, never the command line
+            env["DSGRPO_VLLM_TOKEN"] = self.state["token"]
         for key in list(env):  # started from a training rank: the server is a world of its own (torchrun's
             # TORCHELASTIC_USE_AGENT_STORE would make it a client of a rendezvous store no one runs)
             if key in LAUNCHER_ENV or key.startswith(("TORCHELASTIC_", "GROUP_", "ROLE_")):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 import time
 import urllib.error
@@ -98,7 +99,8 @@ class RemoteReward:
 
 
 def make_server(score: Callable, host: str = "127.0.0.1", port: int = 8000, token: Optional[str] = None,
-                max_request_bytes: int = 16 << 20, max_batch: int = 4096) -> ThreadingHTTPServer:
+                max_request_bytes: int = 16 << 20, max_batch: int = 4096, max_connections: int = 64,
+                read_timeout_s: float = 10.0) -> ThreadingHTTPServer:
     """An HTTP server for `score` (not started; dsgrpo.http's JSON server). Binds to loopback unless told otherwise."""
 
     def score_route(req: dict):
@@ -119,35 +121,54 @@ def make_server(score: Callable, host: str = "127.0.0.1", port: int = 8000, toke
     # /health is open (load balancers); /ready takes the token like /score, so a client can check it before scoring
     routes = {("POST", "/score"): score_route, ("GET", "/health"): lambda _: (200, {"ok": True}),
               ("GET", "/ready"): lambda _: (200, {"ok": True})}
-    return json_server(routes, host, port, token, max_request_bytes)
+    return json_server(routes, host, port, token, max_request_bytes, max_connections=max_connections,
+                       read_timeout_s=read_timeout_s)
 
 
 def serve_reward(argv: List[str]) -> int:
-    """`dsgrpo serve-reward (--func module:function | --builtin NAME | --model PATH) [--host] [--port] [--token]`"""
+    """`dsgrpo serve-reward (--func module:function | --builtin NAME | --model PATH) [--host] [--port]`; the token
+    comes from DSGRPO_REWARD_TOKEN (required beyond loopback)."""
     import argparse
-    import os
+
+    from ..http import server_token
 
     p = argparse.ArgumentParser(prog="dsgrpo serve-reward")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--func", help="a reward function as package.module:function")
     src.add_argument("--builtin", help="a built-in reward name, e.g. accuracy_reward")
     src.add_argument("--model", help="a sequence-classification reward model (path or cached hub id)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; anything else "
+                                                       "needs a token in DSGRPO_REWARD_TOKEN)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--token", default=os.environ.get("DSGRPO_REWARD_TOKEN"), help="require this bearer token")
+    p.add_argument("--token", default=None, help="loopback only, with a warning: prefer DSGRPO_REWARD_TOKEN (a "
+                                                 "command line is readable by every local user)")
     p.add_argument("--max-request-bytes", type=int, default=16 << 20)
     p.add_argument("--max-batch", type=int, default=4096)
+    p.add_argument("--max-connections", type=int, default=64, help="open connections served at once (more: 503)")
+    p.add_argument("--read-timeout", type=float, default=10.0, help="seconds a connection may stay silent")
+    p.add_argument("--code-sandbox", default="isolated", choices=("isolated", "none"),
+                   help="--builtin code_reward: contain the code (default), or not ('none': trusted data only)")
     a = p.parse_args(argv)
+    try:
+        token = server_token("dsgrpo serve-reward", a.host, a.token, "DSGRPO_REWARD_TOKEN")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if a.func:
         from ..importing import import_object
         score = import_object(a.func)
     elif a.builtin:
         from .builtins import BUILTIN_REWARDS
+        from .sandbox import CodeReward
         score = BUILTIN_REWARDS.get(a.builtin)
+        if isinstance(score, CodeReward):  # a sandbox that cannot be built here refuses to serve, as training does
+            score = score.with_isolation(a.code_sandbox)
+            score.check()
     else:
         from .models import LocalRewardModel
         score = LocalRewardModel(a.model)
-    server = make_server(score, a.host, a.port, a.token, a.max_request_bytes, a.max_batch)
+    server = make_server(score, a.host, a.port, token, a.max_request_bytes, a.max_batch, a.max_connections,
+                         a.read_timeout)
     print(f"serving reward on http://{a.host}:{server.server_address[1]}/score", flush=True)
     try:
         server.serve_forever()

@@ -35,10 +35,8 @@ import uuid
 from typing import Dict, List, Optional
 
 from .. import dist
-from ..http import json_server
+from ..http import json_server, server_token
 from .base import Rollout, SamplingConfig
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def checkpoint_shapes(model_path: str) -> Dict[str, List[int]]:
@@ -148,7 +146,7 @@ class EngineServer:
         if self.store is None or self.store[0] != port:
             host = self.host if self.host not in ("0.0.0.0", "::") else "127.0.0.1"
             self.store = (port, dist.Communicator.rendezvous_store(host, port, is_master=self.rank == 0,
-                                                                   timeout_s=timeout_s))
+                                                                   timeout_s=timeout_s, bind=self.host))
         self.communicator = None  # a new trainer (or the same one after a failure): a new group, a new namespace
         self.communicator = dist.Communicator(self.store[1], str(body["name"]), rank=self.rank, world=self.world + 1,
                                               timeout_s=timeout_s)
@@ -215,7 +213,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--group-port", type=int, default=51216, help="port of the weight communicator (the trainer's "
                    "vllm_group_port)")
-    p.add_argument("--token", default=os.environ.get("DSGRPO_VLLM_TOKEN"), help="require this bearer token")
+    p.add_argument("--token", default=None, help="loopback only, with a warning: prefer DSGRPO_VLLM_TOKEN (a command "
+                                                 "line is readable by every local user)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-completion-length", type=int, default=512)
@@ -232,13 +231,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: List[str]) -> int:
     a = parser().parse_args(argv)
-    if a.host not in LOOPBACK and not a.token:
-        print(f"dsgrpo vllm-serve: error: --host {a.host} exposes the engine beyond this machine: give --token "
-              "(or DSGRPO_VLLM_TOKEN), and the same token to the trainer (DSGRPO_VLLM_TOKEN).", file=sys.stderr)
+    try:  # the trainer reads the same DSGRPO_VLLM_TOKEN
+        token = server_token("dsgrpo vllm-serve", a.host, a.token, "DSGRPO_VLLM_TOKEN")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     server = EngineServer(a)
     if server.rank == 0:
-        http = server.http(a.token, a.max_request_bytes, a.port)
+        http = server.http(token, a.max_request_bytes, a.port)
         threading.Thread(target=http.serve_forever, daemon=True, name="dsgrpo-vllm-http").start()
         print(f"dsgrpo vllm-serve: serving {a.model} on http://{a.host}:{http.server_address[1]} "
               f"({server.world} engine rank(s), server_id {server.server_id})", flush=True)

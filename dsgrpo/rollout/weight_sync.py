@@ -67,18 +67,35 @@ def send_weights(named_tensors, bucket_bytes: int, channel, src: int, sending: b
         return
     for bucket in byte_buckets(named_tensors, lambda nt: nt[1].numel() * nt[1].element_size(), bucket_bytes,
                                key=lambda nt: nt[1].dtype):
-        channel.broadcast_object([(n, tuple(t.shape), str(t.dtype)) for n, t in bucket], src=src)
+        channel.broadcast_plain([(n, tuple(t.shape), str(t.dtype)) for n, t in bucket], src=src)
         channel.broadcast(torch.cat([t.reshape(-1) for _, t in bucket]), src=src)
-    channel.broadcast_object([], src=src)
+    channel.broadcast_plain([], src=src)
+
+
+WEIGHT_DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e4m3fn,
+                                     torch.float8_e5m2, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)}
+
+
+def manifest_dtype(manifest) -> torch.dtype:
+    """A bucket's manifest is [[name, shape, dtype], ...] with one dtype; anything else (it may come from the
+    network) is refused before a byte is allocated."""
+    if not isinstance(manifest, list) or not all(
+            isinstance(e, (list, tuple)) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], (list, tuple))
+            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in e[1])
+            and e[2] == manifest[0][2] for e in manifest):
+        raise ValueError("malformed weight manifest: expected [[name, shape, dtype], ...] of one dtype")
+    if manifest[0][2] not in WEIGHT_DTYPES:
+        raise ValueError(f"weight manifest names dtype {manifest[0][2]!r}: not one of {sorted(WEIGHT_DTYPES)}")
+    return WEIGHT_DTYPES[manifest[0][2]]
 
 
 def received_weights(channel, src: int):
     """The receiving side: yield (name, tensor) as buckets arrive, until the empty manifest."""
     while True:
-        manifest = channel.broadcast_object(None, src=src)
+        manifest = channel.broadcast_plain(None, src=src)
         if not manifest:
             return
-        dtype = getattr(torch, manifest[0][2].replace("torch.", ""))
+        dtype = manifest_dtype(manifest)
         flat = torch.empty(sum(int(torch.Size(shape).numel()) for _, shape, _ in manifest), dtype=dtype)
         channel.broadcast(flat, src=src)
         offset = 0
