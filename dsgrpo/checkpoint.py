@@ -98,6 +98,8 @@ def resolve_resume(spec: Any, output_dir: str) -> Optional[str]:
         raise CheckpointError(f"resume_from_checkpoint={path!r} is not a complete checkpoint (no {COMPLETE} marker or "
                               "trainer_state.json): it was interrupted while being written. Resume from an older one.")
     check_intact(path)
+    if not os.path.realpath(path).startswith(os.path.realpath(output_dir) + os.sep):
+        warn_checkpoint_can_run_code(path, f"was not written by this run (it is outside output_dir {output_dir})")
     return path
 
 
@@ -431,9 +433,6 @@ def warn_checkpoint_can_run_code(path: str, why: str) -> None:
 
 def load(trainer, path: str) -> None:
     """Restore engine, trainer state and this rank's RNG states from a complete checkpoint (every rank)."""
-    output_dir = os.path.realpath(trainer.args.output_dir)
-    if not os.path.realpath(path).startswith(output_dir + os.sep):
-        warn_checkpoint_can_run_code(path, f"was not written by this run (it is outside output_dir {output_dir})")
     with open(os.path.join(path, "trainer_state.json")) as fh:
         state = json.load(fh)
     check_can_continue(state["identity"], run_identity(trainer.args, trainer.world, trainer.policy.module.config, trainer.adapter),

@@ -148,6 +148,7 @@ def test_export_loads_in_vllm_with_the_policys_logprobs(runs, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dsgrpo.cli", "export", str(runs["chain"] / "checkpoint-6"), str(out)],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "can run code" in proc.stderr  # a checkpoint's shards are pickles: said once
     exported = weights(out)
     final = weights(runs["chain"])
     assert max((exported[k] - final[k]).abs().max().item() for k in final) == 0.0
@@ -173,7 +174,7 @@ def test_bad_resumes_are_refused_and_touch_nothing(runs, tmp_path):
     from datasets import Dataset
 
     from dsgrpo import GRPOConfig, GRPOTrainer
-    from dsgrpo.checkpoint import CheckpointError
+    from dsgrpo.checkpoint import CheckpointCanRunCodeWarning, CheckpointError
     from dsgrpo.testing import tiny_model
     chain = runs["chain"]
     before = {p: os.path.getmtime(chain / p) for p in os.listdir(chain)}
@@ -189,6 +190,9 @@ def test_bad_resumes_are_refused_and_touch_nothing(runs, tmp_path):
         trainer(num_generations=4, resume_from_checkpoint="latest")
     with pytest.raises(CheckpointError, match=r"world_size: checkpoint 2, this run 1"):
         trainer(resume_from_checkpoint=str(chain / "checkpoint-6"))
+    with pytest.warns(CheckpointCanRunCodeWarning, match="not written by this run.*can run code"):  # said once
+        with pytest.raises(CheckpointError, match=r"world_size"):
+            trainer(output_dir=str(tmp_path / "elsewhere"), resume_from_checkpoint=str(chain / "checkpoint-6"))
     with pytest.raises(CheckpointError, match="model_config"):
         GRPOTrainer(tiny_model("llama"), lambda prompts, completions, **k: [0.0] * len(completions),
                     args=GRPOConfig(output_dir=str(chain), per_device_train_batch_size=4, num_generations=2, seed=3,

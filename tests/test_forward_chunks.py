@@ -65,9 +65,11 @@ def test_chunked_log_probs_and_gradients_equal_the_full_logits_path(models, name
         assert (ours[~real] == 0).all()       # padding is not computed
     grads = grads_of(((f.logps + 0.3 * f.entropy + 0.2 * f.full_logps) * weights * real).sum())
     assert grads.keys() == ref_grads.keys() and len(grads) > 10
-    for n in grads:  # relative to the gradient's scale: fp32 sums taken in another order differ in their last bits
+    for n in grads:  # relative to the gradient's scale: fp32 sums taken in another order differ in their last bits,
+        # by an amount that depends on the CPU's kernels: < 1e-6 on the Intel Xeons this was written on, 1.13e-6 on
+        # a gradient of 1.07 on an AMD EPYC (Zen 4); 4e-6 is ~34 ulps, while a wrong chunk is off by > 1e-3
         scale = ref_grads[n].abs().max().clamp(min=1.0)
-        assert (grads[n] - ref_grads[n]).abs().max() <= 1e-6 * scale, (n, (grads[n] - ref_grads[n]).abs().max(), scale)
+        assert (grads[n] - ref_grads[n]).abs().max() <= 4e-6 * scale, (n, (grads[n] - ref_grads[n]).abs().max(), scale)
 
 
 def test_entropy_without_its_graph_and_no_grad_forward(models):
