@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -41,8 +42,6 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Sequence
-
-import re
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_runner.py")
 ISOLATION_MODES = ("isolated", "none")
@@ -157,7 +156,11 @@ def run_tests(code: str, tests: Sequence, limits: Optional[SandboxLimits] = None
     if not tests:
         return 0.0
     snippets, cases = _split_tests(tests)
-    result = _run(code, snippets, [c["input"] for c in cases], limits, isolation)
+    try:
+        result = _run(code, snippets, [c["input"] for c in cases], limits, isolation)
+    except RuntimeError as exc:  # a fault of the supervisor's own (no program can reach it): said, never a reward
+        _warn_once(f"code_reward: a sandbox run failed and scores 0.0: {exc}")
+        return 0.0
     if "unavailable" in result:
         raise SandboxUnavailableError(f"The code sandbox cannot be built here: {result['unavailable']}. "
                                       f"{OPT_OUT}")
@@ -172,6 +175,15 @@ def run_tests(code: str, tests: Sequence, limits: Optional[SandboxLimits] = None
         verdicts = result["asserts"]["passed"]
         passed += sum(1 for v in verdicts if v is True)
     return passed / len(tests)
+
+
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+    if message[:200] not in _warned:
+        _warned.add(message[:200])
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 OPT_OUT = ("If you trust the data and the model, set code_sandbox: none in the config (dsgrpo serve-reward "
