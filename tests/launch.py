@@ -8,10 +8,20 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def free_port() -> int:
+    """A port nothing listens on now. 29500 + pid % 1000 could give two launches on one machine (a suite and a
+    developer's run beside it) the same rendezvous port; a full-disk test failed on a gloo timeout while another
+    2-rank job ran."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600, env: dict | None = None,
              check: bool = True) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(29500 + os.getpid() % 1000), os.path.join(REPO, script), *args]
+           str(free_port()), os.path.join(REPO, script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "DEEPSPEED_TIMEOUT": "3", "DS_ACCELERATOR": "cpu",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": REPO, **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # env={NAME: None} unsets NAME
