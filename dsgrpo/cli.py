@@ -160,8 +160,10 @@ def plan(argv: List[str]) -> int:
     if peft:
         from .engines.lora import as_lora_config
         lora_params = planner.lora_parameter_count(model_config, as_lora_config(peft))
-    result = planner.plan(args, planner.ModelShape.from_config(model_config), load_deepspeed_config(args.deepspeed),
-                          hardware, ref_ds_config=load_deepspeed_config(args.ref_deepspeed, "ref_deepspeed"),
+    world = known.gpus_per_node * known.nodes
+    result = planner.plan(args, planner.ModelShape.from_config(model_config),
+                          load_deepspeed_config(args.deepspeed, "deepspeed", world), hardware,
+                          ref_ds_config=load_deepspeed_config(args.ref_deepspeed, "ref_deepspeed", world),
                           lora_params=lora_params, asynchronous=values.get("trainer") == "async")
     print(json.dumps(result.to_json(), indent=2) if known.json else result.render())
     return 0 if result.fits else 1

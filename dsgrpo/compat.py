@@ -59,6 +59,12 @@ PINS: Tuple[Pin, ...] = (
         "(sync_ref_model mixes the slices in place)", source_has=("param.ds_tensor", "param.ds_status")),
     Pin("deepspeed.runtime.zero.partition_parameters:ZeroParamStatus.AVAILABLE", "deepspeed 0.19.8",
         "param.ds_status: a persistent parameter stays AVAILABLE (whole) and its full copy must be mixed too"),
+    Pin("deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload._register_deepspeed_module",
+        "deepspeed 0.19.8", "gathered_without_hooks(): ZeRO-3's module hooks are lifted while the whole policy is "
+        "gathered for HF generate, and put back (the root registration invalidates the stale trace)",
+        params=("module",), source_has=("_invalidate_trace", "self.forward_hooks.append", "self.backward_hooks.append")),
+    Pin("deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload.setup_zero_stage3_hooks", "deepspeed 0.19.8",
+        "the hook lists gathered_without_hooks() empties and refills", source_has=("self._register_deepspeed_module",)),
     Pin("deepspeed.comm.torch:TorchBackend.__init__", "deepspeed 0.19.8",
         "the CPU shared-memory allreduce maps every local rank's /dev/shm segment at init and never unlinks it "
         "(unlink_deepspeed_cpu_shm_segment)", source_has=("shm_comm_op.initialize",)),
@@ -79,6 +85,8 @@ PINS: Tuple[Pin, ...] = (
         params=("model", "state_dict")),
     Pin("transformers:PretrainedConfig.name_or_path", "transformers 5.19",
         "a reward model instance's name (its config's _name_or_path)"),
+    Pin("transformers.generation.utils:GenerationMixin.generate", "transformers 5.19",
+        "use_vllm=None: transformers' own generate lives in this module; replaced (patched, mocked), it is the user's"),
     # ---- vLLM
     Pin("vllm.v1.worker.gpu_worker:Worker.reload_weights", "vllm 0.32.0",
         "in-place weight update (the CPU backend repacks linear weights, so model.load_weights fails there)",
@@ -297,6 +305,55 @@ def held_whole(p) -> bool:
     return is_zero3_param(p) and p.ds_status.name == "AVAILABLE"
 
 
+def pin_grad_accumulators(params) -> list:
+    """Build each trainable ZeRO-3 parameter's gradient accumulator while the parameter is gathered, and return
+    them for the engine to keep (torch 2.13 with deepspeed 0.19.8).
+
+    torch's AccumulateGrad node records its leaf's shape when it is created and is cached on the leaf while
+    anything holds it; ZeRO-3 shrinks a partitioned parameter's data to shape [0] between uses. A user who keeps
+    an autograd-tracked copy of a partitioned parameter (`{n: p.clone() for n, p in model.named_parameters()}`,
+    what TRL's tests and many callbacks do) keeps alive an accumulator that says [0], and the next backward dies
+    ("LinearFunctionForZeroStage3Backward returned an invalid gradient ... expected shape compatible with [0]").
+    Accumulators made at the full shape and held for the run are the ones every later graph reuses. Collective
+    (the gathers): every rank calls it with the same parameters."""
+    import deepspeed
+
+    pinned = []
+    for p in params:
+        if not (p.requires_grad and is_zero3_param(p)):
+            continue
+        with deepspeed.zero.GatheredParameters([p]):
+            pinned.append(p.view_as(p).grad_fn.next_functions[0][0])
+    return pinned
+
+
+@contextlib.contextmanager
+def gathered_without_hooks(engine):
+    """The whole ZeRO-3 policy gathered, with ZeRO-3's module hooks lifted, for one HF generate call
+    (ds3_gather_for_generation; deepspeed 0.19.8, the same move as TRL's unwrap_model_for_generation).
+
+    With the hooks in place each module's post-forward hook partitions the parameters it just used, even inside
+    GatheredParameters, and the next forward's prefetch starts gathering them again; a prefetch still in flight
+    when the gathered region ends fails partitioning ("Cannot partition a param in flight"), after a round of
+    several micro-steps. Collective: every rank enters with the same engine."""
+    import deepspeed
+
+    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
+        if offload is None:  # no ZeRO-3 optimizer yet: nothing hooks the modules
+            yield
+            return
+        for p in engine.module.parameters():
+            p.ds_active_sub_modules.clear()
+        for hook in offload.forward_hooks + offload.backward_hooks:
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield
+        finally:
+            offload._register_deepspeed_module(offload.module)
+
+
 # ================================================================================================ torch.distributed
 def default_store():
     """The rendezvous key-value store of the default process group."""
@@ -345,15 +402,36 @@ def to_checkpoint_format(model, tensors: dict) -> dict:
     return revert_weight_conversion(model, tensors)
 
 
+def transformers_generate_replaced() -> bool:
+    """Has something replaced transformers' GenerationMixin.generate in this process (a patch, a mock)?"""
+    from transformers.generation.utils import GenerationMixin
+    return getattr(GenerationMixin.generate, "__module__", None) != "transformers.generation.utils"
+
+
 def name_or_path(config) -> str:
     return getattr(config, "name_or_path", None) or getattr(config, "_name_or_path", "") or ""
 
 
 # ================================================================================================ vLLM
 def reload_vllm_weights(llm, named_tensors: Iterable) -> None:
-    """Replace a live engine's weights with HF-named full tensors, in place, through the worker's reload_weights."""
+    """Replace a live engine's weights with HF-named full tensors, in place, through the worker's reload_weights.
+    A tied model's `lm_head.weight` (which the trainer sends: vLLM's Qwen2 and Llama keep an lm_head aliased to the
+    embedding, and logits were 1.7 nats off without it) is left out for models vLLM builds without an lm_head at
+    all (Gemma 2 computes logits from the embedding; its loader refuses the name)."""
+    if not _vllm_has_lm_head(llm):
+        named_tensors = ((name, t) for name, t in named_tensors if name != "lm_head.weight")
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors), "is_checkpoint_format": True})
     llm.collective_rpc(_repack_cpu_moe_experts)
+
+
+def _vllm_has_lm_head(llm) -> bool:
+    if not hasattr(llm, "_dsgrpo_has_lm_head"):
+        llm._dsgrpo_has_lm_head = all(llm.collective_rpc(_worker_has_lm_head))
+    return llm._dsgrpo_has_lm_head
+
+
+def _worker_has_lm_head(worker) -> bool:
+    return hasattr(worker.model_runner.get_model(), "lm_head")
 
 
 def _repack_cpu_moe_experts(worker) -> int:

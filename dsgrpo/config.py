@@ -197,7 +197,7 @@ class GRPOConfig:
     log_unique_prompts: bool = field(default=False, metadata=_help("With log_completions: one row per distinct prompt."))
 
     # ------------------------------------------------------------------ vLLM (TRL names)
-    use_vllm: bool = field(default=True, metadata=_help("Generate with vLLM; False uses the policy's own HF generate (slower, no extra memory)."))
+    use_vllm: Optional[bool] = field(default=None, metadata=_help("Generate with vLLM; False uses the policy's own HF generate (slower, no extra memory). None (the default): True, unless this process has replaced transformers' GenerationMixin.generate (patched or mocked): the code then means to generate with transformers, as TRL's default use_vllm=False does."))
     vllm_mode: str = field(default="colocate", metadata=_help("'colocate' (one in-process engine per rank) or 'server' (a `dsgrpo vllm-serve` process elsewhere).", choices=VLLM_MODES))
     vllm_model_impl: str = field(default="vllm", metadata=_help("vLLM's model implementation: 'vllm' or 'transformers'.", choices=("vllm", "transformers", "auto")))
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata=_help("Fraction of GPU memory vLLM may take (GPU only; on CPU vllm_kv_cache_bytes bounds it)."))
@@ -212,8 +212,8 @@ class GRPOConfig:
     vllm_group_port: int = field(default=51216, metadata=_help("vllm_mode='server': port of the weight-update communicator."))
 
     # ------------------------------------------------------------------ dsgrpo's own
-    deepspeed: Union[str, dict] = field(default="zero3.json", metadata=_help("Policy DeepSpeed config: a path, a file name in ds_configs/, or a dict. 'auto' values are filled from this config."))
-    ref_deepspeed: Union[str, dict] = field(default="zero3_inference.json", metadata=_help("Reference-model DeepSpeed config (built only when beta != 0)."))
+    deepspeed: Optional[Union[str, dict]] = field(default="auto", metadata=_help("Policy DeepSpeed config: a path, a file name in ds_configs/, or a dict ('auto' values inside are filled from this config). 'auto' (or None, TRL's default): zero3.json when more than one rank trains, zero2.json in a world of one, where ZeRO-3 would partition nothing, cost its hooks and leave trainer.model's parameters empty."))
+    ref_deepspeed: Optional[Union[str, dict]] = field(default="auto", metadata=_help("Reference and reward models' DeepSpeed config (frozen engines). 'auto' (or None): zero3_inference.json with more than one rank, inference.json (no partitioning) in a world of one."))
     vllm_kv_cache_bytes: Optional[int] = field(default=None, metadata=_help("KV-cache size per vLLM engine in bytes (None: sized from the machine, at most 1 GiB per rank on CPU)."))
     vllm_enforce_eager: Optional[bool] = field(default=None, metadata=_help("Run vLLM's model eagerly: no torch.compile, no CUDA graphs. None: compiled on GPU (vLLM's default); on CPU compiled when the run decodes enough tokens to repay compiling (~20 s at start-up; then a decode step ~20% faster on small models), eager for short runs."))
     weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket."))
@@ -318,6 +318,13 @@ class GRPOConfig:
                                      f'{name}=\'{{"key": "value"}}\' or as a YAML mapping.') from None
         if self.output_dir is None:
             self.output_dir = "trainer_output"  # transformers' default
+        if self.use_vllm is None:
+            from .compat import transformers_generate_replaced
+            self.use_vllm = not transformers_generate_replaced()
+            if not self.use_vllm and int(os.environ.get("RANK", "0")) == 0:
+                print("dsgrpo: transformers' GenerationMixin.generate has been replaced in this process: generating "
+                      "with it (use_vllm=False), as TRL's default does. Set use_vllm=True for vLLM anyway.",
+                      file=sys.stderr, flush=True)
         if self.vllm_importance_sampling_cap is not None:
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
             self.vllm_importance_sampling_cap = None
@@ -694,8 +701,24 @@ def _type_name(hint: Any) -> str:
     return "None" if hint is type(None) else getattr(hint, "__name__", str(hint))
 
 
-def load_deepspeed_config(spec: Union[str, dict], field_name: str = "deepspeed") -> dict:
-    """Resolve a DeepSpeed config given as a dict, a path, or a file name in ds_configs/ into a dict."""
+# What deepspeed / ref_deepspeed = "auto" (or None) mean, by the number of ranks that train: ZeRO-3 shards the
+# models over them; in a world of one it would shard nothing, so the parameters stay whole (ZeRO-2 still runs the
+# same optimizer, checkpoints and exports; the frozen engines need no ZeRO at all).
+AUTO_DEEPSPEED = {"deepspeed": ("zero2.json", "zero3.json"), "ref_deepspeed": ("inference.json", "zero3_inference.json")}
+
+
+def deepspeed_config_name(spec: Optional[Union[str, dict]], field_name: str, world_size: int) -> Union[str, dict]:
+    """`spec` with 'auto' / None replaced by the file AUTO_DEEPSPEED names for this many training ranks."""
+    if spec is None or spec == "auto":
+        one, many = AUTO_DEEPSPEED[field_name]
+        return one if world_size == 1 else many
+    return spec
+
+
+def load_deepspeed_config(spec: Optional[Union[str, dict]], field_name: str = "deepspeed", world_size: int = 2) -> dict:
+    """Resolve a DeepSpeed config given as a dict, a path, a file name in ds_configs/, or 'auto' / None (by
+    `world_size`, the ranks that train: AUTO_DEEPSPEED) into a dict."""
+    spec = deepspeed_config_name(spec, field_name, world_size)
     if isinstance(spec, dict):
         return json.loads(json.dumps(spec))  # a deep copy the caller may fill in
     path = spec if os.path.exists(spec) else os.path.join(DS_CONFIG_DIR, spec)

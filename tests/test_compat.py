@@ -6,6 +6,7 @@ import os
 import re
 
 import pytest
+import torch
 
 from dsgrpo import compat
 
@@ -16,6 +17,29 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_every_pinned_symbol_is_still_there(pin):
     assert pin.versions and pin.why  # each pin says what it was written for and why
     assert compat.check_pin(pin) is None, compat.check_pin(pin)
+
+
+def test_a_kept_gradient_accumulator_remembers_the_shape_its_leaf_had():
+    """What compat.pin_grad_accumulators relies on (torch 2.13): the AccumulateGrad node a leaf's graphs lead to is
+    cached while something holds it, and it checks incoming gradients against the shape the leaf had when the node
+    was made. A ZeRO-3 parameter is shape [0] between uses: a node made then (by a user's clone) breaks the next
+    backward; one made while the parameter was whole serves every later graph. When torch stops doing either, this
+    fails and the pinning can go."""
+    full = torch.randn(4, 3)
+    p = torch.nn.Parameter(full.clone())
+    p.data = torch.empty(0)                       # partitioned
+    kept = p.clone()                              # the user's copy holds an accumulator made at shape [0]
+    p.data = full.clone()                         # gathered for a forward
+    with pytest.raises(RuntimeError, match="invalid gradient.*compatible with \\[0\\]"):
+        (p * 2).sum().backward()
+    q = torch.nn.Parameter(full.clone())
+    pinned = q.view_as(q).grad_fn.next_functions[0][0]   # made while whole, and kept
+    q.data = torch.empty(0)
+    kept = q.clone()
+    assert kept.grad_fn.next_functions[0][0] is pinned   # the user's copy reuses it
+    q.data = full.clone()
+    (q * 2).sum().backward()
+    assert torch.equal(q.grad, torch.full((4, 3), 2.0))
 
 
 def test_a_moved_symbol_is_reported():

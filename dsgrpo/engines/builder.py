@@ -141,6 +141,8 @@ def build_policy_engine(model, args: GRPOConfig, ds_config: dict, optimizer=None
     # from_pretrained leaves a model in eval mode, and transformers checkpoints a layer only in train mode: without
     # this, gradient_checkpointing=True did nothing (and dropout, where disable_dropout=False, was off unlike TRL's)
     engine.train()
+    # user code may keep autograd-tracked copies of the (partitioned) parameters: see compat.pin_grad_accumulators
+    engine.dsgrpo_grad_accumulators = compat.pin_grad_accumulators(engine.module.parameters())
     return engine
 
 
@@ -155,5 +157,7 @@ def build_inference_engine(model, ds_config: dict):
     return engine
 
 
-def resolve(spec, args: GRPOConfig, hidden_size: Optional[int], field: str, train: bool) -> dict:
-    return fill_auto_values(load_deepspeed_config(spec, field), args, hidden_size=hidden_size, field=field, train=train)
+def resolve(spec, args: GRPOConfig, hidden_size: Optional[int], field: str, train: bool, world_size: int) -> dict:
+    """`spec` ('auto', a file, a dict) as the engine's config, for `world_size` training ranks."""
+    return fill_auto_values(load_deepspeed_config(spec, field, world_size), args, hidden_size=hidden_size, field=field,
+                            train=train)

@@ -75,8 +75,9 @@ class RewardModel:
         return scores
 
     @classmethod
-    def sharded(cls, spec, tokenizer, *, args, ds_spec, dtype: torch.dtype) -> "RewardModel":
-        """A frozen ZeRO-3 engine over all ranks (collective: every rank builds it, in the same order)."""
+    def sharded(cls, spec, tokenizer, *, args, ds_spec, dtype: torch.dtype, world_size: int) -> "RewardModel":
+        """A frozen engine over all ranks, ZeRO-3 unless one rank trains (collective: every rank builds it, in the
+        same order)."""
         from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
         from ..engines import ModelLoader, build_inference_engine, resolve
@@ -90,7 +91,7 @@ class RewardModel:
             config = AutoConfig.from_pretrained(spec, trust_remote_code=args.trust_remote_code)
             check_reward_model_config(config, spec)
             hidden = getattr(config, "hidden_size", None)
-        ds_config = resolve(ds_spec, args, hidden, "ref_deepspeed", train=False)
+        ds_config = resolve(ds_spec, args, hidden, "ref_deepspeed", train=False, world_size=world_size)
         if not isinstance(spec, PreTrainedModel):
             model = ModelLoader(ds_config, dtype).load(spec, cls=AutoModelForSequenceClassification,
                                                        field="reward_funcs", num_labels=1, **args.model_load_kwargs)

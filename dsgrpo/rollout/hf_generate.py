@@ -12,7 +12,7 @@ from typing import Iterable, List, Optional, Tuple
 
 import torch
 
-from .. import dist
+from .. import compat, dist
 from .base import Rollout, SamplingConfig
 
 
@@ -39,12 +39,11 @@ class HFGenerator:
         for _ in named_tensors:
             pass
 
-    def _gathered(self, model):
+    def _gathered(self):
         """The whole policy gathered for one generate call (ds3_gather_for_generation), or nothing to do."""
         if not self.gather:
             return contextlib.nullcontext()
-        import deepspeed
-        return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+        return compat.gathered_without_hooks(self.engine)
 
     @torch.no_grad()
     def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
@@ -64,7 +63,7 @@ class HFGenerator:
             input_ids[i, P - len(r):] = torch.tensor(r)
             attention[i, P - len(r):] = 1
         device = next(model.parameters()).device
-        with self._gathered(model):
+        with self._gathered():
             out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
                                  max_new_tokens=sampling.max_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p,
@@ -74,9 +73,13 @@ class HFGenerator:
                                  **hf_generate_kwargs(sampling))
         if was_training:
             model.train()
-        new = out.sequences[:, P:].cpu()                                               # [B, T']
-        scores = torch.stack(out.scores, dim=1).float().cpu()                          # [B, T', V] processed
-        logps = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        if isinstance(out, torch.Tensor):  # a generate that returns the sequences alone (a user's, a test's mock)
+            new = out[:, P:].cpu()
+            logps = torch.full(new.shape, float("nan"))  # unknown: NaN (off_policy_mask and the gap metric skip it)
+        else:
+            new = out.sequences[:, P:].cpu()                                           # [B, T']
+            scores = torch.stack(out.scores, dim=1).float().cpu()                      # [B, T', V] processed
+            logps = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         rollout = Rollout([], [], [], [])
         for i, r in enumerate(rows):
             tokens = new[i].tolist()

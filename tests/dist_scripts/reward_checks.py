@@ -40,7 +40,8 @@ rank = dist.rank()
 @check("sharded_reward_model")
 def _():
     cfg = GRPOConfig(per_device_train_batch_size=4, num_generations=2, output_dir=os.path.join(OUT, "rm"))
-    rm = RewardModel.sharded(tiny_model("qwen2-reward"), None, args=cfg, ds_spec=SHARDED, dtype=torch.float32)
+    rm = RewardModel.sharded(tiny_model("qwen2-reward"), None, args=cfg, ds_spec=SHARDED, dtype=torch.float32,
+                             world_size=2)
     local = [int(p.ds_tensor.numel()) < int(p.ds_numel) for p in rm.forward.module.parameters() if p.ds_numel > 1]
     sharded = rm(TEXTS_P, TEXTS_C)
     # the same model in one process, no DeepSpeed
