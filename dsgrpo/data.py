@@ -105,14 +105,30 @@ class PromptSource:
             self._orders = {key: torch.randperm(len(self), generator=torch.Generator().manual_seed(seed + epoch)).tolist()}
         return self._orders[key]
 
+    def rounds_per_epoch(self, prompts_per_round: int) -> float:
+        """Generation rounds in one pass over the prompts. As TRL's sampler does, an epoch is the whole rounds that
+        fit (the last len % prompts_per_round prompts of each epoch's order are left out, a different few each
+        shuffled epoch); a dataset smaller than one round is read round after round without a break."""
+        n = len(self)
+        return n // prompts_per_round if n >= prompts_per_round else n / prompts_per_round
+
+    def stream_index(self, position: int, prompts_per_round: int, seed: int, shuffle: bool) -> int:
+        """The dataset row at `position` of the prompt stream (round position // prompts_per_round, slot
+        position % prompts_per_round) in the epoch-wise order."""
+        n = len(self)
+        if n >= prompts_per_round:
+            round_index, slot = divmod(position, prompts_per_round)
+            epoch, round_in_epoch = divmod(round_index, n // prompts_per_round)
+            offset = round_in_epoch * prompts_per_round + slot
+        else:
+            epoch, offset = divmod(position, n)
+        return self.order(epoch, seed, shuffle)[offset]
+
     def round_prompts(self, round_index: int, prompts_per_round: int, seed: int, shuffle: bool) -> List[int]:
-        """Dataset indices of round `round_index`'s prompts: consecutive positions in the epoch-wise order."""
-        out = []
+        """Dataset indices of round `round_index`'s prompts: consecutive positions of the prompt stream."""
         start = round_index * prompts_per_round
-        for pos in range(start, start + prompts_per_round):
-            epoch, offset = divmod(pos, len(self))
-            out.append(self.order(epoch, seed, shuffle)[offset])
-        return out
+        return [self.stream_index(pos, prompts_per_round, seed, shuffle)
+                for pos in range(start, start + prompts_per_round)]
 
     @staticmethod
     def rank_slice(prompts: Sequence[int], num_generations: int, rank: int, world: int) -> RoundSlice:

@@ -82,8 +82,12 @@ TINY_SPECS = {
                       shared_expert_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
                       tie_word_embeddings=False),
+    # tied embeddings vLLM computes from the embedding (no lm_head), and logits soft-capped after the head
+    "gemma2": dict(arch="Gemma2ForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
+                   final_logit_softcapping=30.0, attn_logit_softcapping=50.0, tie_word_embeddings=True),
 }
-MODEL_TYPES = {"Qwen2": "qwen2", "Llama": "llama", "Qwen3Moe": "qwen3_moe", "Qwen2Moe": "qwen2_moe"}
+MODEL_TYPES = {"Qwen2": "qwen2", "Llama": "llama", "Qwen3Moe": "qwen3_moe", "Qwen2Moe": "qwen2_moe", "Gemma2": "gemma2"}
 VOCAB_SIZE = 1024
 TOKENIZER_VERSION = 2  # bump when the corpus, trainer settings or chat template change, so caches are rebuilt
 

@@ -21,8 +21,8 @@ from typing import Dict, List, Optional
 import torch
 
 from . import checkpoint, compat, device, dist, watchdog
-from .algorithms import (Truncation, compute_advantages, entropy_mask, nan_std, off_policy_mask, sapo_token_loss,
-                         vespo_weights)
+from .algorithms import (Truncation, compute_advantages, entropy_mask, entropy_threshold, nan_std, off_policy_mask,
+                         sapo_token_loss, vespo_weights)
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
 from .data import PromptSource, load_dataset_spec, make_prompt_source
@@ -101,11 +101,11 @@ class GRPOTrainer:
         self.tool_runner = ToolRunner(tools, args.tool_timeout_s) if tools else None  # checks the schemas now
         self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
         hidden = getattr(model_config, "hidden_size", None)
-        self.ds_config = resolve(args.deepspeed, args, hidden, "deepspeed", train=True)
+        self.ds_config = resolve(args.deepspeed, args, hidden, "deepspeed", train=True, world_size=self.world)
         if self.ds_config.get("gradient_accumulation_steps", args.gradient_accumulation_steps) != args.gradient_accumulation_steps:
             raise ValueError(f"deepspeed config sets gradient_accumulation_steps={self.ds_config['gradient_accumulation_steps']} "
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
-        self.ref_ds_config = (resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False)
+        self.ref_ds_config = (resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False, world_size=self.world)
                               if args.beta and not self.lora_policy else None)
         self.memory_plan = check_memory_at_start(  # resolves gradient_checkpointing 'auto'
             args, model_config, self.ds_config, ref_ds_config=self.ref_ds_config,
@@ -162,6 +162,7 @@ class GRPOTrainer:
                                     self.truncation) if self.placement.trains else None)
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
+        self._since_log: List[Dict[str, float]] = []  # rounds since the last logging step (the summary row's)
         self.control = self.callbacks.fire("on_init_end", args, self.state, self.control)
 
     def _check_supported(self, args, tools) -> None:
@@ -230,25 +231,44 @@ class GRPOTrainer:
     def lr_scheduler(self):
         return self.policy.lr_scheduler if self.placement.trains else None
 
-    # TRL's static helpers, which users and tests call, over dsgrpo.algorithms
-    @staticmethod
-    def get_high_entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-        """TRL's: tokens whose entropy is at or above the `threshold` quantile (over this process's tokens)."""
-        return entropy_mask(entropies, mask, 1.0 - threshold)
+    @property
+    def ref_model(self):
+        """TRL's: the frozen reference's module; None at beta 0 and for a LoRA policy (its reference is itself with
+        the adapter switched off)."""
+        return self.reference.module if getattr(self, "reference", None) is not None else None
+
+    # TRL's helpers, which users and tests call, over dsgrpo.algorithms
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """TRL's instance method: the active tokens whose entropy is at or above the `threshold` quantile of every
+        rank's active-token entropies (a collective: every rank calls it). Uses nothing of `self` but the ranks,
+        so TRL's tests may call it on a stand-in trainer."""
+        active = entropies[mask.bool()].float()
+        cut = entropy_threshold(dist.all_gather_ragged(active), 1.0 - threshold)
+        return entropy_mask(entropies, mask, 1.0 - threshold, threshold=cut)
 
     @staticmethod
     def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
         return off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)
 
     @staticmethod
-    def get_sapo_token_loss(coef_1, advantages, temperature_pos: float = 1.0, temperature_neg: float = 1.05):
-        return sapo_token_loss(coef_1, advantages, temperature_pos, temperature_neg)
+    def get_sapo_token_loss(unclipped_token_loss: torch.Tensor, temperature: float) -> torch.Tensor:
+        """TRL's (newer than 1.16) signature: SAPO's gate σ(τ(w - 1))·4/τ of the ratio w, before the advantage
+        and the sign (sapo_token_loss applies them)."""
+        return -sapo_token_loss(unclipped_token_loss, torch.ones_like(unclipped_token_loss), temperature, temperature)
 
     @staticmethod
     def get_gamma_weights(advantages, log_ratio_per_token, mask, importance_sampling_ratio=None, k_pos=2.0,
                           lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0):
         return vespo_weights(advantages, log_ratio_per_token, mask, importance_sampling_ratio, k_pos, lambda_pos,
                              k_neg, lambda_neg)
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        """TRL's (transformers') per-micro-step hook, called by the update once per micro-step with the round's
+        generation batch as TRL passes it (this rank's dataset rows, each prompt repeated num_generations times):
+        it runs the next micro-step (forward, loss, backward, and the optimizer step it completes) and returns
+        its loss. Wrap or override it to watch micro-steps; the micro-batch itself comes from the round's
+        rollouts."""
+        return self.update.next_micro_step()
 
     def add_callback(self, callback) -> None:
         self.callbacks.add(callback)
@@ -279,7 +299,7 @@ class GRPOTrainer:
             reference = ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
             prepare_model(reference, args)
             self.reference = build_inference_engine(reference, self.ref_ds_config)
-        self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype)
+        self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype, world_size=self.world)
         if args.use_vllm and args.vllm_mode == "colocate":  # a server checks its own (ServerGenerator.attach)
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
         self.callbacks.context.update(model=self.policy.module, processing_class=self.tokenizer,
@@ -324,11 +344,14 @@ class GRPOTrainer:
                 step_before, epochs_before = state.global_step, self._epochs_completed()
                 metrics = self._grpo_step()
                 if not self.train_prompts.streaming:
-                    state.epoch = state.generation_round * self.prompts_per_round / len(self.train_prompts)
+                    state.epoch = state.generation_round / self.train_prompts.rounds_per_epoch(self.prompts_per_round)
                 state.log_history.append({"step": state.global_step, "epoch": state.epoch, **metrics})
+                self._since_log.append(metrics)
                 end = self._round_end(step_before, epochs_before, preemption.requested)
                 if end.log:
                     self.sinks.log(state.global_step, metrics)
+                    if not end.stop:  # the last round's rows also go into the summary row, as TRL's do
+                        self._since_log = []
                     self.control = self.callbacks.fire("on_log", args, state, self.control, logs=metrics)
                 if end.evaluate:
                     self.evaluate()
@@ -370,7 +393,7 @@ class GRPOTrainer:
     def _epochs_completed(self) -> int:
         if self.train_prompts.streaming:
             return 0
-        return self.state.generation_round * self.prompts_per_round // len(self.train_prompts)
+        return int(self.state.generation_round // self.train_prompts.rounds_per_epoch(self.prompts_per_round))
 
     def save_checkpoint(self) -> str:
         """checkpoint-<step>/ with engine, trainer, rollout-source and RNG states (every rank calls it)."""
@@ -405,7 +428,9 @@ class GRPOTrainer:
             several = args.num_iterations > 1 or self.spg > GA or GA % self.spg != 0
             old_logps = self._logprobs(self.policy, batch, self.truncation) if several else None
         with timer("train"):
-            train_metrics = self.update.run(batch.micro, batch.rollout.truncated, advantages, old_logps, ref_logps)
+            rows = generation_batch_rows(batch)
+            train_metrics = self.update.run(batch.micro, batch.rollout.truncated, advantages, old_logps, ref_logps,
+                                            micro_step=lambda: self.training_step(self.model, rows))
         alarm = learning_alarm(train_metrics)
         if alarm and dist.is_main():
             print(f"dsgrpo: warning: step {state.global_step}: {alarm}", flush=True)
@@ -516,7 +541,11 @@ class GRPOTrainer:
             with open(os.path.join(self.args.output_dir, "memory.json"), "w") as fh:
                 json.dump({"measured_peak_bytes_per_rank": peaks, "plan": self.memory_plan.to_json()
                            if self.memory_plan is not None else None}, fh, indent=1)
-        self.state.log_history.append(row)
+        # TRL's last row also carries the mean of the metrics of the rounds since the last logging step (its log()
+        # merges what it accumulated): users and TRL's tests read log_history[-1]["reward"] and the like. The sinks
+        # get the summary alone (those rounds' rows are in log_history already)
+        self.state.log_history.append({**mean_metrics(self._since_log), **row})
+        self._since_log = []
         self.sinks.log(self.state.global_step, {k: v for k, v in row.items() if k != "step"})
 
     def save_model(self, output_dir: Optional[str] = None) -> None:
@@ -619,8 +648,23 @@ class GRPOTrainer:
         a = self.args
         if a.max_steps > 0:
             return a.max_steps
-        rounds = math.ceil(a.num_train_epochs * len(self.train_prompts) / self.prompts_per_round)
+        rounds = math.ceil(a.num_train_epochs * self.train_prompts.rounds_per_epoch(self.prompts_per_round))
         return max(1, int(rounds * self._steps_per_round()))
+
+
+def generation_batch_rows(batch: Batch) -> List[dict]:
+    """The round's dataset rows, one per completion (the `inputs` TRL's training_step receives)."""
+    return [{"prompt": p, **{k: v[i] for k, v in batch.columns.items()}} for i, p in enumerate(batch.prompts)]
+
+
+def mean_metrics(rows: List[Dict[str, float]]) -> Dict[str, float]:
+    """Each metric's mean over the rows that have it (NaN-free values only)."""
+    sums: Dict[str, List[float]] = {}
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                sums.setdefault(k, []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in sums.items()}
 
 
 def streaming_limits(args) -> None:

@@ -47,6 +47,7 @@ class PolicyUpdate:
             a.use_vllm and a.vllm_importance_sampling_correction) else None
         self.last_checkpoint: Optional[str] = None  # named in a non-finite error
         self._window = self._new_window()           # the optimizer step being accumulated (may span rounds)
+        self._plan: List[Callable[[], tuple]] = []  # the round's micro-steps not yet run (next_micro_step)
 
     @staticmethod
     def _new_window() -> dict:
@@ -71,34 +72,43 @@ class PolicyUpdate:
         total = dist.all_reduce_sum(counts.sum().reshape(1))[0]
         return (total * GA / len(masks)).expand(len(masks))
 
-    def run(self, micro: List[dict], truncated: List[bool], advantages: torch.Tensor, old_logps, ref_logps) -> Dict[str, float]:
+    def run(self, micro: List[dict], truncated: List[bool], advantages: torch.Tensor, old_logps, ref_logps,
+            micro_step: Optional[Callable[[], torch.Tensor]] = None) -> Dict[str, float]:
         """One round's passes. An optimizer step is every gradient_accumulation_steps micro-batches, counted by
         DeepSpeed across rounds: when steps_per_generation is not a multiple of it (TRL accepts that), a step's
-        accumulation carries on into the next round."""
+        accumulation carries on into the next round. `micro_step()` is called once per micro-step and must run
+        `next_micro_step()` (the trainer passes its TRL-named `training_step` hook); None: run them directly."""
         args, B = self.args, self.args.per_device_train_batch_size
         masks = [self._loss_mask(mb, truncated[j * B:(j + 1) * B]) for j, mb in enumerate(micro)]
         step_tokens = self._step_tokens(masks)  # one collective
-        acc = MetricAccumulator()
-        for _ in range(args.num_iterations):
-            for j, mb in enumerate(micro):
-                if self.state.global_step >= self.state.max_steps:
-                    break
-                stepping = self.policy.is_gradient_accumulation_boundary()  # this micro-batch ends an optimizer step
-                loss, policy = self._micro_step(mb, masks[j], advantages[j * B:(j + 1) * B],
-                                                old_logps[j] if old_logps else None, ref_logps[j] if ref_logps else None,
-                                                step_tokens[j], acc, self._window["entropy"])
-                self._window["micro"] += 1
-                self._window["loss"] += loss
-                self._window["policy_loss"] += policy
-                if stepping:
-                    self._end_optimizer_step(self._window["loss"], self._window["policy_loss"], acc,
-                                             self._window["entropy"])
-                    self._window = self._new_window()
+        acc = self._acc_of_round = MetricAccumulator()
+
+        def planned(j: int):  # micro-batch j's forward, loss and backward
+            return lambda: self._micro_step(micro[j], masks[j], advantages[j * B:(j + 1) * B],
+                                            old_logps[j] if old_logps else None, ref_logps[j] if ref_logps else None,
+                                            step_tokens[j], acc, self._window["entropy"])
+        self._plan = [planned(j) for _ in range(args.num_iterations) for j in range(len(micro))]
+        while self._plan and self.state.global_step < self.state.max_steps:
+            (micro_step or self.next_micro_step)()
+        self._plan = []
         metrics = {**acc.reduce(), "learning_rate": self.policy.get_lr()[0]}
         if self.entropy_coef.enabled:
             metrics["entropy_coef"] = self.entropy_coef.coef
         self._check_finite(metrics, step=self.state.global_step)
         return metrics
+
+    def next_micro_step(self) -> torch.Tensor:
+        """Run the round's next planned micro-step (and the optimizer step it completes); its loss."""
+        stepping = self.policy.is_gradient_accumulation_boundary()  # this micro-batch ends an optimizer step
+        loss, policy = self._plan.pop(0)()
+        self._window["micro"] += 1
+        self._window["loss"] += loss
+        self._window["policy_loss"] += policy
+        if stepping:
+            self._end_optimizer_step(self._window["loss"], self._window["policy_loss"], self._acc_of_round,
+                                     self._window["entropy"])
+            self._window = self._new_window()
+        return torch.tensor(loss)
 
     def _micro_step(self, mb: dict, mask: torch.Tensor, advantages, old_logps, ref_logps, step_tokens, acc,
                     entropy_window) -> tuple:
@@ -146,6 +156,7 @@ class PolicyUpdate:
         # how far the generator's log-probs are from the trainer's for the same tokens (TRL's names): a weight
         # sync that went wrong shows up here first
         gap = ((logps.detach() if old_logps is None else old_logps) - mb["sampler_logps"]).abs()[mb["completion_mask"].bool()]
+        gap = gap[~torch.isnan(gap)]  # tokens whose sampler log-prob is unknown (a generate that returns no scores)
         if gap.numel():
             acc.add("sampling/sampling_logp_difference/mean", gap.mean(), gap.numel())
             acc.add("sampling/sampling_logp_difference/max", gap.max())

@@ -75,7 +75,9 @@ def test_sampling_seed_by_hand():
     # round_seed = 1·1_000_003 + 1·100_003 + 4 = 1_100_010
     stream = PromptStream(ToySource(5), 4, 2, 2, seed=1, shuffle=False)
     assert stream.sampling_seed(6) == 1_100_010
-    assert stream.prompt_index(6) == 1  # unshuffled: position 6 of a 5-row dataset is row 6 - 5
+    # unshuffled: 5 rows hold one whole round of 4 (TRL leaves an epoch's remainder out), so position 6 is round 1 =
+    # epoch 1, slot 2: row 2 (row 4 is left out of every unshuffled epoch)
+    assert stream.prompt_index(6) == 2
     assert stream.nominal_rank(6) == 1 and stream.owned_position(1, 2) == 6
 
 

@@ -38,10 +38,10 @@ def batch(seed=0, B=3, P=5, T=7, V=1024):
 def models():
     torch.manual_seed(0)
     return {name: AutoModelForCausalLM.from_pretrained(tiny_model(name), dtype=torch.float32)
-            for name in ("qwen2", "qwen2-tied", "qwen3-moe")}
+            for name in ("qwen2", "qwen2-tied", "qwen3-moe", "gemma2")}
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen2-tied", "qwen3-moe"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen2-tied", "qwen3-moe", "gemma2"])  # gemma2: soft-capped logits
 @pytest.mark.parametrize("truncation", [None, Truncation(top_k=50, top_p=0.9)], ids=["plain", "top_k_top_p"])
 @pytest.mark.parametrize("chunk", [0, 4], ids=["one_chunk", "chunks_of_4"])
 def test_chunked_log_probs_and_gradients_equal_the_full_logits_path(models, name, truncation, chunk):

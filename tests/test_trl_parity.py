@@ -14,7 +14,8 @@ trl = pytest.importorskip("trl")
 
 # field → why dsgrpo's default differs from TRL's (the README's "Coming from TRL" table lists the same)
 DELIBERATE = {
-    "deepspeed": "dsgrpo always runs DeepSpeed; its default is ds_configs/zero3.json (TRL: None, no DeepSpeed)",
+    "deepspeed": "dsgrpo always runs DeepSpeed; its default 'auto' is ZeRO-3 over several ranks and ZeRO-2 in a world "
+                 "of one (TRL: None, no DeepSpeed; None means 'auto' here)",
     "use_vllm": "dsgrpo is built around a colocated vLLM engine (TRL: False, generation with transformers)",
     "gradient_checkpointing": "'auto': the memory planner turns recomputation off when activations fit (TRL: True, "
                               "a third more compute whenever they fit); true/false are TRL's",

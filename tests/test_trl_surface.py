@@ -4,6 +4,8 @@ stand-in for the Hub's API: a unit test of the pusher's own logic), model prepar
 sampling overrides and the config's refusals and warnings."""
 
 
+import math
+
 import pytest
 import torch
 
@@ -326,16 +328,24 @@ def test_reward_functions_that_ask_for_it_get_the_trainer_state():
     assert out.tolist() == [[7.0, 1.0, 0.5]] and seen == {"curriculum": 7, "loose": True}
 
 
-def test_trls_static_helpers_exist_on_the_trainer():
+def test_trls_helpers_exist_on_the_trainer():
+    from unittest.mock import Mock
+
     from dsgrpo.trainer import GRPOTrainer
 
     ent = torch.tensor([[0.1, 0.9, 0.5, 0.3]])
     mask = torch.ones(1, 4)
-    # TRL: tokens at or above the 0.5 quantile of the active entropies (0.4 here)
-    assert GRPOTrainer.get_high_entropy_mask(ent, mask, 0.5).tolist() == [[False, True, True, False]]
+    # TRL: tokens at or above the 0.5 quantile of the active entropies (0.4 here); an instance method, which TRL's
+    # tests call on a stand-in trainer (in a world of one the quantile is over this process's tokens)
+    assert GRPOTrainer.get_high_entropy_mask(Mock(spec=GRPOTrainer), ent, mask, 0.5).tolist() == \
+        [[False, True, True, False]]
+    assert GRPOTrainer.get_high_entropy_mask(Mock(), ent, torch.zeros(1, 4), 0.5).tolist() == [[False] * 4]
     adv, logp = torch.tensor([[-1.0]]), torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
     assert GRPOTrainer.get_off_policy_mask(adv, logp, logp + 1.0, mask, 0.5).tolist() == [[0.0]]
-    assert torch.allclose(GRPOTrainer.get_sapo_token_loss(torch.ones(1, 1), torch.ones(1, 1)), torch.tensor([[-2.0]]))
+    # TRL's gate σ(τ(w - 1))·4/τ: 2 at w = 1, τ = 1; 4/(1 + e^-1) at w = 2 (the loss is -gate·A)
+    assert torch.allclose(GRPOTrainer.get_sapo_token_loss(torch.ones(1, 1), 1.0), torch.tensor([[2.0]]))
+    assert torch.allclose(GRPOTrainer.get_sapo_token_loss(torch.full((1, 1), 2.0), 1.0),
+                          torch.tensor([[4 / (1 + math.exp(-1.0))]]))
     phi = GRPOTrainer.get_gamma_weights(torch.ones(1, 1), torch.zeros(1, 4), mask, None)
     assert torch.allclose(phi, torch.ones(1, 1))  # φ(1) = 1
 
@@ -351,14 +361,18 @@ def test_the_learning_alarm():
     assert "mean weight is 0.05" in learning_alarm({"sampling/importance_sampling_ratio/mean": 0.05})
 
 
-def test_all_none_rewards_warn_and_processing_classes_are_checked():
+def test_all_none_rewards_warn_and_processing_classes_are_checked(caplog):
     from dsgrpo.rewards import RewardStack
 
     stack = RewardStack([lambda prompts, completions, **kw: [None, 1.0], lambda prompts, completions, **kw: [None, None]])
-    with pytest.warns(UserWarning, match="All reward functions returned None for 1 of 2 completions.*'p0'"):
-        stack(["p0", "p1"], ["c0", "c1"], [[1], [2]], {})
+    with caplog.at_level("WARNING"):  # TRL's words, through a logger (TRL's tests read them with caplog)
+        stack(["p0", "p1"], ["c0", "c1"], [[1], [2]], {"idx": [7, 8]})
+    assert "All reward functions returned None for the following kwargs: {'prompt': 'p0', 'completion': 'c0', " \
+           "'idx': 7} (1 of 2 completions get no reward)" in caplog.text
     assert stack.processing_classes == [None, None]
-    with pytest.raises(ValueError, match="reward_processing_classes has 1 entries for 2 reward sources"):
+    with pytest.raises(ValueError, match=r"reward processing classes \(1\) must match the number of reward functions \(2\)"):
+        RewardStack([lambda p, c, **k: [0.0], lambda p, c, **k: [0.0]], reward_processing_classes="tok")  # as TRL
+    with pytest.raises(ValueError, match=r"reward processing classes \(1\) must match the number of reward functions \(2\)"):
         RewardStack([lambda p, c, **k: [0.0], lambda p, c, **k: [0.0]], reward_processing_classes=["tok"])
 
 

@@ -48,17 +48,17 @@ def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     `chunk_tokens`: completion tokens per head chunk (0: chunk_tokens_for's budget)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     extra = {"output_router_logits": True} if router_aux else {}
-    head, hidden = _head_and_hidden(model)
+    head, hidden, softcap = _head_and_hidden(model)
     with hidden:  # logits_to_keep: the head's input is the T+1 positions that predict the completion (and its end)
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                     logits_to_keep=completion_len + 1, use_cache=False, **extra)
-    _check_plain_head(model, head, hidden.states[:, -1:, :], out.logits)
+    _check_plain_head(model, head, softcap, hidden.states[:, -1:, :], out.logits)
     T = completion_len
     states = hidden.states[:, -T - 1:-1, :]                              # [B, T, H]: the states predicting them
     targets = input_ids[:, -T:]
     real = attention_mask[:, -T:].bool()                                 # completion tokens, not padding
-    score = _ChunkScore(head, temperature, truncation, with_entropy, entropy_grad and torch.is_grad_enabled(),
-                        with_full)
+    score = _ChunkScore(head, softcap, temperature, truncation, with_entropy,
+                        entropy_grad and torch.is_grad_enabled(), with_full)
     parts = score.all(states[real], targets[real], chunk_tokens_for(head.out_features, chunk_tokens))
     # back to [B, T], padding 0
     logps, entropy, full = (None if p is None else p.new_zeros(real.shape).masked_scatter(real, p) for p in parts)
@@ -80,8 +80,8 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
 class _ChunkScore:
     """The head applied to [N, H] states a chunk at a time; returns [N] log-probs, entropies, untruncated log-probs."""
 
-    def __init__(self, head, temperature, truncation, with_entropy, entropy_grad, with_full):
-        self.head, self.temperature = head, temperature
+    def __init__(self, head, softcap, temperature, truncation, with_entropy, entropy_grad, with_full):
+        self.head, self.softcap, self.temperature = head, softcap, temperature
         self.truncation = truncation if truncation is not None and truncation.active else None
         self.with_entropy, self.entropy_grad = with_entropy, entropy_grad
         self.with_full = with_full and self.truncation is not None  # untruncated == truncated otherwise
@@ -99,7 +99,7 @@ class _ChunkScore:
         return [torch.cat([o[i] for o in outs]) if outs[0][i] is not None else None for i in range(3)]
 
     def one(self, states: torch.Tensor, targets: torch.Tensor):
-        logits = self.head(states).float() / self.temperature                          # [n, V]
+        logits = soft_capped(self.head(states).float(), self.softcap) / self.temperature  # [n, V]
         sampled = logits if self.truncation is None else truncate_logits(logits, self.truncation, keep=targets)
         logps = _selected_logps(sampled, targets)
         entropy = full = None
@@ -109,6 +109,11 @@ class _ChunkScore:
         if self.with_full:
             full = _selected_logps(logits, targets)
         return logps, entropy, full
+
+
+def soft_capped(logits: torch.Tensor, cap: Optional[float]) -> torch.Tensor:
+    """Gemma 2's final logit soft-capping, cap · tanh(logits / cap), which its model applies after the head."""
+    return logits if not cap else cap * torch.tanh(logits / cap)
 
 
 def _selected_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -143,23 +148,24 @@ def _head_and_hidden(model):
     if head is None or not isinstance(head, torch.nn.Linear):
         raise TypeError(f"{type(core).__name__} has no linear output head (get_output_embeddings()); dsgrpo trains "
                         "causal language models with one.")
-    return head, _HiddenStates(head)
+    softcap = getattr(getattr(core, "config", None), "final_logit_softcapping", None)
+    return head, _HiddenStates(head), softcap
 
 
 _checked_heads = set()
 
 
-def _check_plain_head(model, head, last_states: torch.Tensor, model_logits: torch.Tensor) -> None:
-    """The model's logits must be its head's output as is: a model that transforms them after the head (Gemma's
-    soft-capping, Cohere's logit scale) would be scored wrongly by the chunks. Checked on the first forward of a model,
-    on the one position the model computed."""
+def _check_plain_head(model, head, softcap, last_states: torch.Tensor, model_logits: torch.Tensor) -> None:
+    """The model's logits must be its head's output (soft-capped where its config says final_logit_softcapping): a
+    model that transforms them otherwise after the head (Cohere's logit scale) would be scored wrongly by the
+    chunks. Checked on the first forward of a model, on the one position the model computed."""
     if id(model) in _checked_heads:
         return
     with torch.no_grad():
-        ours = head(last_states.detach()).float()
+        ours = soft_capped(head(last_states.detach()).float(), softcap)
     theirs = model_logits.detach().float()
     if not torch.allclose(ours, theirs, rtol=1e-3, atol=1e-3):
         raise NotImplementedError(f"{type(getattr(model, 'module', model)).__name__} changes its logits after the "
-                                  "output head (soft-capping or scaling); dsgrpo's chunked log-probs apply the head "
-                                  "alone and do not support it yet.")
+                                  "output head (a scaling other than final_logit_softcapping); dsgrpo's chunked "
+                                  "log-probs apply the head alone and do not support it yet.")
     _checked_heads.add(id(model))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
-import warnings
 from numbers import Real
 from typing import Any, Callable, Dict, List, Sequence
 
@@ -22,6 +22,8 @@ from .. import compat
 from .builtins import BUILTIN_REWARDS
 from .remote import RemoteReward
 from .sandbox import CodeReward
+
+logger = logging.getLogger(__name__)
 
 
 def reward_name(fn: Any) -> str:
@@ -40,11 +42,12 @@ class RewardStack:
         sources = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not sources:
             raise ValueError("reward_funcs is empty: give at least one reward function or model.")
-        tokenizers = (list(reward_processing_classes) if isinstance(reward_processing_classes, (list, tuple))
-                      else [reward_processing_classes] * len(sources))
+        # TRL's rule: None applies to every source; one processing class is a list of one
+        tokenizers = ([None] * len(sources) if reward_processing_classes is None else list(reward_processing_classes)
+                      if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes])
         if len(tokenizers) != len(sources):
-            raise ValueError(f"reward_processing_classes has {len(tokenizers)} entries for {len(sources)} reward "
-                             "sources; give one per source (None where it does not apply).")
+            raise ValueError(f"The number of reward processing classes ({len(tokenizers)}) must match the number of "
+                             f"reward functions ({len(sources)}): give one per source (None where it does not apply).")
         self.funcs: List[Any] = []
         self.given_tokenizers = tokenizers
         self.pending_models: Dict[int, tuple] = {}  # index → (spec, tokenizer), built by load_models
@@ -122,12 +125,12 @@ class RewardStack:
         """Reward models are sharded engines: scoring them is collective, so every rank must score in step."""
         return bool(self.model_indices)
 
-    def load_models(self, *, args, ds_spec, dtype: torch.dtype) -> None:
-        """Build the reward-model engines (every rank, same order)."""
+    def load_models(self, *, args, ds_spec, dtype: torch.dtype, world_size: int) -> None:
+        """Build the reward-model engines (every rank, same order) for `world_size` training ranks."""
         from .models import RewardModel
 
         for index, (spec, tok) in sorted(self.pending_models.items()):
-            model = RewardModel.sharded(spec, tok, args=args, ds_spec=ds_spec, dtype=dtype)
+            model = RewardModel.sharded(spec, tok, args=args, ds_spec=ds_spec, dtype=dtype, world_size=world_size)
             model.__name__ = self.names[index]
             self.funcs[index] = model
         self.pending_models = {}
@@ -156,11 +159,12 @@ class RewardStack:
         for k, values in enumerate(results):
             matrix[:, k] = self._check(k, values, len(completions))
         unscored = torch.isnan(matrix).all(dim=1).nonzero().flatten().tolist()
-        if unscored:  # TRL warns too: such a completion gets no advantage from any function
+        if unscored:  # TRL warns too, through its logger and in its words: such a completion gets no advantage
             i = unscored[0]
-            warnings.warn(f"All reward functions returned None for {len(unscored)} of {len(completions)} completions, "
-                          f"e.g. prompt={prompts[i]!r}, completion={completions[i]!r}: they get no reward. Make at least "
-                          "one reward function score every completion.", stacklevel=2)
+            row = {"prompt": prompts[i], "completion": completions[i], **{k: v[i] for k, v in columns.items()}}
+            logger.warning(f"All reward functions returned None for the following kwargs: {row} ({len(unscored)} of "
+                           f"{len(completions)} completions get no reward). Please ensure that at least one reward "
+                           "function returns a valid reward.")
         return matrix
 
     def _call(self, k: int, f: Callable, kwargs: dict) -> Any:

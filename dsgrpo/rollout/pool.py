@@ -2,7 +2,7 @@
 from (the prompt stream and its claims), and how a training batch is cut from the groups every rank holds.
 
 The prompt stream is the synchronous trainer's prompt order laid end to end: position p is prompt p % P of
-round p // P (P prompts per round), sampled with that round's seed for its slot. A position is claimed by
+round p // P (P prompts per round; PromptSource.stream_index), sampled with that round's seed for its slot. A position is claimed by
 exactly one rank, so it is also the group's unique id. With load balancing the claims come from one counter
 in the process group's key-value store (a fast rank simply claims more); without it rank r owns the r-th
 block of n = P / world positions of every round, the synchronous trainer's layout.
@@ -53,8 +53,7 @@ class PromptStream:
         self.per_rank = prompts_per_round // world  # n: groups of a round each rank owns without balancing
 
     def prompt_index(self, position: int) -> int:
-        epoch, offset = divmod(position, len(self.source))
-        return self.source.order(epoch, self.order_seed, self.shuffle)[offset]
+        return self.source.stream_index(position, self.P, self.order_seed, self.shuffle)
 
     def sampling_seed(self, position: int) -> int:
         # the synchronous trainer's seed for the run of slots that starts this group: the same samples
