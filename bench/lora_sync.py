@@ -48,7 +48,7 @@ def main() -> int:
                       gradient_checkpointing=False)
     shape = dict(SHAPES[a.shape])
     config = AutoConfig.for_model(shape.pop("model_type"), **shape)
-    ds = resolve(args.deepspeed, args, config.hidden_size, "deepspeed", train=True)
+    ds = resolve(args.deepspeed, args, config.hidden_size, "deepspeed", train=True, world_size=dist.world_size())
     bucket = int(a.bucket_mb * 2**20)
     results = {}
     for kind in ("full", "lora"):

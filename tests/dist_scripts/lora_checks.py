@@ -85,7 +85,7 @@ def _():
 
     args = config("lora_gradients", max_grad_norm=1e9)
     args.validate(world_size=2)
-    ds = resolve(args.deepspeed, args, 128, "deepspeed", train=True)
+    ds = resolve(args.deepspeed, args, 128, "deepspeed", train=True, world_size=dist.world_size())
 
     def set_b(model):
         gen = torch.Generator().manual_seed(1)
