@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from . import dist
+from . import compat, dist
 from .errors import CheckpointError
 
 ENGINE_TAG = "engine"
@@ -263,10 +263,20 @@ def _write_rank_state(trainer, partial: str) -> None:
         trainer.write_model(partial)
     else:
         # a LoRA policy's frozen base weights are reloaded from the model at resume: only the adapter is state
-        trainer.policy.save_checkpoint(partial, tag=ENGINE_TAG, save_latest=False,
-                                       exclude_frozen_parameters=trainer.lora_policy)
+        # each save keeps the ranks' collectives paired when its writes fail on some ranks only
+        failure = None
+        try:
+            compat.save_engine_checkpoint(trainer.policy, partial, ENGINE_TAG, save_latest=False,
+                                          exclude_frozen_parameters=trainer.lora_policy)
+        except (OSError, RuntimeError) as exc:
+            failure = exc
         if args.sync_ref_model and trainer.reference is not None:  # the mixed reference is state too
-            trainer.reference.save_checkpoint(partial, tag=REFERENCE_TAG, save_latest=False)
+            try:
+                compat.save_engine_checkpoint(trainer.reference, partial, REFERENCE_TAG, save_latest=False)
+            except (OSError, RuntimeError) as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
     with open(os.path.join(partial, f"rng_state_{dist.rank()}.json"), "w") as fh:
         json.dump(rng_state(), fh)
     with open(os.path.join(partial, rollout_state_name(dist.rank())), "w") as fh:

@@ -65,6 +65,11 @@ PINS: Tuple[Pin, ...] = (
         params=("module",), source_has=("_invalidate_trace", "self.forward_hooks.append", "self.backward_hooks.append")),
     Pin("deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload.setup_zero_stage3_hooks", "deepspeed 0.19.8",
         "the hook lists gathered_without_hooks() empties and refills", source_has=("self._register_deepspeed_module",)),
+    Pin("deepspeed.runtime.engine:DeepSpeedEngine.save_checkpoint", "deepspeed 0.19.8",
+        "save_engine_checkpoint(): a barrier after rank 0 makes save_dir, the writes, a barrier at the end; a "
+        "rank whose write fails makes up the final barrier so the ranks' collectives stay paired",
+        params=("save_dir", "tag", "save_latest", "exclude_frozen_parameters"),
+        source_has=("self.checkpoint_engine.makedirs(save_dir, exist_ok=True)", "dist.barrier()")),
     Pin("deepspeed.comm.torch:TorchBackend.__init__", "deepspeed 0.19.8",
         "the CPU shared-memory allreduce maps every local rank's /dev/shm segment at init and never unlinks it "
         "(unlink_deepspeed_cpu_shm_segment)", source_has=("shm_comm_op.initialize",)),
@@ -352,6 +357,26 @@ def gathered_without_hooks(engine):
             yield
         finally:
             offload._register_deepspeed_module(offload.module)
+
+
+def save_engine_checkpoint(engine, save_dir: str, tag: str, **kwargs) -> None:
+    """engine.save_checkpoint, made safe for a write that fails on some ranks only (deepspeed 0.19.8).
+
+    DeepSpeed's save is collective: a barrier once rank 0 has made `save_dir`, each rank's writes, a barrier at the
+    end. A rank whose write fails (a full disk) leaves before the final barrier while the others wait in it, and
+    the next collective pairs with the wrong one: a hang until the collective timeout, not an error. Here
+    `save_dir` exists before the call (nothing before the first barrier can fail) and a failing rank makes up the
+    final barrier before it re-raises, so every rank leaves the save together and can agree on the failure."""
+    import os
+
+    from deepspeed import comm
+
+    os.makedirs(save_dir, exist_ok=True)
+    try:
+        engine.save_checkpoint(save_dir, tag=tag, **kwargs)
+    except (OSError, RuntimeError):  # torch's zip writer reports a full disk as a RuntimeError
+        comm.barrier()
+        raise
 
 
 # ================================================================================================ torch.distributed

@@ -260,6 +260,18 @@ def tmpfs(path, size):
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_write_that_fails_on_one_rank_only_fails_the_save_on_both_without_a_hang(tmp_path):
+    """Rank 1's shards hit a full disk, rank 0's are written: DeepSpeed's save ends in a barrier the failing rank
+    used to skip, so the next collective paired with the wrong one and the job hung until the collective timeout
+    (seen in the full-disk test when the two ranks raced for the last bytes of a small tmpfs)."""
+    proc = torchrun(SCRIPT, str(tmp_path / "run"), "enospc@2:1", timeout=600, check=False)
+    assert proc.returncode != 0
+    said = [l for l in proc.stderr.splitlines() if "CheckpointWriteError: writing checkpoint-2 failed" in l]
+    assert {l.split("]")[0] for l in said} == {"[rank0", "[rank1"}, proc.stderr[-3000:]
+    assert "rank 1: [Errno 28] No space left on device" in said[0] and "timeout" not in proc.stderr.lower()
+    assert not [n for n in os.listdir(tmp_path / "run") if "checkpoint" in n]
+
+
 def test_a_full_disk_fails_the_save_on_every_rank_and_keeps_latest(tmp_path):
     from dsgrpo.checkpoint import damage
     small, tiny = tmp_path / "small", tmp_path / "tiny"

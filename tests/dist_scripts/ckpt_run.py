@@ -1,6 +1,6 @@
 """One run of the checkpoint tests, under `torchrun --nproc_per_node 2`.
 
-    ckpt_run.py OUTPUT_DIR [FAULT]     FAULT: KIND@AT[:RANK[:stop]]   KIND: gen | backward | sync | save | usr1
+    ckpt_run.py OUTPUT_DIR [FAULT]     FAULT: KIND@AT[:RANK[:stop]]   KIND: gen | backward | sync | save | usr1 | enospc
 
 The run trains a tiny model with real ZeRO-3 + in-process vLLM for 3 epochs of 8 prompts (6 optimizer steps,
 a checkpoint every 2 = every epoch boundary), resuming from the latest checkpoint when there is one. A fault
@@ -8,7 +8,8 @@ is injected on BOTH ranks at the same logical point (so the whole job dies as a 
 :RANK on that rank alone (the others must notice, name it and exit): gen@R SIGKILLs during generation round R,
 backward@S during the backward of step S, sync@S while the weights of step S are sent to vLLM, save@S after the
 shards of checkpoint S are written but before it is published, usr1@S sends SIGUSR1 after step S (preemption);
-`:stop` sends SIGSTOP instead of SIGKILL (a hung rank). Launchers' own arguments (--local_rank=N) are ignored.
+`:stop` sends SIGSTOP instead of SIGKILL (a hung rank). enospc@S:RANK makes that rank's shard writes of
+checkpoint S fail as a full disk does, the other rank's succeed. Launchers' own arguments (--local_rank=N) are ignored.
 At the end rank 0 writes the policy's log-probs of a fixed sequence to OUTPUT_DIR/final_logps.json.
 """
 
@@ -96,6 +97,15 @@ elif kind == "save":
             die()  # the shards are on disk, the checkpoint is not yet published
         return result
     trainer.policy.save_checkpoint = save_checkpoint
+
+elif kind == "enospc":
+    engine_save = trainer.policy.checkpoint_engine.save
+
+    def full_disk_save(state_dict, path, *a, **k):
+        if trainer.state.global_step == at and int(target) == dist.rank():
+            raise OSError(28, "No space left on device", path)
+        return engine_save(state_dict, path, *a, **k)
+    trainer.policy.checkpoint_engine.save = full_disk_save
 
 resumed_from = trainer.resume_path
 try:
