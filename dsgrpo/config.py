@@ -220,6 +220,7 @@ class GRPOConfig:
     save_merged_model: bool = field(default=False, metadata=_help("With `peft_config`: the final save writes the merged model (base + adapter, Hugging Face format) to output_dir/merged beside the adapter."))
     num_threads: Optional[int] = field(default=None, metadata=_help("CPU threads per rank (None: cores / local ranks)."))
     memory_check: str = field(default="warn", metadata=_help("The memory planner at start-up: 'warn' logs the plan and warns when it does not fit, 'error' stops before loading a model, 'off' skips the check.", choices=("warn", "error", "off")))
+    token_budget: Optional[int] = field(default=None, metadata=_help("The most tokens one rank forwards in one training micro-step (TRL's AsyncGRPOConfig name): whole sequences are packed padding-free into rows under it, every forward of a step pays only for real tokens, and each loss type keeps its normaliser. None: one padded micro-batch's worth (per_device_train_batch_size x (longest prompt + max_completion_length)); <= 0: padded micro-batches of per_device_train_batch_size rows."))
     logprob_chunk_tokens: int = field(default=0, metadata=_help("Completion tokens whose logits are computed at once for log-probs and entropy (0: as many as fit 256 MiB of fp32 logits, 441 for a 151,936-token vocabulary). The full [B, T, V] logits never exist."))
 
     # ------------------------------------------------------------------ AsyncGRPOTrainer only

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import checkpoint, compat, device, dist, watchdog
+from . import checkpoint, compat, device, dist, layout, watchdog
 from .algorithms import (Truncation, compute_advantages, entropy_mask, entropy_threshold, nan_std, off_policy_mask,
                          sapo_token_loss, vespo_weights)
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
@@ -29,10 +29,11 @@ from .data import PromptSource, load_dataset_spec, make_prompt_source
 from .engines import ModelLoader, build_inference_engine, build_policy_engine, completion_logprobs, is_zero3, resolve
 from .engines import lora
 from .engines.builder import prepare_model
+from .engines.forward import packed_forward
 from .engines.weights import named_full_parameters
 from .hub import make_pusher
 from .logging import MetricSinks, set_log_levels
-from .plan import check_at_start as check_memory_at_start
+from .plan import ASSUMED_PROMPT_LENGTH, check_at_start as check_memory_at_start
 from .preemption import Preemption
 from .rewards import RewardStack
 from .rollout import SamplingConfig, check_against_checkpoint, connect_generator, make_generator
@@ -158,8 +159,9 @@ class GRPOTrainer:
         # the sampler's truncation, which the trainer's log-probs reproduce (vLLM's order, or transformers')
         self.truncation = Truncation(self.sampling.top_k, self.sampling.top_p, self.sampling.min_p,
                                      order="vllm" if args.use_vllm else "hf")
+        self.budget = self._token_budget(model_config)
         self.update = (PolicyUpdate(args, self.policy, self.world, self.state, self._end_optimizer_step,
-                                    self.truncation) if self.placement.trains else None)
+                                    self.truncation, self.budget) if self.placement.trains else None)
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
         self._since_log: List[Dict[str, float]] = []  # rounds since the last logging step (the summary row's)
@@ -483,10 +485,26 @@ class GRPOTrainer:
             self.sinks.log_completions(self.state.global_step, [r for part in dist.all_gather_object(rows) for r in part])
         return mine, metrics
 
+    def _token_budget(self, model_config) -> Optional[layout.TokenBudget]:
+        """Packed steps under token_budget (layout.py), or None for padded micro-batches."""
+        args = self.args
+        longest_prompt = self.train_prompts.longest_prompt() or args.max_prompt_length or ASSUMED_PROMPT_LENGTH
+        tokens = layout.resolve_budget(args.token_budget, args.per_device_train_batch_size, longest_prompt,
+                                       args.max_completion_length)
+        if tokens is None:
+            return None
+        text = getattr(model_config, "text_config", None) or model_config
+        return layout.TokenBudget(tokens, int(getattr(text, "hidden_size", 0) or 0), self.tokenizer.pad_token_id)
+
     @torch.no_grad()
     def _logprobs(self, engine, batch: Batch, truncation=None) -> List[torch.Tensor]:
         """Per-token log-probs of every micro-batch under a frozen view of `engine`: π_old (with the sampler's
         truncation) or the reference (without: the KL term compares untruncated distributions)."""
+        if self.budget is not None:
+            return layout.packed_logprobs(
+                lambda step: packed_forward(engine, step, self.args.temperature, truncation=truncation,
+                                            chunk_tokens=self.args.logprob_chunk_tokens).logps,
+                batch.micro, self.budget.tokens, self.budget.hidden, self.budget.pad_id)
         return [completion_logprobs(engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"].shape[1],
                                     self.args.temperature, truncation=truncation,
                                     chunk_tokens=self.args.logprob_chunk_tokens)[0] for mb in batch.micro]

@@ -10,14 +10,16 @@ control, and the metric reduction at the end."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import torch
 
-from . import device, dist
-from .algorithms import (AdaptiveEntropyCoef, LossHyperparams, Truncation, entropy_mask, entropy_threshold,
-                         policy_loss)
+from . import device, dist, layout
+from .algorithms import (AdaptiveEntropyCoef, LossHyperparams, Truncation, aggregation_weights, entropy_bonus_weights,
+                         entropy_mask, entropy_threshold, policy_loss)
 from .engines import policy_forward
+from .engines.forward import packed_forward
 from .metrics import MetricAccumulator
 
 
@@ -25,13 +27,31 @@ class NonFiniteError(RuntimeError):
     """Training produced a NaN/inf loss or gradient norm; the run stops instead of training on."""
 
 
+@dataclass
+class Rows:
+    """What the loss needs of the rows one forward scored ([S, T] per token, [S] per row): a padded micro-batch, or
+    a packed step's sequences with their micro-batches' token weights."""
+    mask: torch.Tensor                      # tokens the loss counts
+    completion: torch.Tensor                # completion tokens (the entropy and gap metrics)
+    advantages: torch.Tensor                # [S]
+    old: Optional[torch.Tensor]
+    ref: Optional[torch.Tensor]
+    sampler: torch.Tensor
+    keep: Optional[torch.Tensor]            # top_entropy_quantile's high-entropy tokens
+    step_tokens: Optional[torch.Tensor]     # the normaliser of dapo/cispo/vespo (padded)
+    weights: Optional[torch.Tensor] = None  # packed: each token's weight in the loss
+    bonus_weights: Optional[torch.Tensor] = None
+
+
 class PolicyUpdate:
     def __init__(self, args, policy, world: int, state, on_optimizer_step: Callable[[], None],
-                 truncation: Optional[Truncation] = None):
+                 truncation: Optional[Truncation] = None, budget: Optional[layout.TokenBudget] = None):
         """`state` is the trainer's TrainerState (its global_step and max_steps bound the round);
         `on_optimizer_step()` is called after every optimizer step (it advances the step count); `truncation`:
-        the sampler's top_k / top_p / min_p, applied to the policy's log-probs (algorithms/truncation.py)."""
+        the sampler's top_k / top_p / min_p, applied to the policy's log-probs (algorithms/truncation.py);
+        `budget`: packed token-budget steps (layout.py) instead of padded micro-batches."""
         self.args, self.policy, self.world, self.state = args, policy, world, state
+        self.budget = budget
         self.truncation = truncation
         self.aux_coef = router_aux_coef(args, policy.module.config)
         self.on_optimizer_step = on_optimizer_step
@@ -47,7 +67,8 @@ class PolicyUpdate:
             a.use_vllm and a.vllm_importance_sampling_correction) else None
         self.last_checkpoint: Optional[str] = None  # named in a non-finite error
         self._window = self._new_window()           # the optimizer step being accumulated (may span rounds)
-        self._plan: List[Callable[[], tuple]] = []  # the round's micro-steps not yet run (next_micro_step)
+        self._plan: List[tuple] = []  # the round's micro-steps not yet run: (run, ends the optimizer step or None)
+        self._window_micro_batches = 0   # packed: logical micro-batches already in the open optimizer step
 
     @staticmethod
     def _new_window() -> dict:
@@ -82,12 +103,15 @@ class PolicyUpdate:
         masks = [self._loss_mask(mb, truncated[j * B:(j + 1) * B]) for j, mb in enumerate(micro)]
         step_tokens = self._step_tokens(masks)  # one collective
         acc = self._acc_of_round = MetricAccumulator()
-
-        def planned(j: int):  # micro-batch j's forward, loss and backward
-            return lambda: self._micro_step(micro[j], masks[j], advantages[j * B:(j + 1) * B],
-                                            old_logps[j] if old_logps else None, ref_logps[j] if ref_logps else None,
-                                            step_tokens[j], acc, self._window["entropy"])
-        self._plan = [planned(j) for _ in range(args.num_iterations) for j in range(len(micro))]
+        if self.budget is not None:
+            self._plan = self._packed_plan(micro, masks, advantages, old_logps, ref_logps, step_tokens, acc)
+        else:
+            def planned(j: int):  # micro-batch j's forward, loss and backward
+                return lambda: self._micro_step(micro[j], masks[j], advantages[j * B:(j + 1) * B],
+                                                old_logps[j] if old_logps else None,
+                                                ref_logps[j] if ref_logps else None, step_tokens[j], acc,
+                                                self._window["entropy"])
+            self._plan = [(planned(j), None) for _ in range(args.num_iterations) for j in range(len(micro))]
         while self._plan and self.state.global_step < self.state.max_steps:
             (micro_step or self.next_micro_step)()
         self._plan = []
@@ -99,8 +123,11 @@ class PolicyUpdate:
 
     def next_micro_step(self) -> torch.Tensor:
         """Run the round's next planned micro-step (and the optimizer step it completes); its loss."""
-        stepping = self.policy.is_gradient_accumulation_boundary()  # this micro-batch ends an optimizer step
-        loss, policy = self._plan.pop(0)()
+        run, ends_step = self._plan.pop(0)
+        if ends_step is not None:  # packed steps: their count per optimizer step varies, so the plan says
+            self.policy.set_gradient_accumulation_boundary(ends_step)
+        stepping = self.policy.is_gradient_accumulation_boundary()  # this micro-step ends an optimizer step
+        loss, policy = run()
         self._window["micro"] += 1
         self._window["loss"] += loss
         self._window["policy_loss"] += policy
@@ -112,50 +139,134 @@ class PolicyUpdate:
 
     def _micro_step(self, mb: dict, mask: torch.Tensor, advantages, old_logps, ref_logps, step_tokens, acc,
                     entropy_window) -> tuple:
-        """Forward, loss and backward of one micro-batch; returns its share of the optimizer step's (loss, policy loss)."""
+        """Forward, loss and backward of one padded micro-batch; returns its share of the optimizer step's (loss,
+        policy loss)."""
         args = self.args
-        bonus = self.entropy_coef.enabled
-        truncated = self.truncation is not None and self.truncation.active
         forward = policy_forward(self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1], args.temperature,
-                                 with_entropy=True, entropy_grad=bonus, truncation=self.truncation,
-                                 with_full=truncated and args.beta != 0, router_aux=self.aux_coef != 0.0,
-                                 chunk_tokens=args.logprob_chunk_tokens)
-        logps, entropy = forward.logps, forward.entropy
+                                 **self._forward_options())
         keep = None
         if args.top_entropy_quantile < 1.0:
-            # TRL's threshold: the quantile of every rank's active-token entropies of this micro-batch
-            active = entropy.detach()[mask.bool()]
-            threshold = entropy_threshold(dist.all_gather_ragged(active.float()), args.top_entropy_quantile)
-            keep = entropy_mask(entropy.detach(), mask, args.top_entropy_quantile, threshold=threshold).float()
+            keep = self._high_entropy(forward.entropy, mask)
+        return self._train(forward, Rows(mask, mb["completion_mask"], advantages, old_logps, ref_logps,
+                                         mb["sampler_logps"], keep, step_tokens),
+                           1.0 / args.gradient_accumulation_steps, acc, entropy_window)
+
+    def _forward_options(self) -> dict:
+        args = self.args
+        truncated = self.truncation is not None and self.truncation.active
+        return dict(with_entropy=True, entropy_grad=self.entropy_coef.enabled, truncation=self.truncation,
+                    with_full=truncated and args.beta != 0, router_aux=self.aux_coef != 0.0,
+                    chunk_tokens=args.logprob_chunk_tokens)
+
+    def _high_entropy(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """TRL's top_entropy_quantile: the quantile of every rank's active-token entropies of this micro-batch."""
+        active = entropy.detach()[mask.bool()]
+        threshold = entropy_threshold(dist.all_gather_ragged(active.float()), self.args.top_entropy_quantile)
+        return entropy_mask(entropy.detach(), mask, self.args.top_entropy_quantile, threshold=threshold).float()
+
+    # -------------------------------------------------------------------------------------- packed token budget
+    def _packed_plan(self, micro, masks, advantages, old_logps, ref_logps, step_tokens, acc) -> List[tuple]:
+        """The round's micro-steps as packed steps. The round's logical micro-batches (num_iterations passes) are cut
+        where optimizer steps end; each piece's sequences are packed under the budget (layout.plan_steps: the same
+        count on every rank), and each packed step's loss weighs its tokens as their own micro-batch would
+        (aggregation_weights), so the optimizer step's gradient is the padded path's."""
+        args, B, GA = self.args, self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps
+        order = [j for _ in range(args.num_iterations) for j in range(len(micro))]
+        pieces, piece, at = [], [], self._window_micro_batches
+        for j in order:
+            piece.append(j)
+            at += 1
+            if at == GA:
+                pieces.append((piece, True))
+                piece, at = [], 0
+        if piece:
+            pieces.append((piece, False))
+        self._window_micro_batches = at
+        widths = [m.shape[1] for m in masks]
+        steps = layout.plan_steps([layout.sequences_of(micro, piece) for piece, _ in pieces], self.budget.tokens,
+                                  self.budget.hidden, self.budget.pad_id, widths)
+        weights = [aggregation_weights(args.loss_type, m, max_completion_length=args.max_completion_length,
+                                       num_items_in_batch=step_tokens[j], num_processes=self.world,
+                                       gradient_accumulation_steps=GA) for j, m in enumerate(masks)]
+        logical = dict(masks=masks, completion=[mb["completion_mask"] for mb in micro],
+                       advantages=[advantages[j * B:(j + 1) * B] for j in range(len(micro))], old=old_logps,
+                       ref=ref_logps, sampler=[mb["sampler_logps"] for mb in micro], weights=weights)
+        plan = []
+        for (piece, closes), piece_steps in zip(pieces, steps):
+            shared = {"keep": None}  # the piece's high-entropy masks, from a pass at its start (same weights)
+            aux_scale = len(piece) / (GA * len(piece_steps))
+            for i, step in enumerate(piece_steps):
+                def run(step=step, first=i == 0, piece=piece, piece_steps=piece_steps, shared=shared,
+                        aux_scale=aux_scale):
+                    if first:
+                        shared["keep"] = self._piece_keep(piece, piece_steps, masks) \
+                            if args.top_entropy_quantile < 1.0 else None
+                    return self._packed_step(step, logical, shared["keep"], aux_scale, acc)
+                plan.append((run, closes and i == len(piece_steps) - 1))
+        return plan
+
+    @torch.no_grad()
+    def _piece_keep(self, piece: List[int], steps, masks) -> List[Optional[torch.Tensor]]:
+        """top_entropy_quantile over packed steps: the entropies of the piece's micro-batches under the current
+        weights (one no-grad pass), then each micro-batch's threshold over every rank, as the padded path takes it."""
+        values = [packed_forward(self.policy, step, self.args.temperature, with_entropy=True,
+                                 truncation=self.truncation, chunk_tokens=self.args.logprob_chunk_tokens).entropy
+                  for step in steps]
+        entropies = layout.scatter(steps, values, [m.shape for m in masks])
+        keep: List[Optional[torch.Tensor]] = [None] * len(masks)
+        for j in dict.fromkeys(piece):  # each micro-batch once, in order: the same collectives on every rank
+            keep[j] = self._high_entropy(entropies[j], masks[j])
+        return keep
+
+    def _packed_step(self, step, logical: dict, keep, aux_scale: float, acc) -> tuple:
+        forward = packed_forward(self.policy, step, self.args.temperature, **self._forward_options())
+        if step.empty:  # a stand-in: every rank runs as many steps; its loss reaches every parameter with weight 0
+            loss = forward.logps.sum() * 0.0 + (0.0 if forward.aux_loss is None else forward.aux_loss * 0.0)
+            self._backward_and_step(loss)
+            return 0.0, 0.0
+        forward.logps, forward.entropy, forward.full_logps = (step.rows(v) for v in (
+            forward.logps, forward.entropy, forward.full_logps))
+        g = step.gather
+        bonus = None
+        if self.entropy_coef.enabled:
+            bonus = g([entropy_bonus_weights(m, None if keep is None else keep[j], self.args.gradient_accumulation_steps)
+                       for j, m in enumerate(logical["masks"])])
+        rows = Rows(g(logical["masks"]), g(logical["completion"]), g(logical["advantages"]), g(logical["old"]),
+                    g(logical["ref"]), g(logical["sampler"]), None if keep is None else g(keep), None,
+                    g(logical["weights"]), bonus)
+        return self._train(forward, rows, aux_scale, acc, self._window["entropy"])
+
+    # ------------------------------------------------------------------------------------------------ both layouts
+    def _train(self, forward, rows: "Rows", aux_scale: float, acc, entropy_window) -> tuple:
+        """The GRPO loss of rows whose forward ran, its backward and the optimizer step it may complete; metrics into
+        `acc`. Returns the rows' share of the optimizer step's (loss, policy loss)."""
+        args = self.args
+        bonus = self.entropy_coef.enabled
+        logps, entropy, mask, keep = forward.logps, forward.entropy, rows.mask, rows.keep
         loss, metrics = policy_loss(
-            logps, old_logps, advantages, mask, loss_type=args.loss_type, hyperparams=self.hyperparams,
-            importance_sampling_level=args.importance_sampling_level, beta=args.beta, ref_per_token_logps=ref_logps,
+            logps, rows.old, rows.advantages, mask, loss_type=args.loss_type, hyperparams=self.hyperparams,
+            importance_sampling_level=args.importance_sampling_level, beta=args.beta, ref_per_token_logps=rows.ref,
             kl_estimator=args.kl_estimator, kl_bias_correction=args.use_bias_correction_kl,
             kl_per_token_logps=forward.full_logps,
-            sampler_per_token_logps=mb["sampler_logps"], vllm_is_mode=self.sampler_correction,
+            sampler_per_token_logps=rows.sampler, vllm_is_mode=self.sampler_correction,
             vllm_is_clip_max=args.vllm_importance_sampling_clip_max,
             vllm_is_clip_min=args.vllm_importance_sampling_clip_min,
             off_policy_mask_threshold=args.off_policy_mask_threshold, keep_mask=keep,
             entropies=entropy if bonus else None, entropy_coef=self.entropy_coef.applied() if bonus else 0.0,
-            max_completion_length=args.max_completion_length, num_items_in_batch=step_tokens,
-            num_processes=self.world, gradient_accumulation_steps=args.gradient_accumulation_steps)
+            max_completion_length=args.max_completion_length, num_items_in_batch=rows.step_tokens,
+            num_processes=self.world, gradient_accumulation_steps=args.gradient_accumulation_steps,
+            token_weights=rows.weights, bonus_weights=rows.bonus_weights)
         if forward.aux_loss is not None:  # the router's load balancing, scaled like the loss for accumulation
             metrics["aux_loss"] = forward.aux_loss.detach()
-            loss = loss + self.aux_coef * forward.aux_loss / args.gradient_accumulation_steps
-        self.policy.backward(loss, scale_wrt_gas=False)  # the loss already carries its share of the step
-        if self.policy.is_gradient_accumulation_boundary():
-            # CPU: the step's fp32 copies (16-bit gradients as fp32, AdamW's denominator) would otherwise stack on
-            # the backward's freed heap (Qwen2.5-0.5B shape, 2 ranks: 10.5 -> 9.05 GiB; W1 3.49 -> 3.23). Re-faulting
-            # the pages in the next forward costs W1 ~0.4 s of a 4.2 s train phase and is lost in W2's noise.
-            device.return_freed_memory()
-        self.policy.step()                               # DeepSpeed only steps at the accumulation boundary
-        tokens = float(mb["completion_mask"].sum())
-        acc.add("entropy", (entropy.detach() * mb["completion_mask"]).sum() / max(tokens, 1.0), tokens)
+            loss = loss + self.aux_coef * forward.aux_loss * aux_scale
+        self._backward_and_step(loss)
+        tokens = float(rows.completion.sum())
+        acc.add("entropy", (entropy.detach() * rows.completion).sum() / max(tokens, 1.0), tokens)
         effective = mask if keep is None else mask * keep
         entropy_window += torch.stack([(entropy.detach() * effective).sum(), effective.sum()]).double()
         # how far the generator's log-probs are from the trainer's for the same tokens (TRL's names): a weight
         # sync that went wrong shows up here first
-        gap = ((logps.detach() if old_logps is None else old_logps) - mb["sampler_logps"]).abs()[mb["completion_mask"].bool()]
+        gap = ((logps.detach() if rows.old is None else rows.old) - rows.sampler).abs()[rows.completion.bool()]
         gap = gap[~torch.isnan(gap)]  # tokens whose sampler log-prob is unknown (a generate that returns no scores)
         if gap.numel():
             acc.add("sampling/sampling_logp_difference/mean", gap.mean(), gap.numel())
@@ -164,6 +275,15 @@ class PolicyUpdate:
         for name, value in metrics.items():
             acc.add(name, value, float(mask.sum()))
         return loss.item(), policy_share
+
+    def _backward_and_step(self, loss: torch.Tensor) -> None:
+        self.policy.backward(loss, scale_wrt_gas=False)  # the loss already carries its share of the step
+        if self.policy.is_gradient_accumulation_boundary():
+            # CPU: the step's fp32 copies (16-bit gradients as fp32, AdamW's denominator) would otherwise stack on
+            # the backward's freed heap (Qwen2.5-0.5B shape, 2 ranks: 10.5 -> 9.05 GiB; W1 3.49 -> 3.23). Re-faulting
+            # the pages in the next forward costs W1 ~0.4 s of a 4.2 s train phase and is lost in W2's noise.
+            device.return_freed_memory()
+        self.policy.step()                               # DeepSpeed only steps at the accumulation boundary
 
     def _end_optimizer_step(self, step_loss: float, step_policy_loss: float, acc: MetricAccumulator,
                             entropy_window: torch.Tensor) -> None:

@@ -285,6 +285,8 @@ def policy_loss(
     num_items_in_batch: Optional[float] = None,
     num_processes: int = 1,
     gradient_accumulation_steps: int = 1,
+    token_weights: Optional[torch.Tensor] = None,
+    bonus_weights: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Loss of one micro-batch and its metrics.
 
@@ -305,6 +307,9 @@ def policy_loss(
         entropies: [B, T] per-token entropy with grad, for the entropy bonus (`entropy_coef` > 0).
         num_items_in_batch: active tokens, over all ranks, of the completions of one optimizer step
             (dapo/cispo/vespo); None means this micro-batch's own count.
+        token_weights: [B, T] each token's weight in the loss (`aggregation_weights` of the micro-batch it belongs
+            to), for rows that are not one micro-batch (a packed step's sequences): the loss is the weighted sum.
+        bonus_weights: [B, T] the same for the entropy bonus (`entropy_bonus_weights`).
 
     Returns:
         loss (scalar) and metrics: clip_ratio/low_mean|high_mean|region_mean (or cispo_clip_ratio, or
@@ -352,16 +357,19 @@ def policy_loss(
         per_token = per_token + beta * kl
         metrics["kl"] = masked_mean(kl.detach(), mask)
 
-    ctx = LossContext(max_completion_length, num_items_in_batch, num_processes, gradient_accumulation_steps)
-    loss = variant.aggregate(per_token, mask, ctx)
+    if token_weights is None:
+        ctx = LossContext(max_completion_length, num_items_in_batch, num_processes, gradient_accumulation_steps)
+        loss = variant.aggregate(per_token, mask, ctx)
+    else:
+        loss = (per_token * token_weights).sum()
 
     if entropy_coef != 0.0:
         if entropies is None:
             raise ValueError(f"entropy_coef={entropy_coef} needs the per-token entropies (with grad).")
-        effective = mask if keep_mask is None else mask * keep_mask.to(mask.dtype)
+        if bonus_weights is None:
+            bonus_weights = entropy_bonus_weights(mask, keep_mask, gradient_accumulation_steps)
         metrics["policy_loss"] = loss.detach()  # this micro-batch's share, like the loss
-        bonus = (entropies * effective).sum() / effective.sum().clamp(min=1.0) / gradient_accumulation_steps
-        loss = loss - entropy_coef * bonus
+        loss = loss - entropy_coef * (entropies * bonus_weights).sum()
 
     with torch.no_grad():
         if variant.clip_metrics == "ppo":
@@ -382,3 +390,25 @@ def policy_loss(
 def _masked_ref(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The reference log-probs with padding replaced by the policy's own (a log-ratio of 0 there: no overflow)."""
     return torch.where(mask.bool(), ref_per_token_logps, per_token_logps.detach())
+
+
+def aggregation_weights(loss_type: str, mask: torch.Tensor, *, max_completion_length: Optional[int] = None,
+                        num_items_in_batch: Optional[float] = None, num_processes: int = 1,
+                        gradient_accumulation_steps: int = 1) -> torch.Tensor:
+    """[B, T]: each token's weight in a micro-batch's aggregated loss. Every aggregation is linear in the per-token
+    loss, so its gradient with respect to that loss is the weights, whatever the values: the loss of any subset of
+    the micro-batch's sequences is then the weighted sum of their terms, with the normaliser of the whole micro-batch
+    (how a packed step keeps each loss type's meaning)."""
+    x = torch.zeros_like(mask, dtype=torch.float32, requires_grad=True)
+    ctx = LossContext(max_completion_length, num_items_in_batch, num_processes, gradient_accumulation_steps)
+    with torch.enable_grad():
+        weights, = torch.autograd.grad(LOSS_TYPES.get(loss_type).aggregate(x, mask.float(), ctx), x)
+    return weights
+
+
+def entropy_bonus_weights(mask: torch.Tensor, keep_mask: Optional[torch.Tensor],
+                          gradient_accumulation_steps: int) -> torch.Tensor:
+    """[B, T]: the entropy bonus is the mean entropy of a micro-batch's trained tokens (high-entropy ones with
+    top_entropy_quantile), scaled for accumulation."""
+    effective = mask if keep_mask is None else mask * keep_mask.to(mask.dtype)
+    return effective / effective.sum().clamp(min=1.0) / gradient_accumulation_steps

@@ -128,6 +128,9 @@ def build_policy_engine(model, args: GRPOConfig, ds_config: dict, optimizer=None
     ds_config = copy.deepcopy(ds_config)
     if optimizer is not None:
         ds_config.pop("optimizer", None)  # the user's optimizer wins; DeepSpeed refuses two
+        # ZeRO refuses optimizers outside its tested list (SGD, ...) unless told; a user who passes one means it
+        # (transformers' DeepSpeed integration sets the same)
+        ds_config.setdefault("zero_allow_untested_optimizer", True)
     if args.gradient_checkpointing:
         model.config.use_cache = False
         model.gradient_checkpointing_enable(

@@ -47,14 +47,10 @@ def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     returns its router's load-balancing loss. Padding positions of the completions score 0 (they are not computed).
     `chunk_tokens`: completion tokens per head chunk (0: chunk_tokens_for's budget)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    extra = {"output_router_logits": True} if router_aux else {}
-    head, hidden, softcap = _head_and_hidden(model)
-    with hidden:  # logits_to_keep: the head's input is the T+1 positions that predict the completion (and its end)
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    logits_to_keep=completion_len + 1, use_cache=False, **extra)
-    _check_plain_head(model, head, softcap, hidden.states[:, -1:, :], out.logits)
     T = completion_len
-    states = hidden.states[:, -T - 1:-1, :]                              # [B, T, H]: the states predicting them
+    # logits_to_keep: the head's input is the T+1 positions that predict the completion (and its end)
+    states, head, softcap, aux = _final_states(model, input_ids, attention_mask, position_ids, T + 1, router_aux)
+    states = states[:, -T - 1:-1, :]                                     # [B, T, H]: the states predicting them
     targets = input_ids[:, -T:]
     real = attention_mask[:, -T:].bool()                                 # completion tokens, not padding
     score = _ChunkScore(head, softcap, temperature, truncation, with_entropy,
@@ -64,7 +60,41 @@ def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     logps, entropy, full = (None if p is None else p.new_zeros(real.shape).masked_scatter(real, p) for p in parts)
     if with_full and full is None:
         full = logps
-    return Forward(logps, entropy, full, getattr(out, "aux_loss", None) if router_aux else None)
+    return Forward(logps, entropy, full, aux)
+
+
+def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
+                   truncation: Optional[Truncation] = None, with_full: bool = False, router_aux: bool = False,
+                   chunk_tokens: int = 0) -> Forward:
+    """policy_forward over a packed step (layout.PackedStep: whole sequences end to end in each row, position ids
+    restarting per sequence, no attention mask, so transformers keeps attention inside each sequence). Returns
+    flat [n] values in the step's score order. A stand-in step (nothing scored) scores its one token so the
+    backward still reaches every parameter, as every rank's must under ZeRO-3; the caller gives it weight 0."""
+    states, head, softcap, aux = _final_states(model, step.input_ids, None, step.position_ids, 0, router_aux)
+    flat = states.reshape(-1, states.shape[-1])
+    at, targets = (step.score_at, step.targets) if not step.empty else (torch.zeros(1, dtype=torch.long),
+                                                                        step.input_ids.reshape(-1)[:1])
+    score = _ChunkScore(head, softcap, temperature, truncation, with_entropy,
+                        entropy_grad and torch.is_grad_enabled(), with_full)
+    logps, entropy, full = score.all(flat[at.to(flat.device)], targets.to(flat.device),
+                                     chunk_tokens_for(head.out_features, chunk_tokens))
+    if with_full and full is None:
+        full = logps
+    return Forward(logps, entropy, full, aux)
+
+
+def _final_states(model, input_ids, attention_mask, position_ids, logits_to_keep: int, router_aux: bool):
+    """The model's last hidden states (of its last `logits_to_keep` positions; 0: all), its head, the head's soft
+    cap and (router_aux) the router's load-balancing loss. The head itself runs on one position only."""
+    extra = {"output_router_logits": True} if router_aux else {}
+    head, hidden, softcap = _head_and_hidden(model)
+    device = next(iter(head.parameters())).device
+    with hidden:
+        out = model(input_ids=input_ids.to(device), attention_mask=None if attention_mask is None else
+                    attention_mask.to(device), position_ids=position_ids.to(device), logits_to_keep=logits_to_keep,
+                    use_cache=False, **extra)
+    _check_plain_head(model, head, softcap, hidden.states[:, -1:, :], out.logits)
+    return hidden.states, head, softcap, getattr(out, "aux_loss", None) if router_aux else None
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
