@@ -128,6 +128,21 @@ def test_log_prob_chunks_are_planned_not_the_whole_logits():
     assert p.parts["logprobs"] < 8 * 1024 * 152064 * 4 / 5
 
 
+def test_a_token_budget_sizes_the_activations_and_the_plan_names_it():
+    """Issue 27: packed steps hold at most token_budget tokens, whatever the lengths; None plans one padded
+    micro-batch's worth (the same activations as padded micro-batches); a budget no sequence fits is refused."""
+    common = dict(per_device_train_batch_size=8, max_prompt_length=512, max_completion_length=1024,
+                  gradient_checkpointing=True)
+    padded = plan(grpo(token_budget=0, **common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
+    default = plan(grpo(**common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
+    small = plan(grpo(token_budget=3072, **common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
+    assert default.parts["activations"] == padded.parts["activations"]
+    assert any("token_budget: 12288 tokens" in n and "planned" in n for n in default.notes)
+    assert small.parts["activations"] == pytest.approx(padded.parts["activations"] * 3072 / (8 * 1536), rel=1e-6)
+    with pytest.raises(ValueError, match="token_budget=1000 .*1536 tokens"):
+        plan(grpo(token_budget=1000, **common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
+
+
 def test_cli_prints_json_and_exits_by_the_verdict(tmp_path, capsys):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\nper_device_train_batch_size: 8\n"
