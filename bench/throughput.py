@@ -21,7 +21,7 @@ Long-tailed completion lengths (issue 27), packed against padded micro-batches a
 
     python -m dsgrpo.testing make --hidden 256 --layers 4 --heads 4 --out /tmp/m_lt
     python bench/throughput.py --model /tmp/m_lt --steps 6 --num-generations 8 --max-completion-length 512 \
-        --batch-size 16 --stop-ids 13 [--token-budget 0]
+        --batch-size 16 --stop-ids 13 --token-budget none      # packed; 0: padded
     python bench/trl_throughput.py --model /tmp/m_lt ... --stop-ids 13
 """
 
@@ -62,8 +62,8 @@ def main() -> int:
     p.add_argument("--skew", type=float, default=0.0, help="extra seconds per token for every 4th prompt on rank 1")
     p.add_argument("--stop-ids", type=int, default=0, help="long-tailed lengths: generation also stops at this many "
                    "token ids (a random model then makes completions of 1..max-completion-length tokens, most short)")
-    p.add_argument("--token-budget", type=int, default=None, help="token_budget (None: dsgrpo's default, planned; "
-                   "0: padded micro-batches)")
+    p.add_argument("--token-budget", default="", help="token_budget: N tokens, 'none' (planned: one padded "
+                   "micro-batch's worth) or 0 (padded micro-batches); unset: dsgrpo's default")
     a = p.parse_args()
 
     from datasets import Dataset
@@ -87,7 +87,9 @@ def main() -> int:
                       max_staleness=a.max_staleness, async_load_balancing=not a.no_balancing,
                       async_chunk_groups=a.chunk_groups,
                       vllm_enforce_eager={"true": True, "false": False}.get(a.vllm_enforce_eager),
-                      token_budget=a.token_budget, generation_kwargs=long_tail_kwargs(a.stop_ids, hf=a.hf_generate))
+                      generation_kwargs=long_tail_kwargs(a.stop_ids, hf=a.hf_generate),
+                      **({} if a.token_budget == "" else
+                         {"token_budget": None if a.token_budget.lower() == "none" else int(a.token_budget)}))
     stamps = []
 
     class Clock:

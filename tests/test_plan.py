@@ -134,7 +134,8 @@ def test_a_token_budget_sizes_the_activations_and_the_plan_names_it():
     common = dict(per_device_train_batch_size=8, max_prompt_length=512, max_completion_length=1024,
                   gradient_checkpointing=True)
     padded = plan(grpo(token_budget=0, **common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
-    default = plan(grpo(**common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
+    default = plan(grpo(token_budget=None, **common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"),
+                   H100x8)
     small = plan(grpo(token_budget=3072, **common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
     assert default.parts["activations"] == padded.parts["activations"]
     assert any("token_budget: 12288 tokens" in n and "planned" in n for n in default.notes)
