@@ -182,11 +182,11 @@ def plan_steps(groups: List[List[Sequence]], budget: int, hidden: int, pad_id: i
         k = max(k, 1)
         bins: List[List[List[Sequence]]] = [[] for _ in range(k)]
         load = [0.0] * k
-        for row in sorted(rows, key=lambda r: -sum(sequence_cost(s.length, hidden) for s in r)):
-            open_bins = [i for i in range(k) if len(bins[i]) < per_step]
-            i = min(open_bins, key=lambda i: load[i])
+        costed = [(sum(sequence_cost(s.length, hidden) for s in row), row) for row in rows]
+        for cost, row in sorted(costed, key=lambda c: -c[0]):  # heaviest first, each to the lightest open step
+            i = min((i for i in range(k) if len(bins[i]) < per_step), key=lambda i: load[i])
             bins[i].append(row)
-            load[i] += sum(sequence_cost(s.length, hidden) for s in row)
+            load[i] += cost
         plan.append([_step(b, pad_id, widths) for b in bins])
     return plan
 

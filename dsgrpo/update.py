@@ -193,15 +193,19 @@ class PolicyUpdate:
                        ref=ref_logps, sampler=[mb["sampler_logps"] for mb in micro], weights=weights)
         plan = []
         for (piece, closes), piece_steps in zip(pieces, steps):
-            shared = {"keep": None}  # the piece's high-entropy masks, from a pass at its start (same weights)
+            shared = {}  # the piece's high-entropy masks and bonus weights, made at its start (same weights)
             aux_scale = len(piece) / (GA * len(piece_steps))
             for i, step in enumerate(piece_steps):
                 def run(step=step, first=i == 0, piece=piece, piece_steps=piece_steps, shared=shared,
                         aux_scale=aux_scale):
                     if first:
-                        shared["keep"] = self._piece_keep(piece, piece_steps, masks) \
-                            if args.top_entropy_quantile < 1.0 else None
-                    return self._packed_step(step, logical, shared["keep"], aux_scale, acc)
+                        keep = self._piece_keep(piece, piece_steps, masks) if args.top_entropy_quantile < 1.0 \
+                            else None
+                        shared["keep"], shared["bonus"] = keep, None
+                        if self.entropy_coef.enabled:
+                            shared["bonus"] = [entropy_bonus_weights(m, None if keep is None else keep[j], GA)
+                                               for j, m in enumerate(masks)]
+                    return self._packed_step(step, logical, shared["keep"], shared["bonus"], aux_scale, acc)
                 plan.append((run, closes and i == len(piece_steps) - 1))
         return plan
 
@@ -218,7 +222,7 @@ class PolicyUpdate:
             keep[j] = self._high_entropy(entropies[j], masks[j])
         return keep
 
-    def _packed_step(self, step, logical: dict, keep, aux_scale: float, acc) -> tuple:
+    def _packed_step(self, step, logical: dict, keep, bonus, aux_scale: float, acc) -> tuple:
         forward = packed_forward(self.policy, step, self.args.temperature, **self._forward_options())
         if step.empty:  # a stand-in: every rank runs as many steps; its loss reaches every parameter with weight 0
             loss = forward.logps.sum() * 0.0 + (0.0 if forward.aux_loss is None else forward.aux_loss * 0.0)
@@ -227,13 +231,9 @@ class PolicyUpdate:
         forward.logps, forward.entropy, forward.full_logps = (step.rows(v) for v in (
             forward.logps, forward.entropy, forward.full_logps))
         g = step.gather
-        bonus = None
-        if self.entropy_coef.enabled:
-            bonus = g([entropy_bonus_weights(m, None if keep is None else keep[j], self.args.gradient_accumulation_steps)
-                       for j, m in enumerate(logical["masks"])])
         rows = Rows(g(logical["masks"]), g(logical["completion"]), g(logical["advantages"]), g(logical["old"]),
                     g(logical["ref"]), g(logical["sampler"]), None if keep is None else g(keep), None,
-                    g(logical["weights"]), bonus)
+                    g(logical["weights"]), g(bonus))
         return self._train(forward, rows, aux_scale, acc, self._window["entropy"])
 
     # ------------------------------------------------------------------------------------------------ both layouts
