@@ -23,6 +23,7 @@ Long-tailed completion lengths (issue 27), packed against padded micro-batches a
     python bench/throughput.py --model /tmp/m_lt --steps 6 --num-generations 8 --max-completion-length 512 \
         --batch-size 16 --stop-ids 13 --token-budget none      # packed; 0: padded
     python bench/trl_throughput.py --model /tmp/m_lt ... --stop-ids 13
+    python bench/throughput.py --model /tmp/m_lt ... --max-completion-length 81 --fixed-length   # same real tokens
 """
 
 import argparse
@@ -62,6 +63,8 @@ def main() -> int:
     p.add_argument("--skew", type=float, default=0.0, help="extra seconds per token for every 4th prompt on rank 1")
     p.add_argument("--stop-ids", type=int, default=0, help="long-tailed lengths: generation also stops at this many "
                    "token ids (a random model then makes completions of 1..max-completion-length tokens, most short)")
+    p.add_argument("--fixed-length", action="store_true", help="every completion runs to --max-completion-length "
+                   "(vLLM's ignore_eos): the fixed-length reference for --stop-ids runs")
     p.add_argument("--token-budget", default="", help="token_budget: N tokens, 'none' (planned: one padded "
                    "micro-batch's worth) or 0 (padded micro-batches); unset: dsgrpo's default")
     a = p.parse_args()
@@ -87,7 +90,8 @@ def main() -> int:
                       max_staleness=a.max_staleness, async_load_balancing=not a.no_balancing,
                       async_chunk_groups=a.chunk_groups,
                       vllm_enforce_eager={"true": True, "false": False}.get(a.vllm_enforce_eager),
-                      generation_kwargs=long_tail_kwargs(a.stop_ids, hf=a.hf_generate),
+                      generation_kwargs={**long_tail_kwargs(a.stop_ids, hf=a.hf_generate),
+                                         **({"ignore_eos": True} if a.fixed_length else {})},
                       **({} if a.token_budget == "" else
                          {"token_budget": None if a.token_budget.lower() == "none" else int(a.token_budget)}))
     stamps = []
@@ -131,8 +135,9 @@ def main() -> int:
         if train:  # the training side's price of a real token (packing's measure, issue 27)
             print(f"  train s per completion token {sum(train) / sum(tokens[:len(train)]):.3e}")
         peaks = [h["memory/peak_gib/train"] for h in history[1:] if "memory/peak_gib/train" in h]
+        rises = [h["memory/rise_gib/train"] for h in history[1:] if "memory/rise_gib/train" in h]
         if peaks:
-            print(f"  train phase peak {max(peaks):.3f} GiB")
+            print(f"  train phase peak {max(peaks):.3f} GiB" + (f", {max(rises):.3f} GiB above its start" if rises else ""))
     if a.parts:
         parts = time_parts(trainer, a)
         if dist.is_main():

@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.throughput import digit_fraction, long_tail_kwargs  # noqa: E402
+from bench.throughput import digit_fraction, long_tail_kwargs, stop_ids  # noqa: E402
 
 
 def main() -> int:
@@ -54,7 +54,15 @@ def main() -> int:
         def on_step_end(self, args, state, control, **kw):
             stamps.append(time.perf_counter())
 
-    trainer = GRPOTrainer(model=a.model, reward_funcs=digit_fraction, args=args, train_dataset=prompts,
+    model = a.model
+    if a.stop_ids:
+        # TRL ends a completion (its mask, its length metric) at the ids in the model's generation_config, not at
+        # generation_kwargs' eos list: without this its completions end at the stop ids yet count as full length
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype="float32")
+        eos = model.generation_config.eos_token_id
+        model.generation_config.eos_token_id = ([eos] if isinstance(eos, int) else list(eos or [])) + stop_ids(a.stop_ids)
+    trainer = GRPOTrainer(model=model, reward_funcs=digit_fraction, args=args, train_dataset=prompts,
                           callbacks=[Clock()])
     start = time.perf_counter()
     trainer.train()

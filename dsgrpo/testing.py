@@ -86,8 +86,13 @@ TINY_SPECS = {
     "gemma2": dict(arch="Gemma2ForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
                    final_logit_softcapping=30.0, attn_logit_softcapping=50.0, tie_word_embeddings=True),
+    # attention that spans a whole packed row (transformers 5's OPT builds its own mask from position ids it
+    # ignores): packed steps must fall back to padded micro-batches, or be refused when asked for
+    "opt": dict(arch="OPTForCausalLM", hidden_size=128, ffn_dim=256, word_embed_proj_dim=128, num_hidden_layers=2,
+                num_attention_heads=4, tie_word_embeddings=False),
 }
-MODEL_TYPES = {"Qwen2": "qwen2", "Llama": "llama", "Qwen3Moe": "qwen3_moe", "Qwen2Moe": "qwen2_moe", "Gemma2": "gemma2"}
+MODEL_TYPES = {"Qwen2": "qwen2", "Llama": "llama", "Qwen3Moe": "qwen3_moe", "Qwen2Moe": "qwen2_moe", "Gemma2": "gemma2",
+               "OPT": "opt"}
 VOCAB_SIZE = 1024
 TOKENIZER_VERSION = 2  # bump when the corpus, trainer settings or chat template change, so caches are rebuilt
 

@@ -1,6 +1,8 @@
 """Wall-clock timers around each phase of a step, reported as `time/<phase>`, and each phase's peak memory,
 reported as `memory/peak_gib/<phase>` (the CUDA allocator's peak on GPU; on CPU the resident set's high-water
-mark, which Linux lets a process reset: /proc/self/clear_refs)."""
+mark, which Linux lets a process reset: /proc/self/clear_refs), and `memory/rise_gib/<phase>`, how far the peak
+rose above what was in use when the phase began: what the phase itself costs (its activations, say), without the
+process's baseline (weights, optimizer state, a colocated engine) that dominates the peak of a small model."""
 
 from __future__ import annotations
 
@@ -50,11 +52,13 @@ class PhaseTimer:
     def __init__(self):
         self.seconds: Dict[str, float] = {}
         self.peaks: Dict[str, int] = {}
+        self.rises: Dict[str, int] = {}
 
     @contextmanager
     def __call__(self, name: str):
         start = time.perf_counter()
         _reset_peak()
+        in_use = _in_use()
         try:
             with phase(name):
                 yield
@@ -64,13 +68,16 @@ class PhaseTimer:
             device.return_freed_memory()  # the next phase starts from this one's live memory, not its heap
             peak = _peak()
             self.peaks[name] = max(self.peaks.get(name, 0), peak)
+            if peak and in_use is not None:
+                self.rises[name] = max(self.rises.get(name, 0), peak - in_use)
             global _highest
             _highest = max(_highest, peak)
 
     def pop(self) -> Dict[str, float]:
         out = {f"time/{k}": v for k, v in self.seconds.items()}
         out.update({f"memory/peak_gib/{k}": v / GiB for k, v in self.peaks.items() if v})
-        self.seconds, self.peaks = {}, {}
+        out.update({f"memory/rise_gib/{k}": v / GiB for k, v in self.rises.items()})
+        self.seconds, self.peaks, self.rises = {}, {}, {}
         return out
 
 
@@ -98,6 +105,14 @@ def _peak() -> int:
         import torch
         return int(torch.cuda.max_memory_allocated())
     return proc_kib("/proc/self/status", "VmHWM") or 0
+
+
+def _in_use() -> Optional[int]:
+    from . import device
+    if device.on_gpu():
+        import torch
+        return int(torch.cuda.memory_allocated())
+    return proc_kib("/proc/self/status", "VmRSS")
 
 
 def proc_kib(path: str, key: str) -> Optional[int]:

@@ -102,3 +102,20 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused(models):
     ids, mask, T = batch()
     with pytest.raises(NotImplementedError, match="after the output head"):
         policy_forward(model, ids, mask, T)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-tied", "gemma2", "qwen3-moe", "opt"])
+def test_packing_leak_measures_whether_attention_keeps_packed_sequences_apart(name):
+    """Issue 27: packed steps are exact only where a packed sequence cannot see its neighbour. transformers 5's
+    sdpa/eager masks keep them apart for these families (0 exactly for dense models; an MoE's token-grouped expert
+    GEMMs round differently by ≈ 1e-7); OPT builds its own causal mask over the whole row and leaks O(0.1)."""
+    from dsgrpo.engines.forward import packing_leak
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model(name), dtype=torch.float32)
+    model.train()
+    leak = packing_leak(model, model.config.vocab_size)
+    assert model.training  # the probe runs without dropout and gives the mode back
+    if name == "opt":
+        assert leak > 0.05
+    else:
+        assert leak <= 1e-6

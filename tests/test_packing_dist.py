@@ -62,3 +62,13 @@ def test_every_loss_type_keeps_its_normaliser_when_packed(results, loss_type):
 def test_a_budget_smaller_than_a_sequence_is_refused_with_both_numbers(results):
     for run in part(results, "budget_errors"):
         assert "token_budget=20" in run["message"] and "43 tokens" in run["message"]
+
+
+def test_the_default_packs_only_where_attention_keeps_packed_sequences_apart(results):
+    """token_budget=None (the default) plans a budget for qwen2 and falls back to padded micro-batches for OPT,
+    whose attention spans the packed row; token_budget=64 on OPT is refused, naming the model and the fix."""
+    for run in part(results, "attention_that_leaks"):
+        assert run["qwen2_None"]["budget"] > 0
+        assert run["opt_None"]["budget"] is None
+        message = run["opt_64"]["error"]
+        assert "token_budget=64" in message and "OPTForCausalLM" in message and "token_budget=0" in message

@@ -83,6 +83,29 @@ def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = F
     return Forward(logps, entropy, full, aux)
 
 
+@torch.no_grad()
+def packing_leak(model, vocab_size: int) -> float:
+    """How much a packed row's second sequence depends on the first: the largest change in its final hidden
+    states when the first sequence's tokens change, relative to their scale. 0 when the model's attention honours
+    the packed-sequence layout (position ids restarting, no mask: transformers' block-diagonal masks for sdpa/eager,
+    flash-attention's varlen path), since masked scores contribute exact zeros whatever the dtype; O(0.01..1) when
+    its attention spans the whole row (OPT, Falcon, Bloom in transformers 5, a custom model), which would train
+    every packed token on its neighbours' context, silently. Every rank holding a share of a ZeRO-3 model must
+    call it together (each forward gathers)."""
+    g = torch.Generator().manual_seed(0)
+    firsts = [torch.randint(0, max(2, vocab_size), (1, 7), generator=g) for _ in range(2)]
+    second = torch.randint(0, max(2, vocab_size), (1, 5), generator=g)
+    positions = torch.cat([torch.arange(7), torch.arange(5)]).unsqueeze(0)
+    training = model.training
+    model.eval()  # no dropout: the two forwards must differ only in the first sequence's tokens
+    try:
+        a, b = (_final_states(model, torch.cat([first, second], dim=1), None, positions, 0, False)[0][0, 7:].float()
+                for first in firsts)
+    finally:
+        model.train(training)
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-6))
+
+
 def _final_states(model, input_ids, attention_mask, position_ids, logits_to_keep: int, router_aux: bool):
     """The model's last hidden states (of its last `logits_to_keep` positions; 0: all), its head, the head's soft
     cap and (router_aux) the router's load-balancing loss. The head itself runs on one position only."""

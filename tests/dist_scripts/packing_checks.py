@@ -128,6 +128,25 @@ def _():
     return compare("zero3", 64, loss_type="dapo", deepspeed=SHARDED_ZERO3, max_steps=2, steps_per_generation=2)
 
 
+@check("attention_that_leaks")
+def _():
+    """The default (None) packs where the model keeps packed sequences apart (qwen2) and falls back to padded
+    micro-batches where it does not (OPT); a budget set explicitly on such a model is refused. On two ranks the
+    probe's forwards run on every rank of the ZeRO-3 group."""
+    out = {}
+    for name, budget in (("qwen2", None), ("opt", None), ("opt", 64)):
+        args = GRPOConfig(output_dir=os.path.join(OUT, f"leak_{name}_{budget}"), max_steps=1,
+                          per_device_train_batch_size=4, num_generations=4, max_completion_length=MAX_COMPLETION,
+                          use_vllm=False, report_to="none", token_budget=budget, gradient_checkpointing=False)
+        try:
+            t = GRPOTrainer(tiny_model(name), length_reward, args=args, train_dataset=prompts)
+            out[f"{name}_{budget}"] = {"budget": None if t.budget is None else t.budget.tokens}
+            KEEP.append(t)
+        except ValueError as e:
+            out[f"{name}_{budget}"] = {"error": str(e)}
+    return out
+
+
 @check("budget_errors")
 def _():
     try:
