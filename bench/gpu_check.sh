@@ -40,3 +40,15 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=fal
 python3 -c "import torch, deepspeed, transformers, datasets; print('torch', torch.__version__, '| deepspeed', \
 deepspeed.__version__, '| transformers', transformers.__version__, '| cuda', torch.cuda.is_available())"
 timeout 540 python3 bench/gpu_check.py --out "$OUT" --timeout 300 2>&1 | tee "$OUT/gpu_check.txt"
+
+# Sequence parallelism (issue 28) needs two GPUs (one rank a device): on a machine with them, one long completion
+# per rank at SP 1 and SP 2 (flash-attention's varlen path if installed, else sdpa), the train phase's peak.
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  python3 -m dsgrpo.testing make --hidden 1024 --layers 8 --heads 16 --out /tmp/m_sp
+  for sp in 1 2; do
+    timeout 240 python3 -m torch.distributed.run --nproc_per_node 2 bench/sp_memory.py --model /tmp/m_sp \
+      --lengths 8192,32768 --sp $sp 2>&1 | grep RESULT | tee -a "$OUT/sp_memory.txt" || true
+  done
+else
+  echo "sequence parallelism: skipped (one GPU; it needs two ranks on two devices)" | tee -a "$OUT/sp_memory.txt"
+fi

@@ -90,6 +90,22 @@ PINS: Tuple[Pin, ...] = (
         params=("model", "state_dict")),
     Pin("transformers:PretrainedConfig.name_or_path", "transformers 5.19",
         "a reward model instance's name (its config's _name_or_path)"),
+    Pin("transformers.modeling_utils:ALL_ATTENTION_FUNCTIONS", "transformers 5.19",
+        "sequence parallelism replaces the model's attention function (its key, 'sdpa' or a flash-attention) by a "
+        "wrapper, as DeepSpeed's ALST does: the models look it up there at every call, so their other branches "
+        "on _attn_implementation stay as they are"),
+    Pin("transformers.modeling_utils:AttentionInterface.__setitem__", "transformers 5.19",
+        "assignment overrides a key for every model (the instance's local mapping, read first)",
+        source_has=("_local_mapping",)),
+    Pin("transformers.integrations.sdpa_attention:sdpa_attention_forward", "transformers 5.19",
+        "the core sdpa attention takes a boolean mask (True: attend) and then ignores is_causal",
+        source_has=("attention_mask is None and is_causal",)),
+    Pin("deepspeed.runtime.sequence_parallel.ulysses_sp:UlyssesSPAttentionHF", "deepspeed 0.19.8",
+        "Ulysses attention (all-to-all from sequence shards to head shards and back) built directly for a batch of "
+        "one packed row of variable length; it gathers position_ids over the group for the core attention",
+        params=("attn", "batch_size", "attn_head_count", "attn_head_size", "kv_head_count", "num_hidden_layers",
+                "process_group", "seq_length_is_variable"),
+        source_has=("kwargs[\"position_ids\"] = torch.cat(position_ids_list, dim=1)",)),
     Pin("transformers.generation.utils:GenerationMixin.generate", "transformers 5.19",
         "use_vllm=None: transformers' own generate lives in this module; replaced (patched, mocked), it is the user's"),
     # ---- vLLM
@@ -425,6 +441,31 @@ def to_checkpoint_format(model, tensors: dict) -> dict:
     meta tensors (for names and shapes alone)."""
     from transformers.core_model_loading import revert_weight_conversion
     return revert_weight_conversion(model, tensors)
+
+
+def attention_function(name: str):
+    """transformers' attention function registered under `name` ('sdpa', 'flash_attention_2', ...)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def replace_attention_function(name: str, fn) -> None:
+    """Every model whose _attn_implementation is `name` now calls `fn` for its attention."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    ALL_ATTENTION_FUNCTIONS[name] = fn
+
+
+def ulysses_attention(core, config, group):
+    """DeepSpeed's Ulysses attention over `group` around `core` (a transformers attention function), for one
+    packed row of any length (batch 1, variable sequence length)."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    return UlyssesSPAttentionHF(attn=core, batch_size=1, attn_head_count=heads,
+                                attn_head_size=getattr(text, "head_dim", None) or text.hidden_size // heads,
+                                kv_head_count=getattr(text, "num_key_value_heads", None) or heads,
+                                num_hidden_layers=text.num_hidden_layers, process_group=group,
+                                seq_length_is_variable=True)
 
 
 def transformers_generate_replaced() -> bool:

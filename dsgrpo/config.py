@@ -44,7 +44,7 @@ REPORT_SINKS = ("none", "jsonl", "wandb", "tensorboard", "trackio")  # metrics.j
 # fields that hold a dict and may also be given as a JSON string (TRL/transformers CLIs pass them so)
 JSON_DICT_FIELDS = ("model_init_kwargs", "generation_kwargs", "chat_template_kwargs", "lr_scheduler_kwargs",
                     "gradient_checkpointing_kwargs", "accelerator_config", "transformers_continuous_batching_config",
-                    "liger_kernel_config", "fsdp_config")
+                    "liger_kernel_config", "fsdp_config", "parallelism_config")
 
 DS_CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ds_configs")
 
@@ -273,7 +273,7 @@ class GRPOConfig:
     full_determinism: bool = _inert(False, "runs are seeded per round and slot, and resume exactly; torch's deterministic-algorithms mode is not forced (vLLM kernels refuse it)", "Deterministic algorithms everywhere.")
     use_cpu: bool = _inert(False, "dsgrpo/device.py picks the device (CUDA when present); hide GPUs with CUDA_VISIBLE_DEVICES", "Force the CPU.")
     accelerator_config: Optional[Union[dict, str]] = _inert(None, "dsgrpo uses DeepSpeed directly, not Accelerate", "Accelerate options.")
-    parallelism_config: Optional[Any] = _inert(None, "parallelism is DeepSpeed's (the deepspeed config) and vLLM's", "Accelerate parallelism.")
+    parallelism_config: Optional[Any] = field(default=None, metadata=_help("transformers' field (an Accelerate ParallelismConfig, a dict or its JSON): sp_size=N with sp_backend='deepspeed' shards the training side of a step over groups of N consecutive ranks with DeepSpeed's Ulysses attention (the DeepSpeed config's sequence_parallel_size means the same); data parallelism stays the world's. cp_size and tp_size are refused."))
     dataloader_drop_last: bool = _inert(False, "prompts are handed out by generation round, not by a DataLoader", "DataLoader option.")
     dataloader_num_workers: int = _inert(0, "see dataloader_drop_last", "DataLoader option.")
     dataloader_pin_memory: bool = _inert(True, "see dataloader_drop_last", "DataLoader option.")

@@ -124,6 +124,8 @@ def _group(group):
         return _tp["group"]
     if group == TP_WORKER:
         return _tp["worker_group"]
+    if group == SP:
+        return _sp["group"]
     return _split.get("train")
 
 
@@ -310,6 +312,29 @@ def tensor_parallel_leader() -> int:
 def tensor_parallel_index() -> int:
     """Which engine this rank belongs to (0 without tensor parallelism)."""
     return rank(EVERYONE) // int(_tp.get("size", 1))
+
+
+# ---------------------------------------------------------------------------------------------- sequence parallelism
+SP = "sequence_parallel"
+_sp: Dict[str, object] = {}
+
+
+def sequence_parallel_groups(size: int) -> Optional[object]:
+    """Every rank calls this once (collective): groups of `size` consecutive ranks that run each other's training
+    forwards on shards of the sequence (sequence_parallel.py). Returns this rank's group; dist.SP names it."""
+    if not _many(EVERYONE) or size <= 1:
+        return None
+    if _sp.get("size") == size:  # made by an earlier trainer of this process
+        return _sp["group"]
+    world, me = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(start, start + size))) for start in range(0, world, size)]
+    _sp.update(group=groups[me // size], size=size, first=me // size * size)
+    return _sp["group"]
+
+
+def sequence_parallel_rank_of(member: int) -> int:
+    """The global rank of member `member` of this rank's sequence-parallel group."""
+    return int(_sp.get("first", 0)) + member
 
 
 # ---------------------------------------------------------------------------------------------- shared counters

@@ -31,27 +31,35 @@ ATTENTION_WIDTH = 6  # per sequence cost: L + L^2 / (ATTENTION_WIDTH * hidden): 
 
 @dataclass(frozen=True)
 class TokenBudget:
-    """A run's packed layout: at most `tokens` tokens a forward; `hidden` (the model's width) prices attention."""
+    """A run's packed layout: at most `tokens` tokens a rank forwards; `hidden` (the model's width) prices attention;
+    `sp`: a sequence-parallel group (sequence_parallel.py) runs each step on N shards, so a step holds N x tokens."""
     tokens: int
     hidden: int
     pad_id: int
+    sp: Optional[object] = None
+
+    @property
+    def step_tokens(self) -> int:
+        return self.tokens * (self.sp.size if self.sp is not None else 1)
 
 
 def resolve_budget(token_budget: Optional[int], per_device_train_batch_size: int, longest_prompt: int,
-                   max_completion_length: int) -> Optional[int]:
+                   max_completion_length: int, sp_size: int = 1) -> Optional[int]:
     """The run's budget in tokens, or None for padded micro-batches (token_budget <= 0). None plans it: what one
     padded micro-batch of the longest prompt and completion would hold, so the memory planned for a padded
-    micro-batch bounds every packed step whatever the lengths. A budget a whole sequence cannot fit is refused."""
+    micro-batch bounds every packed step whatever the lengths. A budget a whole sequence cannot fit is refused
+    (with sequence parallelism of `sp_size`, a sequence is cut in that many shards)."""
     longest = longest_prompt + max_completion_length
     if token_budget is None:
-        return per_device_train_batch_size * longest
+        return per_device_train_batch_size * -(-longest // sp_size)
     if token_budget <= 0:
         return None
-    if token_budget < longest:
-        raise ValueError(f"token_budget={token_budget} is smaller than the longest sequence this run can make: "
-                         f"{longest} tokens (longest prompt {longest_prompt} + max_completion_length "
-                         f"{max_completion_length}). Raise token_budget to at least {longest}, or set it to 0 for "
-                         "padded micro-batches.")
+    if token_budget * sp_size < longest:
+        shards = f" in {sp_size} sequence-parallel shards" if sp_size > 1 else ""
+        raise ValueError(f"token_budget={token_budget} is smaller than the longest sequence this run can make"
+                         f"{shards}: {longest} tokens (longest prompt {longest_prompt} + max_completion_length "
+                         f"{max_completion_length}). Raise token_budget to at least {-(-longest // sp_size)}, or set "
+                         "it to 0 for padded micro-batches.")
     return token_budget
 
 
@@ -215,11 +223,15 @@ def _step(rows: List[List[Sequence]], pad_id: int, widths: List[int]) -> PackedS
                       [widths[s.micro] for s in order])
 
 
-def packed_logprobs(forward: Callable[[PackedStep], torch.Tensor], micro: List[dict], budget: int, hidden: int,
-                    pad_id: int, group=None) -> List[torch.Tensor]:
-    """Per-token values of every logical micro-batch ([B, T] each) computed by `forward` ([n] of one packed step)
-    over the round's sequences packed under the budget (a no-grad pass: old-policy and reference log-probs)."""
+def packed_logprobs(forward: Callable[[PackedStep, Optional[int]], torch.Tensor], micro: List[dict],
+                    budget: TokenBudget, group=None) -> List[torch.Tensor]:
+    """Per-token values of every logical micro-batch ([B, T] each) computed by `forward(step, owner)` ([n] of one
+    packed step) over the round's sequences packed under the budget (a no-grad pass: old-policy and reference
+    log-probs). With sequence parallelism the group runs every member's steps; each rank keeps its own."""
+    from .sequence_parallel import each_member
+
     widths = [mb["completion_mask"].shape[1] for mb in micro]
-    steps, = plan_steps([sequences_of(micro)], budget, hidden, pad_id, widths, group=group)
-    values = [forward(step) for step in steps]
+    steps, = plan_steps([sequences_of(micro)], budget.step_tokens, budget.hidden, budget.pad_id, widths, group=group)
+    me = budget.sp.rank if budget.sp is not None else None
+    values = [v for owner, step in each_member(steps, budget.sp) for v in [forward(step, owner)] if owner == me]
     return scatter(steps, values, [mb["completion_mask"].shape for mb in micro])

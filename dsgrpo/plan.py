@@ -269,12 +269,16 @@ def _plan(args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params
     # training transients: one micro-step's activations (a padded micro-batch, or a packed step's token budget,
     # which bounds it whatever the lengths) and one log-prob chunk
     from .layout import resolve_budget
+    from .sequence_parallel import requested_size
+    sp = requested_size(args, ds_config) if hasattr(args, "parallelism_config") else 1
     budget = resolve_budget(getattr(args, "token_budget", 0), args.per_device_train_batch_size, prompt_len,
-                            args.max_completion_length)
+                            args.max_completion_length, sp_size=sp)
     tokens = budget if budget is not None else args.per_device_train_batch_size * seq_len
     if budget is not None:
         notes.append(f"token_budget: {budget} tokens a micro-step (packed sequences; "
                      f"{'planned' if args.token_budget is None else 'set'})")
+    if sp > 1:  # each rank holds 1/N of a step's tokens (sequence_parallel.py): the budget is per rank
+        notes.append(f"sequence parallelism {sp}: a packed step of up to {sp} x {budget} tokens runs on {sp} shards")
     parts["activations"] = int(tokens * policy.activation_values_per_token(checkpointed) * b)
     chunk = min(chunk_tokens_for(policy.vocab, getattr(args, "logprob_chunk_tokens", 0)),
                 tokens if budget is not None else args.per_device_train_batch_size * args.max_completion_length)

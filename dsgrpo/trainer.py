@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import checkpoint, compat, device, dist, layout, watchdog
+from . import checkpoint, compat, device, dist, layout, sequence_parallel, watchdog
 from .algorithms import (Truncation, compute_advantages, entropy_mask, entropy_threshold, nan_std, off_policy_mask,
                          sapo_token_loss, vespo_weights)
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
@@ -103,6 +103,9 @@ class GRPOTrainer:
         self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
         hidden = getattr(model_config, "hidden_size", None)
         self.ds_config = resolve(args.deepspeed, args, hidden, "deepspeed", train=True, world_size=self.world)
+        self.sp_size = sequence_parallel.requested_size(args, self.ds_config)
+        self.ds_config.pop("sequence_parallel_size", None)  # data parallelism stays the world's (sequence_parallel.py)
+        sequence_parallel.check(self.sp_size, args, self.world, model_config, split=dist.is_split())
         if self.ds_config.get("gradient_accumulation_steps", args.gradient_accumulation_steps) != args.gradient_accumulation_steps:
             raise ValueError(f"deepspeed config sets gradient_accumulation_steps={self.ds_config['gradient_accumulation_steps']} "
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
@@ -494,7 +497,7 @@ class GRPOTrainer:
         args = self.args
         longest_prompt = self.train_prompts.longest_prompt() or args.max_prompt_length or ASSUMED_PROMPT_LENGTH
         tokens = layout.resolve_budget(args.token_budget, args.per_device_train_batch_size, longest_prompt,
-                                       args.max_completion_length)
+                                       args.max_completion_length, sp_size=self.sp_size)
         if tokens is None:
             return None
         text = getattr(model_config, "text_config", None) or model_config
@@ -503,9 +506,9 @@ class GRPOTrainer:
             leak = max(packing_leak(e, int(getattr(text, "vocab_size", 0) or 2)) for e in engines)
             if leak > self.PACKING_LEAK_TOLERANCE[self.dtype == torch.float32]:
                 name = type(getattr(self.policy, "module", self.policy)).__name__
-                if args.token_budget is not None:
+                if args.token_budget is not None or self.sp_size > 1:
                     raise ValueError(
-                        f"token_budget={args.token_budget}: {name} (attn_implementation "
+                        f"token_budget={args.token_budget} (sequence parallelism {self.sp_size}): {name} (attn_implementation "
                         f"{getattr(model_config, '_attn_implementation', None)!r}) lets packed sequences attend to "
                         f"each other (a packed sequence's hidden states moved by {leak:.2g} of their scale when its "
                         "neighbour changed), so packed steps would train on the wrong context. Set token_budget=0 "
@@ -515,7 +518,9 @@ class GRPOTrainer:
                     print(f"dsgrpo: {name} does not keep packed sequences apart (a leak of {leak:.2g}): training on "
                           "padded micro-batches (token_budget=0).", flush=True)
                 return None
-        return layout.TokenBudget(tokens, int(getattr(text, "hidden_size", 0) or 0), self.tokenizer.pad_token_id)
+        # sequence parallelism: each packed step is run by the group on shards (sequence_parallel.py)
+        sp = sequence_parallel.start(self.sp_size, self.policy.module.config, self.tokenizer.pad_token_id)
+        return layout.TokenBudget(tokens, int(getattr(text, "hidden_size", 0) or 0), self.tokenizer.pad_token_id, sp)
 
     @torch.no_grad()
     def _logprobs(self, engine, batch: Batch, truncation=None) -> List[torch.Tensor]:
@@ -523,9 +528,10 @@ class GRPOTrainer:
         truncation) or the reference (without: the KL term compares untruncated distributions)."""
         if self.budget is not None:
             return layout.packed_logprobs(
-                lambda step: packed_forward(engine, step, self.args.temperature, truncation=truncation,
-                                            chunk_tokens=self.args.logprob_chunk_tokens).logps,
-                batch.micro, self.budget.tokens, self.budget.hidden, self.budget.pad_id)
+                lambda step, owner: packed_forward(engine, step, self.args.temperature, truncation=truncation,
+                                                   chunk_tokens=self.args.logprob_chunk_tokens, sp=self.budget.sp,
+                                                   owner=owner).logps,
+                batch.micro, self.budget)
         return [completion_logprobs(engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"].shape[1],
                                     self.args.temperature, truncation=truncation,
                                     chunk_tokens=self.args.logprob_chunk_tokens)[0] for mb in batch.micro]

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from . import device, dist, layout
+from . import device, dist, layout, sequence_parallel
 from .algorithms import (AdaptiveEntropyCoef, LossHyperparams, Truncation, aggregation_weights, entropy_bonus_weights,
                          entropy_mask, entropy_threshold, policy_loss)
 from .engines import policy_forward
@@ -52,6 +52,7 @@ class PolicyUpdate:
         `budget`: packed token-budget steps (layout.py) instead of padded micro-batches."""
         self.args, self.policy, self.world, self.state = args, policy, world, state
         self.budget = budget
+        self.sp = budget.sp if budget is not None else None  # sequence parallelism: steps run on shards
         self.truncation = truncation
         self.aux_coef = router_aux_coef(args, policy.module.config)
         self.on_optimizer_step = on_optimizer_step
@@ -151,12 +152,14 @@ class PolicyUpdate:
                                          mb["sampler_logps"], keep, step_tokens),
                            1.0 / args.gradient_accumulation_steps, acc, entropy_window)
 
-    def _forward_options(self) -> dict:
+    def _forward_options(self, owner: Optional[int] = None) -> dict:
+        """The policy forward's options; `owner`: the group member whose packed step it is (sequence parallelism)."""
         args = self.args
         truncated = self.truncation is not None and self.truncation.active
-        return dict(with_entropy=True, entropy_grad=self.entropy_coef.enabled, truncation=self.truncation,
-                    with_full=truncated and args.beta != 0, router_aux=self.aux_coef != 0.0,
-                    chunk_tokens=args.logprob_chunk_tokens)
+        options = dict(with_entropy=True, entropy_grad=self.entropy_coef.enabled, truncation=self.truncation,
+                       with_full=truncated and args.beta != 0, router_aux=self.aux_coef != 0.0,
+                       chunk_tokens=args.logprob_chunk_tokens)
+        return options if self.sp is None else dict(options, sp=self.sp, owner=owner)
 
     def _high_entropy(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """TRL's top_entropy_quantile: the quantile of every rank's active-token entropies of this micro-batch."""
@@ -183,20 +186,22 @@ class PolicyUpdate:
             pieces.append((piece, False))
         self._window_micro_batches = at
         widths = [m.shape[1] for m in masks]
-        steps = layout.plan_steps([layout.sequences_of(micro, piece) for piece, _ in pieces], self.budget.tokens,
-                                  self.budget.hidden, self.budget.pad_id, widths)
+        steps = layout.plan_steps([layout.sequences_of(micro, piece) for piece, _ in pieces],
+                                  self.budget.step_tokens, self.budget.hidden, self.budget.pad_id, widths)
         weights = [aggregation_weights(args.loss_type, m, max_completion_length=args.max_completion_length,
                                        num_items_in_batch=step_tokens[j], num_processes=self.world,
                                        gradient_accumulation_steps=GA) for j, m in enumerate(masks)]
         logical = dict(masks=masks, completion=[mb["completion_mask"] for mb in micro],
                        advantages=[advantages[j * B:(j + 1) * B] for j in range(len(micro))], old=old_logps,
                        ref=ref_logps, sampler=[mb["sampler_logps"] for mb in micro], weights=weights)
-        plan = []
+        plan, me = [], self.sp.rank if self.sp is not None else None
         for (piece, closes), piece_steps in zip(pieces, steps):
             shared = {}  # the piece's high-entropy masks and bonus weights, made at its start (same weights)
             aux_scale = len(piece) / (GA * len(piece_steps))
-            for i, step in enumerate(piece_steps):
-                def run(step=step, first=i == 0, piece=piece, piece_steps=piece_steps, shared=shared,
+            # each of this rank's steps; with sequence parallelism every member's, run by the group on shards
+            runs = list(sequence_parallel.each_member(piece_steps, self.sp))
+            for i, (owner, step) in enumerate(runs):
+                def run(step=step, owner=owner, first=i == 0, piece=piece, piece_steps=piece_steps, shared=shared,
                         aux_scale=aux_scale):
                     if first:
                         keep = self._piece_keep(piece, piece_steps, masks) if args.top_entropy_quantile < 1.0 \
@@ -205,17 +210,26 @@ class PolicyUpdate:
                         if self.entropy_coef.enabled:
                             shared["bonus"] = [entropy_bonus_weights(m, None if keep is None else keep[j], GA)
                                                for j, m in enumerate(masks)]
+                    if owner != me:  # another member's step: this rank computes its shard, and learns nothing
+                        return self._stand_in(packed_forward(self.policy, step, self.args.temperature,
+                                                             **self._forward_options(owner)))
                     return self._packed_step(step, logical, shared["keep"], shared["bonus"], aux_scale, acc)
-                plan.append((run, closes and i == len(piece_steps) - 1))
+                if self.sp is not None:  # forward and backward both sharded (recomputation included)
+                    run = sequence_parallel.sharded(run)
+                plan.append((run, closes and i == len(runs) - 1))
         return plan
 
     @torch.no_grad()
     def _piece_keep(self, piece: List[int], steps, masks) -> List[Optional[torch.Tensor]]:
         """top_entropy_quantile over packed steps: the entropies of the piece's micro-batches under the current
         weights (one no-grad pass), then each micro-batch's threshold over every rank, as the padded path takes it."""
-        values = [packed_forward(self.policy, step, self.args.temperature, with_entropy=True,
-                                 truncation=self.truncation, chunk_tokens=self.args.logprob_chunk_tokens).entropy
-                  for step in steps]
+        me, values = (self.sp.rank if self.sp is not None else None), []
+        for owner, step in sequence_parallel.each_member(steps, self.sp):
+            entropy = packed_forward(self.policy, step, self.args.temperature, with_entropy=True,
+                                     truncation=self.truncation, chunk_tokens=self.args.logprob_chunk_tokens,
+                                     sp=self.sp, owner=owner).entropy
+            if owner == me:
+                values.append(entropy)
         entropies = layout.scatter(steps, values, [m.shape for m in masks])
         keep: List[Optional[torch.Tensor]] = [None] * len(masks)
         for j in dict.fromkeys(piece):  # each micro-batch once, in order: the same collectives on every rank
@@ -223,11 +237,10 @@ class PolicyUpdate:
         return keep
 
     def _packed_step(self, step, logical: dict, keep, bonus, aux_scale: float, acc) -> tuple:
-        forward = packed_forward(self.policy, step, self.args.temperature, **self._forward_options())
-        if step.empty:  # a stand-in: every rank runs as many steps; its loss reaches every parameter with weight 0
-            loss = forward.logps.sum() * 0.0 + (0.0 if forward.aux_loss is None else forward.aux_loss * 0.0)
-            self._backward_and_step(loss)
-            return 0.0, 0.0
+        forward = packed_forward(self.policy, step, self.args.temperature,
+                                 **self._forward_options(None if self.sp is None else self.sp.rank))
+        if step.empty:  # a stand-in: every rank runs as many steps
+            return self._stand_in(forward)
         forward.logps, forward.entropy, forward.full_logps = (step.rows(v) for v in (
             forward.logps, forward.entropy, forward.full_logps))
         g = step.gather
@@ -235,6 +248,13 @@ class PolicyUpdate:
                     g(logical["ref"]), g(logical["sampler"]), None if keep is None else g(keep), None,
                     g(logical["weights"]), g(bonus))
         return self._train(forward, rows, aux_scale, acc, self._window["entropy"])
+
+    def _stand_in(self, forward) -> tuple:
+        """A micro-step with nothing of this rank's to learn: its loss reaches every parameter with weight 0, so
+        the backward's collectives (ZeRO-3's, Ulysses') run as on every other rank."""
+        loss = forward.logps.sum() * 0.0 + (0.0 if forward.aux_loss is None else forward.aux_loss * 0.0)
+        self._backward_and_step(loss)
+        return 0.0, 0.0
 
     # ------------------------------------------------------------------------------------------------ both layouts
     def _train(self, forward, rows: "Rows", aux_scale: float, acc, entropy_window) -> tuple:

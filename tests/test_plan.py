@@ -265,3 +265,17 @@ def test_freed_transients_leave_the_resident_set_on_cpu():
             for mode in ("plain", "trainer")}
     assert held["plain"] > 300, held     # glibc's default: the freed blocks stay in its heap
     assert held["trainer"] < 20, held
+
+
+def test_sequence_parallelism_divides_the_activations_and_the_plan_says_so():
+    """Issue 28: with sp_size N each rank holds 1/N of a packed step's tokens, so the planned budget (one padded
+    micro-batch) is divided by N and so are the activations; 32k-token completions of a 7B model on 8 GPUs fit
+    with SP 8 where a rank alone would need the whole row's activations."""
+    common = dict(per_device_train_batch_size=1, max_prompt_length=1024, max_completion_length=32768,
+                  gradient_checkpointing=True)
+    alone = plan(grpo(**common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
+    sharded = plan(grpo(parallelism_config={"sp_backend": "deepspeed", "sp_size": 8}, **common), shape("qwen2.5-7b"),
+                   load_deepspeed_config("zero3.json"), H100x8)
+    assert sharded.parts["activations"] == pytest.approx(alone.parts["activations"] / 8, rel=1e-3)
+    assert any("sequence parallelism 8" in n and "8 shards" in n for n in sharded.notes)
+    assert sharded.peak_bytes_per_device < alone.peak_bytes_per_device

@@ -65,11 +65,18 @@ def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
                    truncation: Optional[Truncation] = None, with_full: bool = False, router_aux: bool = False,
-                   chunk_tokens: int = 0) -> Forward:
+                   chunk_tokens: int = 0, sp=None, owner: Optional[int] = None) -> Forward:
     """policy_forward over a packed step (layout.PackedStep: whole sequences end to end in each row, position ids
     restarting per sequence, no attention mask, so transformers keeps attention inside each sequence). Returns
     flat [n] values in the step's score order. A stand-in step (nothing scored) scores its one token so the
-    backward still reaches every parameter, as every rank's must under ZeRO-3; the caller gives it weight 0."""
+    backward still reaches every parameter, as every rank's must under ZeRO-3; the caller gives it weight 0.
+
+    `sp`: a sequence-parallel group runs member `owner`'s step together, each rank on its shard
+    (sequence_parallel.py); the owner gets the [n] values, the other members empty ones that still carry the
+    graph (their loss is 0 times them, so their backward runs too)."""
+    if sp is not None:
+        return _sharded_packed_forward(model, step, sp, owner, temperature, with_entropy, entropy_grad, truncation,
+                                       with_full, router_aux, chunk_tokens)
     states, head, softcap, aux = _final_states(model, step.input_ids, None, step.position_ids, 0, router_aux)
     flat = states.reshape(-1, states.shape[-1])
     at, targets = (step.score_at, step.targets) if not step.empty else (torch.zeros(1, dtype=torch.long),
@@ -78,6 +85,31 @@ def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = F
                         entropy_grad and torch.is_grad_enabled(), with_full)
     logps, entropy, full = score.all(flat[at.to(flat.device)], targets.to(flat.device),
                                      chunk_tokens_for(head.out_features, chunk_tokens))
+    if with_full and full is None:
+        full = logps
+    return Forward(logps, entropy, full, aux)
+
+
+def _sharded_packed_forward(model, step, sp, owner, temperature, with_entropy, entropy_grad, truncation, with_full,
+                            router_aux, chunk_tokens) -> Forward:
+    from .. import dist, sequence_parallel
+
+    piece = sequence_parallel.shard(step, sp)
+    with sequence_parallel.sharded_forward():
+        states, head, softcap, aux = _final_states(model, piece.input_ids, None, piece.position_ids, 0, router_aux)
+    flat = states.reshape(-1, states.shape[-1])
+    # this shard's scored tokens, then a keep-alive (its first position) that ToOwner neither sends nor weighs
+    at = torch.cat([piece.score_at, torch.zeros(1, dtype=torch.long)])
+    targets = torch.cat([piece.targets, piece.input_ids.reshape(-1)[:1]])
+    score = _ChunkScore(head, softcap, temperature, truncation, with_entropy,
+                        entropy_grad and torch.is_grad_enabled(), with_full)
+    parts = score.all(flat[at.to(flat.device)], targets.to(flat.device),
+                      chunk_tokens_for(head.out_features, chunk_tokens))
+    present = [p for p in parts if p is not None]
+    values = sequence_parallel.ToOwner.apply(torch.stack(present, dim=1), piece.counts, sp.rank, owner,
+                                             dist.sequence_parallel_rank_of(0))
+    columns = iter(values.unbind(1))
+    logps, entropy, full = (next(columns) if p is not None else None for p in parts)
     if with_full and full is None:
         full = logps
     return Forward(logps, entropy, full, aux)
