@@ -111,6 +111,8 @@ class GRPOTrainer:
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
         self.ref_ds_config = (resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False, world_size=self.world)
                               if args.beta and not self.lora_policy else None)
+        if self.ref_ds_config is not None:
+            self.ref_ds_config.pop("sequence_parallel_size", None)
         self.memory_plan = check_memory_at_start(  # resolves gradient_checkpointing 'auto'
             args, model_config, self.ds_config, ref_ds_config=self.ref_ds_config,
             reward_configs=self.rewards.model_configs(), lora_config=adapter_config,

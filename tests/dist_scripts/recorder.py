@@ -97,3 +97,28 @@ def watch_split_versions(trainer) -> dict:
         rank.receive_weights = receive
         by_version[0] = vllm_logps(trainer)
     return by_version
+
+
+def train_recording(trainer) -> dict:
+    """Train `trainer`, recording the old-policy / reference log-probs it computes (every token, flat) and its
+    micro-steps; returns them with the full parameters and the logged loss, grad_norm and entropy per step."""
+    from dsgrpo.engines.weights import named_full_parameters
+
+    seen = {"logps": [], "micro_steps": 0}
+    logprobs, step = trainer._logprobs, trainer.training_step
+
+    def recording(engine, batch, truncation=None):
+        out = logprobs(engine, batch, truncation)
+        seen["logps"].append(torch.cat([x.reshape(-1) for x in out]).tolist())
+        return out
+
+    def counting(model, inputs, num_items_in_batch=None):
+        seen["micro_steps"] += 1
+        return step(model, inputs)
+    trainer._logprobs, trainer.training_step = recording, counting
+    trainer.train()
+    rows = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+    return {"params": {n: p.tolist() for n, p in named_full_parameters(trainer.policy.module, 1 << 30)},
+            "loss": [h["loss"] for h in rows], "grad_norm": [h["grad_norm"] for h in rows],
+            "entropy": [h.get("entropy") for h in rows], "logps": seen["logps"], "micro_steps": seen["micro_steps"],
+            "steps": trainer.state.global_step}

@@ -18,9 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from datasets import Dataset  # noqa: E402
 
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, recorder  # noqa: E402
+from recorder import SHARDED_ZERO3, recorder, train_recording  # noqa: E402
 
 OUT = sys.argv[1]
 results, KEEP = {}, []
@@ -64,20 +63,7 @@ def run(name: str, sp: int, peft_config=None, trainer_class=GRPOTrainer, **overr
                     rollout_func=rollout_func, peft_config=peft_config,
                     optimizers=(lambda params: torch.optim.SGD(params, lr=args["learning_rate"]), None))
     KEEP.append(t)
-    seen = {"logps": [], "micro_steps": 0}
-    logprobs = t._logprobs
-
-    def recording(engine, batch, truncation=None):
-        out = logprobs(engine, batch, truncation)
-        seen["logps"].append(torch.cat([x.reshape(-1) for x in out]).tolist())
-        return out
-    t._logprobs = recording
-    t.train()
-    rows = [h for h in t.state.log_history if "loss" in h and "train_runtime" not in h]
-    params = {n: p.tolist() for n, p in named_full_parameters(t.policy.module, 1 << 30)}
-    return {"params": params, "loss": [h["loss"] for h in rows], "grad_norm": [h["grad_norm"] for h in rows],
-            "entropy": [h.get("entropy") for h in rows], "logps": seen["logps"], "steps": t.state.global_step,
-            "sp": 1 if t.budget.sp is None else t.budget.sp.size}
+    return dict(train_recording(t), sp=1 if t.budget.sp is None else t.budget.sp.size)
 
 
 def compare(name: str, **overrides) -> dict:
