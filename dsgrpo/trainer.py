@@ -506,6 +506,8 @@ class GRPOTrainer:
         if self.placement.trains:  # packing is exact only if attention stays inside each sequence: measure it
             engines = [self.policy] + ([self.reference] if self.reference is not None else [])
             leak = max(packing_leak(e, int(getattr(text, "vocab_size", 0) or 2)) for e in engines)
+            for engine in engines:  # ZeRO-3 kept the first module's weights gathered after the probe's forwards
+                engine.empty_partition_cache()
             if leak > self.PACKING_LEAK_TOLERANCE[self.dtype == torch.float32]:
                 name = type(getattr(self.policy, "module", self.policy)).__name__
                 if args.token_budget is not None or self.sp_size > 1:

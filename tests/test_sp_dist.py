@@ -39,7 +39,7 @@ def test_a_sequence_parallel_group_trains_as_data_parallel_ranks_do(results, nam
         assert run["param_diff"] / lr <= GRAD_TOL, run["worst"]
         assert sharded["steps"] == plain["steps"] == (20 if name == "twenty_steps" else 3)
         assert sharded["loss"] == pytest.approx(plain["loss"], abs=1e-5)
-        assert sharded["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+        assert sharded["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5, abs=1e-7)
         assert sharded["entropy"] == pytest.approx(plain["entropy"], abs=1e-5)
         assert len(plain["logps"]) == len(sharded["logps"])  # old-policy and reference log-probs, token by token
         for a, b in zip(plain["logps"], sharded["logps"]):
