@@ -162,14 +162,19 @@ def _install_attention(name: str, model_config, group) -> None:
 
 
 def _block_causal(sdpa):
-    """sdpa over the whole gathered row with a mask that keeps each packed sequence to itself: a token attends to
-    the earlier tokens of its own sequence (sequences start where position ids restart at 0)."""
+    """sdpa over the whole gathered row that keeps each packed sequence to itself (sequences start where position
+    ids restart at 0): causal sdpa on each sequence's slice, which stays on the fused O(L) kernels; a block-diagonal
+    mask over the row would take sdpa's O(L²) math path (measured: SP 2 then peaked above SP 1 at 8k tokens)."""
     def attention(module, query, key, value, attention_mask, *args, position_ids=None, **kwargs):
-        starts = (position_ids[0] == 0).cumsum(0)                                   # [L] sequence index
-        L = starts.numel()
-        mask = (starts.unsqueeze(1) == starts.unsqueeze(0)) & torch.ones(L, L, dtype=torch.bool,
-                                                                         device=starts.device).tril()
-        return sdpa(module, query, key, value, mask.view(1, 1, L, L), *args, **kwargs)
+        starts = (position_ids[0] == 0).nonzero().flatten().tolist()
+        if starts[:1] != [0]:
+            starts = [0] + starts
+        bounds = starts + [query.shape[2]]
+        if len(bounds) == 2:
+            return sdpa(module, query, key, value, None, *args, **kwargs)
+        outs = [sdpa(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, *args, **kwargs)[0]
+                for a, b in zip(bounds[:-1], bounds[1:])]
+        return torch.cat(outs, dim=1), None   # transformers' attention returns [batch, length, heads, head_dim]
     return attention
 
 

@@ -39,14 +39,20 @@ def test_the_core_attention_keeps_packed_sequences_apart():
     q, k, v = (torch.randn(1, 2, sum(lengths), 8, generator=g) for _ in range(3))
     positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
 
-    def sdpa(module, query, key, value, mask, **kwargs):
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask), None
-    out, _ = sequence_parallel._block_causal(sdpa)(None, q, k, v, None, position_ids=positions)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = SimpleNamespace(is_causal=True, num_key_value_groups=1)
+    out, _ = sequence_parallel._block_causal(sdpa_attention_forward)(module, q, k, v, None, position_ids=positions)
+    assert out.shape == (1, sum(lengths), 2, 8)   # transformers' layout: [batch, length, heads, head_dim]
     at = 0
     for n in lengths:
         alone = F.scaled_dot_product_attention(q[:, :, at:at + n], k[:, :, at:at + n], v[:, :, at:at + n], is_causal=True)
-        assert torch.allclose(out[:, :, at:at + n], alone, atol=1e-6)
+        assert torch.allclose(out[:, at:at + n], alone.transpose(1, 2), atol=1e-6)
         at += n
+    # one sequence: a single causal call
+    whole, _ = sequence_parallel._block_causal(sdpa_attention_forward)(module, q, k, v, None,
+                                                                      position_ids=torch.arange(14).unsqueeze(0))
+    assert torch.allclose(whole, F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2), atol=1e-6)
 
 
 def test_the_knob_reads_parallelism_config_and_the_deepspeed_config():
