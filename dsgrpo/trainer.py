@@ -523,7 +523,8 @@ class GRPOTrainer:
                           "padded micro-batches (token_budget=0).", flush=True)
                 return None
         # sequence parallelism: each packed step is run by the group on shards (sequence_parallel.py)
-        sp = sequence_parallel.start(self.sp_size, self.policy.module.config, self.tokenizer.pad_token_id)
+        sp = sequence_parallel.start(self.sp_size, self.policy.module.config, self.tokenizer.pad_token_id) \
+            if self.sp_size > 1 else None
         return layout.TokenBudget(tokens, int(getattr(text, "hidden_size", 0) or 0), self.tokenizer.pad_token_id, sp)
 
     @torch.no_grad()
