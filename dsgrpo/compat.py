@@ -98,7 +98,7 @@ PINS: Tuple[Pin, ...] = (
         "assignment overrides a key for every model (the instance's local mapping, read first)",
         source_has=("_local_mapping",)),
     Pin("transformers.integrations.sdpa_attention:sdpa_attention_forward", "transformers 5.19",
-        "the core sdpa attention takes a boolean mask (True: attend) and then ignores is_causal",
+        "the core sdpa attention, called without a mask on each packed sequence's slice, is causal (is_causal)",
         source_has=("attention_mask is None and is_causal",)),
     Pin("deepspeed.runtime.sequence_parallel.ulysses_sp:UlyssesSPAttentionHF", "deepspeed 0.19.8",
         "Ulysses attention (all-to-all from sequence shards to head shards and back) built directly for a batch of "

@@ -5,8 +5,8 @@ Each rank keeps its own rows and its own loss, exactly as without sequence paral
 forward: every packed step (layout.PackedStep) of each member is run by the whole group, one member's step at a
 time, each rank holding 1/N of that step's tokens (its rows laid end to end as one row, cut in N). The model's
 attention runs through DeepSpeed's UlyssesSPAttentionHF: an all-to-all turns sequence shards into head shards, the
-core attention sees the whole row for its heads (with a block-diagonal causal mask from the gathered position ids,
-so packed sequences stay apart; flash-attention's varlen path reads them itself), and a second all-to-all turns
+core attention sees the whole row for its heads (causal sdpa on each packed sequence of it, found from the gathered
+position ids; flash-attention's varlen path reads them itself), and a second all-to-all turns
 the result back. Everything else in the model works token by token. Each rank then scores the completion tokens
 that fall in its shard (log-prob, entropy, untruncated log-prob, chunked as ever) and the member whose step it is
 receives them all; in backward every shard gets the gradient of its own tokens back.
