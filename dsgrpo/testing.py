@@ -179,8 +179,8 @@ def build_model(name: str, seed: int = 0, spec: Optional[dict] = None, vocab_siz
     tokenizer = build_tokenizer(seed, vocab_size)
     family = max((k for k in MODEL_TYPES if arch.startswith(k)), key=len)
     config_cls = transformers.AutoConfig.for_model(MODEL_TYPES[family]).__class__
-    config = config_cls(vocab_size=len(tokenizer), max_position_embeddings=2048, rms_norm_eps=1e-6,
-                        bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+    spec.setdefault("max_position_embeddings", 2048)
+    config = config_cls(vocab_size=len(tokenizer), rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
                         pad_token_id=tokenizer.pad_token_id, torch_dtype="float32", **spec)
     if num_labels is not None:
         config.num_labels = num_labels
@@ -232,11 +232,12 @@ def _atomic_publish(tmp: str, path: str) -> None:
 
 
 def save_custom_model(out_dir: str, *, hidden_size: int, num_hidden_layers: int, num_attention_heads: int,
-                      vocab_size: int = VOCAB_SIZE, arch: str = "Qwen2ForCausalLM", seed: int = 0) -> str:
+                      vocab_size: int = VOCAB_SIZE, arch: str = "Qwen2ForCausalLM", seed: int = 0,
+                      max_positions: int = 2048) -> str:
     """A random-init causal LM of any size on a locally trained tokenizer (benchmarks use this)."""
     spec = dict(arch=arch, hidden_size=hidden_size, intermediate_size=4 * hidden_size, num_hidden_layers=num_hidden_layers,
                 num_attention_heads=num_attention_heads, num_key_value_heads=num_attention_heads,
-                tie_word_embeddings=False)
+                tie_word_embeddings=False, max_position_embeddings=max_positions)
     model, tokenizer = build_model("custom", seed, spec=spec, vocab_size=vocab_size)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -382,10 +383,11 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, required=True)
     parser.add_argument("--heads", type=int, required=True)
     parser.add_argument("--vocab", type=int, default=VOCAB_SIZE)
+    parser.add_argument("--max-positions", type=int, default=2048)
     parser.add_argument("--out", required=True)
     a = parser.parse_args(argv)
     save_custom_model(a.out, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                      vocab_size=a.vocab)
+                      vocab_size=a.vocab, max_positions=a.max_positions)
     n = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(a.out).parameters())
     print(f"saved {a.out}: {n / 1e6:.1f}M parameters")
     return 0
