@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 import traceback
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .config import GRPOConfig, load_yaml_mapping, parse_cli_overrides
 from .errors import CheckpointError
@@ -132,15 +132,17 @@ def plan(argv: List[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="dsgrpo plan", description="Predict a run's memory per device before launch.")
     parser.add_argument("config")
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="Devices (ranks) per node (default 8).")
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="Devices (ranks) per node (default: NUM_PROCS, else 8 GPUs, or 2 CPU ranks with --cpu).")
     parser.add_argument("--gpu-memory", default="80GB", help="Memory of one GPU, e.g. 80GB, 24GB (default 80GB).")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--cpu", action="store_true", help="Plan for this machine's CPU ranks (--gpus-per-node of "
-                                                          "them share its memory).")
+                                                          "them share its memory; 2 by default, as train.sh runs).")
     parser.add_argument("--model-config", help="A config.json to read instead of the model's (a hub id this machine "
                                                "cannot reach).")
     parser.add_argument("--json", action="store_true", help="Print the plan as one JSON object.")
     known, overrides = parser.parse_known_args(argv)
+    known.gpus_per_node = _planned_ranks_per_node(known.gpus_per_node, known.cpu)
     values = load_yaml_mapping(known.config)
     values.update(parse_cli_overrides(overrides, extra_keys=tuple(RUN_KEYS) + ("model_name_or_path",)))
     model = values.get("model") or values.get("model_name_or_path")
@@ -167,6 +169,21 @@ def plan(argv: List[str]) -> int:
                           lora_params=lora_params, asynchronous=values.get("trainer") == "async")
     print(json.dumps(result.to_json(), indent=2) if known.json else result.render())
     return 0 if result.fits else 1
+
+
+def _planned_ranks_per_node(given: Optional[int], cpu: bool) -> int:
+    """The ranks per node a plan is for: --gpus-per-node, else what launch_scripts/train.sh would start (NUM_PROCS,
+    the launcher's LOCAL_WORLD_SIZE when run under one, else 2 CPU ranks, or 8 GPUs), said on stderr when chosen."""
+    if given is not None:
+        return given
+    for name in ("NUM_PROCS", "LOCAL_WORLD_SIZE"):
+        if os.environ.get(name, "").isdigit() and int(os.environ[name]) > 0:
+            n, why = int(os.environ[name]), f"{name}={os.environ[name]}"
+            break
+    else:
+        n, why = (2, "train.sh's default on CPU") if cpu else (8, "the default; set --gpus-per-node")
+    print(f"dsgrpo plan: {n} {'CPU ranks' if cpu else 'GPUs'} per node ({why}).", file=sys.stderr, flush=True)
+    return n
 
 
 # What a wrong config or input raises before any compute starts (and CheckpointError / MemoryPlanError at start

@@ -184,7 +184,7 @@ class GRPOConfig:
     ref_model_sync_steps: int = field(default=512, metadata=_help("Optimizer steps between two sync_ref_model mixes."))
     router_aux_loss_coef: Optional[float] = field(default=None, metadata=_help("MoE policies: weight of the router's load-balancing loss added to the GRPO loss (None: the model config's, when it reports one)."))
     vllm_importance_sampling_correction: bool = field(default=True, metadata=_help("Correct for sampler/trainer logprob mismatch."))
-    vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata=_help("How the sampler correction is applied.", choices=VLLM_IS_MODES))
+    vllm_importance_sampling_mode: Optional[str] = field(default=None, metadata=_help("How the sampler correction is applied (None: TRL's sequence_mask; token_truncate for loss_type='vespo', which folds the correction in token by token).", choices=VLLM_IS_MODES))
     vllm_importance_sampling_clip_max: Optional[float] = field(default=3.0, metadata=_help("Upper bound C_max of the sampler correction (None: no upper bound)."))
     vllm_importance_sampling_clip_min: Optional[float] = field(default=None, metadata=_help("Lower bound C_min of the sampler correction (None: no lower bound)."))
     vllm_importance_sampling_cap: Optional[float] = field(default=None, metadata=_help("Deprecated in TRL: the old name of vllm_importance_sampling_clip_max (set here, it sets that)."))
@@ -341,6 +341,16 @@ class GRPOConfig:
                 raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of!r}: give a positive integer, 'auto' or None.")
         if self.eval_strategy != "no":
             self.do_eval = True  # transformers' rule
+        if self.vllm_importance_sampling_mode is None:
+            # TRL's default is sequence_mask, which VESPO cannot fold into its weight: left unset, VESPO gets the
+            # token-level mode that keeps every token (set sequence_mask explicitly and it is refused, as TRL does)
+            self.vllm_importance_sampling_mode = "token_truncate" if self.loss_type == "vespo" else "sequence_mask"
+            if (self.loss_type == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction
+                    and int(os.environ.get("RANK", "0")) == 0):
+                print("dsgrpo: loss_type='vespo': the sampler correction runs token by token "
+                      "(vllm_importance_sampling_mode='token_truncate'; TRL's default sequence_mask cannot fold into "
+                      "VESPO's weight). Set vllm_importance_sampling_mode='token_mask' to drop tokens instead.",
+                      file=sys.stderr, flush=True)
 
     def inert_warnings(self) -> list:
         """One line for each field set to something other than its default that has no effect here."""
@@ -363,6 +373,21 @@ class GRPOConfig:
         which is what DeepSpeed trains in."""
         kwargs = {k: v for k, v in (self.model_init_kwargs or {}).items() if k not in ("dtype", "torch_dtype")}
         return {**kwargs, "trust_remote_code": self.trust_remote_code}
+
+    def ignored_dtype(self, engine_dtype) -> Optional[str]:
+        """One line when model_init_kwargs names a dtype the engines will not use (model_load_kwargs leaves it
+        out), saying which precision they use and how to choose it; None when there is nothing to say."""
+        given = {k: v for k, v in (self.model_init_kwargs or {}).items() if k in ("dtype", "torch_dtype")}
+        if not given:
+            return None
+        key, value = next(iter(given.items()))
+        name = str(value).replace("torch.", "")
+        used = str(engine_dtype).replace("torch.", "")
+        if name == used:
+            return None
+        return (f"model_init_kwargs {key}={name!r} is not used: the engines hold and train the weights in {used} "
+                f"(chosen by bf16={self.bf16!r} and fp16={self.fp16!r}: DeepSpeed trains in the "
+                "precision it holds). Set bf16=True for bfloat16, fp16=True for float16, both False for float32.")
 
     @property
     def order_seed(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -92,6 +93,8 @@ class GRPOTrainer:
         self.world = self.placement.trainers
         args.validate(world_size=self.world)
         self.dtype = device.train_dtype(args.bf16, args.fp16)
+        if dist.is_main() and args.ignored_dtype(self.dtype):
+            print(f"dsgrpo: warning: {args.ignored_dtype(self.dtype)}", file=sys.stderr, flush=True)
         self.hub = make_pusher(args) if self.placement.trains else None  # a Hub that cannot take uploads fails now
         self.server = connect_generator(args)  # so does a vLLM server that is missing or refuses the token
         self.model_path, model_config = self._model_source(model, processing_class)
@@ -170,6 +173,7 @@ class GRPOTrainer:
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
         self._since_log: List[Dict[str, float]] = []  # rounds since the last logging step (the summary row's)
+        self._completion_rows: List[dict] = []  # log_completions: the last round's rows until a logging step
         self.control = self.callbacks.fire("on_init_end", args, self.state, self.control)
 
     def _check_supported(self, args, tools) -> None:
@@ -357,6 +361,8 @@ class GRPOTrainer:
                 end = self._round_end(step_before, epochs_before, preemption.requested)
                 if end.log:
                     self.sinks.log(state.global_step, metrics)
+                    if args.log_completions:
+                        self._log_completions()
                     if not end.stop:  # the last round's rows also go into the summary row, as TRL's do
                         self._since_log = []
                     self.control = self.callbacks.fire("on_log", args, state, self.control, logs=metrics)
@@ -482,13 +488,18 @@ class GRPOTrainer:
         if self.rewards.remote_names:  # a flapping scorer shows as retries before it fails a step
             retries = dist.all_reduce_sum(torch.tensor(self.rewards.pop_retries()))
             metrics.update({f"rewards/{name}/retries": n.item() for name, n in zip(self.rewards.remote_names, retries)})
-        if args.log_completions:  # every rank's rows (a collective), written by rank 0
+        if args.log_completions:  # the rows of this round (written at the next logging step) or evaluation
             offset = dist.rank() * L
-            rows = [{"prompt": str(p), "completion": str(c), "reward": float(stats["rewards"][offset + i]),
-                     "advantage": float(mine[i]), "rank": dist.rank()}
-                    for i, (p, c) in enumerate(zip(batch.prompts, batch.completions))]
-            self.sinks.log_completions(self.state.global_step, [r for part in dist.all_gather_object(rows) for r in part])
+            self._completion_rows = [{"prompt": str(p), "completion": str(c), "advantage": float(mine[i]),
+                                      "reward": float(stats["rewards"][offset + i]), "rank": dist.rank()}
+                                     for i, (p, c) in enumerate(zip(batch.prompts, batch.completions))]
         return mine, metrics
+
+    def _log_completions(self) -> None:
+        """TRL's completions table at a logging step (or an evaluation): the last scored rows of every rank (a
+        collective), written by rank 0."""
+        rows, self._completion_rows = self._completion_rows, []
+        self.sinks.log_completions(self.state.global_step, [r for part in dist.all_gather_object(rows) for r in part])
 
     # a packed sequence's states may move this much (relative) when its neighbour changes: fp32 (True) and half
     # precision (False) rounding of MoE experts' token-grouped GEMMs; measured leaks are ≥ 0.01 (Bloom) to 0.6
@@ -567,6 +578,8 @@ class GRPOTrainer:
             with self.source.paused(), phase("evaluate"):  # evaluation shares the engine
                 batch = self.source.evaluation_batch(prompts, group)
                 _, metrics = self._score(batch, group)
+                if self.args.log_completions:  # an evaluation logs its table at once, as TRL's evaluate does
+                    self._log_completions()
             prefix = f"eval_{name}_" if name else "eval_"
             out[f"{prefix}reward"] = metrics["reward"]
             out.update({f"{prefix}{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")})

@@ -160,6 +160,26 @@ def test_cli_prints_json_and_exits_by_the_verdict(tmp_path, capsys):
     assert "DOES NOT FIT" in text and "try: " in text
 
 
+def test_cli_plans_the_ranks_the_launch_script_would_start_and_says_so(tmp_path, capsys, monkeypatch):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\nper_device_train_batch_size: 4\n"
+                   "num_generations: 4\nmax_completion_length: 64\n")
+    config = os.path.join(SHAPES, "qwen2.5-0.5b.json")
+    monkeypatch.delenv("NUM_PROCS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cli(["plan", str(cfg), "--model-config", config, "--cpu", "--json"])
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["devices"] == 2  # train.sh's 2 CPU ranks, not 8 "GPUs" sharing 2 cores
+    assert "2 CPU ranks per node (train.sh's default on CPU)" in captured.err
+    monkeypatch.setenv("NUM_PROCS", "3")
+    cli(["plan", str(cfg), "--model-config", config, "--cpu", "--json"])
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["devices"] == 3 and "(NUM_PROCS=3)" in captured.err
+    cli(["plan", str(cfg), "--model-config", config, "--cpu", "--gpus-per-node", "1", "--json"])
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["devices"] == 1 and captured.err == ""  # given: nothing to say
+
+
 def test_a_hub_id_this_machine_cannot_reach_says_to_pass_a_config(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValueError, match="--model-config PATH/config.json"):

@@ -157,7 +157,8 @@ def test_the_trainer_surface_trl_users_call(results):
         assert run["summary"]["step"] == 2 and "train_loss" in run["summary"]
     main = part(results, "surface")[0]
     assert main["completion_ranks"] == [0, 1]  # every rank's rows reach the completion log
-    assert main["completion_rows"] == 4 + 4 + 8  # unique prompts: 4 per round, 8 at the evaluation
+    # at logging steps only, as TRL (logging_steps=2 of 2): unique prompts, 4 of the round logged, 8 at the evaluation
+    assert main["completion_rows"] == 4 + 8 and main["completion_steps"] == [2]
 
 
 def test_model_init_kwargs_reach_every_model_and_unused_columns_are_removed(results):

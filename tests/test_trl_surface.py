@@ -82,12 +82,24 @@ def test_refusals_name_the_field_and_the_fix():
         GRPOConfig(save_steps=2.5)
     with pytest.raises(ValueError, match="clip_min=3.0 must be less than"):
         GRPOConfig(vllm_importance_sampling_clip_min=3.0)
-    with pytest.raises(ValueError, match="vespo.*token_truncate"):
-        GRPOConfig(loss_type="vespo")  # the default sequence_mask correction cannot fold into its weight
+    with pytest.raises(ValueError, match="vespo.*token_truncate"):  # sequence_mask cannot fold into its weight
+        GRPOConfig(loss_type="vespo", vllm_importance_sampling_mode="sequence_mask")
     with pytest.raises(ValueError, match="bf16=True and fp16=True"):
         GRPOConfig(bf16=True, fp16=True)
     with pytest.raises(ValueError, match="is not one of"):
         GRPOConfig(save_strategy="best")
+
+
+def test_vespo_left_unset_corrects_token_by_token_and_says_so_once(capsys):
+    # TRL's own VESPO example: loss_type="vespo" and nothing else
+    args = GRPOConfig(loss_type="vespo")
+    assert args.vllm_importance_sampling_mode == "token_truncate"
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "vllm_importance_sampling_mode='token_truncate'" in lines[0]
+    assert GRPOConfig().vllm_importance_sampling_mode == "sequence_mask"  # TRL's default for every other loss
+    assert GRPOConfig(loss_type="vespo", vllm_importance_sampling_mode="token_mask").vllm_importance_sampling_mode \
+        == "token_mask"
+    assert capsys.readouterr().err == ""  # said only when dsgrpo chose
 
 
 def test_inert_fields_warn_once_naming_the_field(capsys):
@@ -121,6 +133,13 @@ def test_model_load_kwargs_carry_trust_remote_code_and_leave_dtype_to_the_engine
     cfg = GRPOConfig(model_init_kwargs={"attn_implementation": "eager", "torch_dtype": "bfloat16"},
                      trust_remote_code=True)
     assert cfg.model_load_kwargs == {"attn_implementation": "eager", "trust_remote_code": True}
+    # the trainer says so once, naming the precision the engines use and the fix
+    line = cfg.ignored_dtype(torch.float32)
+    assert "torch_dtype='bfloat16' is not used" in line and "in float32 (chosen by bf16=None" in line and "bf16=True" in line
+    assert GRPOConfig(bf16=True, model_init_kwargs={"dtype": torch.bfloat16}).ignored_dtype(torch.bfloat16) is None
+    assert GRPOConfig(model_init_kwargs={"dtype": "auto"}).ignored_dtype(torch.float32).startswith(
+        "model_init_kwargs dtype='auto' is not used")
+    assert GRPOConfig().ignored_dtype(torch.float32) is None
 
 
 def test_generation_kwargs_override_the_sampling_fields():

@@ -290,7 +290,7 @@ def _():
     t = GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, callbacks=[Kwargs, Dropped()],
                     eval_dataset={"small": prompts.select(range(4)), "other": prompts.select(range(4, 8))},
                     args=config("surface", max_steps=2, eval_strategy="steps", eval_steps=2, log_completions=True,
-                                num_completions_to_print=3, log_unique_prompts=True))
+                                num_completions_to_print=3, log_unique_prompts=True, logging_steps=2))
     KEEP.append(t)
     t.pop_callback(Dropped)
     t.train()
@@ -299,6 +299,7 @@ def _():
     return {"seen": seen, "model_is_module": t.model is t.policy.module,
             "evals": [h for h in t.state.log_history if any(k.startswith("eval_") for k in h)],
             "completion_ranks": sorted({r["rank"] for r in rows}), "completion_rows": len(rows),
+            "completion_steps": sorted({r["step"] for r in rows}),
             "summary": t.state.log_history[-1]}
 
 
