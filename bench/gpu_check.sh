@@ -13,21 +13,21 @@ cd "$(dirname "$0")/.."
 
 # What the GPU image lacks (its package list: the device tool's KINDS.md): DeepSpeed (an sdist: built here as a pure-
 # Python wheel; it JIT-builds its CUDA ops there) and its pydantic / hjson; datasets and its dill / multiprocess;
-# transformers and huggingface-hub at the versions dsgrpo pins (the image's may be older).
-WHEELS="hjson==3.1.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 transformers==5.19.0"
+# transformers and huggingface-hub at the versions dsgrpo pins. Every version is the GPU lock's
+# (requirements/gpu-lock.txt, what `make setup-gpu` installs), so the check runs what users install.
+pin() { grep -iE "^$1==" requirements/gpu-lock.txt || { echo "gpu_check.sh: $1 is not in requirements/gpu-lock.txt" >&2; exit 2; }; }
+WHEELS="$(pin hjson) $(pin pydantic) $(pin pydantic-core) $(pin annotated-types) $(pin typing-inspection)
+$(pin datasets) $(pin dill) $(pin multiprocess) $(pin transformers) $(pin huggingface-hub) $(pin tokenizers)"
 
 if [ "${1:-}" = "--fetch-wheels" ]; then
   PIP="${PYTHON:-.venv/bin/python} -m pip"
   mkdir -p .whl
   # a fresh build (the install's cached wheel carries the CPU shm op compiled for this Python)
-  DS_BUILD_OPS=0 $PIP wheel --no-deps --no-cache-dir deepspeed==0.19.8 -w .whl
-  hub=$(grep -E '^huggingface[-_]hub==' requirements/cpu-lock.txt || true)
-  tok=$(grep -E '^tokenizers==' requirements/cpu-lock.txt || true)
+  DS_BUILD_OPS=0 $PIP wheel --no-deps --no-cache-dir "$(pin deepspeed)" -w .whl
   # shellcheck disable=SC2086
   $PIP download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl $WHEELS $hub $tok
+    -d .whl $WHEELS
   du -sh .whl
   exit 0
 fi
@@ -44,7 +44,7 @@ timeout 540 python3 bench/gpu_check.py --out "$OUT" --timeout 300 2>&1 | tee "$O
 # Sequence parallelism (issue 28) needs two GPUs (one rank a device): on a machine with them, one long completion
 # per rank at SP 1 and SP 2 (flash-attention's varlen path if installed, else sdpa), the train phase's peak.
 if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  python3 -m dsgrpo.testing make --hidden 1024 --layers 8 --heads 16 --out /tmp/m_sp
+  python3 -m dsgrpo.testing make --hidden 1024 --layers 8 --heads 16 --max-positions 65536 --out /tmp/m_sp
   for sp in 1 2; do
     timeout 240 python3 -m torch.distributed.run --nproc_per_node 2 bench/sp_memory.py --model /tmp/m_sp \
       --lengths 8192,32768 --sp $sp 2>&1 | grep RESULT | tee -a "$OUT/sp_memory.txt" || true

@@ -17,8 +17,8 @@ dsgrpo_python() {
   fi
   missing=$("$PYTHON" -c 'import importlib.util as u; print(" ".join(m for m in ("torch", "deepspeed", "dsgrpo") if u.find_spec(m) is None))' 2>&1) || missing="a working interpreter ($missing)"
   if [[ -n $missing ]]; then
-    echo "dsgrpo: error: $PYTHON (from $PYTHON_FROM) lacks $missing. Run \`make setup\` in $checkout (CPU), install" \
-         "as README.md's GPU section says, or set PYTHON=/path/to/python." >&2
+    echo "dsgrpo: error: $PYTHON (from $PYTHON_FROM) lacks $missing. Run \`make setup\` (CPU) or \`make setup-gpu\` (GPU) in" \
+         "$checkout, or set PYTHON=/path/to/python." >&2
     return 2
   fi
   export PYTHON
