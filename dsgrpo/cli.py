@@ -173,13 +173,11 @@ def plan(argv: List[str]) -> int:
 
 def _planned_ranks_per_node(given: Optional[int], cpu: bool) -> int:
     """The ranks per node a plan is for: --gpus-per-node, else what launch_scripts/train.sh would start (NUM_PROCS,
-    the launcher's LOCAL_WORLD_SIZE when run under one, else 2 CPU ranks, or 8 GPUs), said on stderr when chosen."""
+    else 2 CPU ranks, or 8 GPUs), said on stderr when chosen."""
     if given is not None:
         return given
-    for name in ("NUM_PROCS", "LOCAL_WORLD_SIZE"):
-        if os.environ.get(name, "").isdigit() and int(os.environ[name]) > 0:
-            n, why = int(os.environ[name]), f"{name}={os.environ[name]}"
-            break
+    if os.environ.get("NUM_PROCS", "").isdigit() and int(os.environ["NUM_PROCS"]) > 0:
+        n, why = int(os.environ["NUM_PROCS"]), f"NUM_PROCS={os.environ['NUM_PROCS']}"
     else:
         n, why = (2, "train.sh's default on CPU") if cpu else (8, "the default; set --gpus-per-node")
     print(f"dsgrpo plan: {n} {'CPU ranks' if cpu else 'GPUs'} per node ({why}).", file=sys.stderr, flush=True)

@@ -144,7 +144,8 @@ def test_a_token_budget_sizes_the_activations_and_the_plan_names_it():
         plan(grpo(token_budget=1000, **common), shape("qwen2.5-7b"), load_deepspeed_config("zero3.json"), H100x8)
 
 
-def test_cli_prints_json_and_exits_by_the_verdict(tmp_path, capsys):
+def test_cli_prints_json_and_exits_by_the_verdict(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("NUM_PROCS", raising=False)
     cfg = tmp_path / "run.yaml"
     cfg.write_text("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\nper_device_train_batch_size: 8\n"
                    "max_prompt_length: 512\nmax_completion_length: 512\nbf16: true\nvllm_enable_sleep_mode: true\n"
@@ -166,7 +167,6 @@ def test_cli_plans_the_ranks_the_launch_script_would_start_and_says_so(tmp_path,
                    "num_generations: 4\nmax_completion_length: 64\n")
     config = os.path.join(SHAPES, "qwen2.5-0.5b.json")
     monkeypatch.delenv("NUM_PROCS", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     cli(["plan", str(cfg), "--model-config", config, "--cpu", "--json"])
     captured = capsys.readouterr()
     assert json.loads(captured.out)["devices"] == 2  # train.sh's 2 CPU ranks, not 8 "GPUs" sharing 2 cores
