@@ -377,11 +377,10 @@ class GRPOConfig:
     def ignored_dtype(self, engine_dtype) -> Optional[str]:
         """One line when model_init_kwargs names a dtype the engines will not use (model_load_kwargs leaves it
         out), saying which precision they use and how to choose it; None when there is nothing to say."""
-        given = {k: v for k, v in (self.model_init_kwargs or {}).items() if k in ("dtype", "torch_dtype")}
-        if not given:
+        key = next((k for k in ("dtype", "torch_dtype") if k in (self.model_init_kwargs or {})), None)
+        if key is None:
             return None
-        key, value = next(iter(given.items()))
-        name = str(value).replace("torch.", "")
+        name = str(self.model_init_kwargs[key]).replace("torch.", "")
         used = str(engine_dtype).replace("torch.", "")
         if name == used:
             return None

@@ -93,8 +93,9 @@ class GRPOTrainer:
         self.world = self.placement.trainers
         args.validate(world_size=self.world)
         self.dtype = device.train_dtype(args.bf16, args.fp16)
-        if dist.is_main() and args.ignored_dtype(self.dtype):
-            print(f"dsgrpo: warning: {args.ignored_dtype(self.dtype)}", file=sys.stderr, flush=True)
+        unused_dtype = args.ignored_dtype(self.dtype)
+        if unused_dtype and dist.is_main():
+            print(f"dsgrpo: warning: {unused_dtype}", file=sys.stderr, flush=True)
         self.hub = make_pusher(args) if self.placement.trains else None  # a Hub that cannot take uploads fails now
         self.server = connect_generator(args)  # so does a vLLM server that is missing or refuses the token
         self.model_path, model_config = self._model_source(model, processing_class)

@@ -39,16 +39,24 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def requirement_lines(path: str) -> List[str]:
+    """A requirements file's requirement lines, comments and blanks left out."""
+    lines = [line.split("#", 1)[0].strip() for line in open(path)]
+    return [line for line in lines if line]
+
+
+def name_of(requirement: str) -> str:
+    return canonical(re.split(r"[<>=!~ ;\[(]", requirement, 1)[0])
+
+
 def read_pins(path: str) -> Dict[str, str]:
     """{canonical name: version} of a file of `name==version` lines."""
     pins = {}
-    for line in open(path):
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, _, version = line.partition("==")
-            if not version:
-                raise ValueError(f"{path}: '{line}' is not pinned (name==version)")
-            pins[canonical(name)] = version.strip()
+    for line in requirement_lines(path):
+        name, _, version = line.partition("==")
+        if not version:
+            raise ValueError(f"{path}: '{line}' is not pinned (name==version)")
+        pins[canonical(name)] = version.strip()
     return pins
 
 
@@ -72,18 +80,13 @@ def resolve(requirements: List[str], timeout: int = 1500) -> Dict[str, str]:
 
 
 def source_lines() -> List[str]:
-    lines = [line.split("#", 1)[0].strip() for line in open(SOURCE)]
-    return [line for line in lines if line and canonical(re.split(r"[<>=!~ ;\[]", line, 1)[0]) not in BUILT_AT_INSTALL]
+    return [line for line in requirement_lines(SOURCE) if name_of(line) not in BUILT_AT_INSTALL]
 
 
 def built_at_install() -> Dict[str, str]:
-    pins = {}
-    for line in open(SOURCE):
-        line = line.split("#", 1)[0].strip()
-        name, _, version = line.partition("==")
-        if canonical(name) in BUILT_AT_INSTALL:
-            pins[canonical(name)] = version
-    return pins
+    """{name: version} of gpu.in's pins that pip cannot resolve here (sdists, installed last)."""
+    return {name_of(line): line.partition("==")[2] for line in requirement_lines(SOURCE)
+            if name_of(line) in BUILT_AT_INSTALL}
 
 
 def untested(pins: Dict[str, str]) -> Dict[str, str]:
@@ -100,8 +103,8 @@ def deepspeed_requirements_missing(pins: Dict[str, str]) -> List[str]:
     if metadata.version("deepspeed") != pins.get("deepspeed"):
         raise RuntimeError(f"deepspeed {metadata.version('deepspeed')} is installed here, the lock pins "
                            f"{pins.get('deepspeed')}: check against the same release")
-    names = [re.split(r"[<>=!~ ;\[(]", r, 1)[0] for r in metadata.requires("deepspeed") or [] if "extra ==" not in r]
-    return [n for n in names if canonical(n) not in pins]
+    names = [name_of(r) for r in metadata.requires("deepspeed") or [] if "extra ==" not in r]
+    return [n for n in names if n not in pins]
 
 
 def lock() -> int:

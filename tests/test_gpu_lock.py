@@ -22,8 +22,8 @@ def test_the_lock_pins_the_tested_versions_and_what_deepspeed_needs():
                                                             "transformers": "5.19.0", "peft": "0.21.2"}
     assert gpu_lock.deepspeed_requirements_missing(pins) == []
     # gpu.in's own pins are the lock's: regenerate with `make lock-gpu` after changing either
-    for line in open(gpu_lock.SOURCE):
-        name, _, version = line.split("#", 1)[0].strip().partition("==")
+    for line in gpu_lock.requirement_lines(gpu_lock.SOURCE):
+        name, _, version = line.partition("==")
         if version:
             assert pins[gpu_lock.canonical(name)] == version, name
 
