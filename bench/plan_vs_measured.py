@@ -56,7 +56,10 @@ def run(config: str, root: str) -> dict:
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", "29631",
            "--module", "dsgrpo.train", os.path.join(REPO, "examples", "cpu_demo.yaml"),
            "--model", model_for(config, root), "--output_dir", out, *COMMON, *overrides(config)]
-    env = dict(os.environ, DS_ACCELERATOR="cpu", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
+    # DSGRPO_TRIM_HEAP=1: the plan is of live memory; a run whose plan leaves room would otherwise skip the heap trims
+    # that make the resident peak follow it (device.choose_heap_trimming)
+    env = dict(os.environ, DS_ACCELERATOR="cpu", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false",
+               DSGRPO_TRIM_HEAP="1")
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     with open(out + ".log", "w") as fh:
         fh.write(proc.stdout + proc.stderr)

@@ -4,6 +4,7 @@ CPU thread budget. Everything else asks here."""
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 
@@ -73,11 +74,31 @@ def _libc():
 
 _libc_handle = None
 
+# The trims cost: the pages handed back fault in again at the next phase (the CPU demo: ~0.2 s of a 0.87 s step; W1
+# ~0.4 s of a 4.2 s train phase). So they run where the room is needed: when the start-up plan's peak takes more
+# than TRIM_HEAP_ABOVE of a rank's memory, or when there is no plan. DSGRPO_TRIM_HEAP=1 always trims (what
+# bench/plan_vs_measured.py compares with the plan is then the live peak), =0 never.
+TRIM_HEAP_ABOVE = 0.5
+_trim_heap = True
+
+
+def choose_heap_trimming(planned_fraction: Optional[float]) -> bool:
+    """Decide once at start-up whether return_freed_memory trims; `planned_fraction` is the plan's peak over a
+    rank's memory (None: no plan). Returns the choice."""
+    global _trim_heap
+    forced = os.environ.get("DSGRPO_TRIM_HEAP", "")
+    if forced not in ("", "0", "1"):
+        raise ValueError(f"DSGRPO_TRIM_HEAP={forced!r}: set it to 1 (always trim the CPU heap), 0 (never) or unset it "
+                         f"(trim when the memory plan's peak is over {TRIM_HEAP_ABOVE:.0%} of a rank's memory).")
+    _trim_heap = forced == "1" if forced else planned_fraction is None or planned_fraction > TRIM_HEAP_ABOVE
+    return _trim_heap
+
 
 def return_freed_memory() -> None:
     """CPU: hand the pages of freed heap blocks back to the OS (glibc's malloc_trim: microseconds, plus re-faulting
-    what is allocated again). Each phase and each optimizer step then start from live memory."""
-    libc = None if on_gpu() else _libc()
+    what is allocated again). Each phase and each optimizer step then start from live memory. A no-op when
+    choose_heap_trimming decided the room is not needed."""
+    libc = None if on_gpu() or not _trim_heap else _libc()
     if libc:
         libc.malloc_trim(0)
 

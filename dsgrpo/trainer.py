@@ -122,6 +122,8 @@ class GRPOTrainer:
             reward_configs=self.rewards.model_configs(), lora_config=adapter_config,
             asynchronous=self.rollout_source.generates_while_training, world=dist.world_size(dist.EVERYONE),
             local_world=dist.local_world_size(), prompt_length=self.train_prompts.longest_prompt())
+        plan = self.memory_plan
+        device.choose_heap_trimming(plan.peak_bytes_per_device / plan.hardware.device_bytes if plan else None)
         if args.sync_ref_model and self.lora_policy:
             raise ValueError("sync_ref_model=True with a LoRA policy: its reference is the base model with the adapter "
                              "switched off, which has nothing to mix into. Drop sync_ref_model or train without LoRA.")

@@ -265,7 +265,8 @@ for _ in range(200):   # 200 x 2 MiB transients between long-lived blocks, then 
     kept.append(touched(256 << 10))
 for p in blocks:
     libc.free(p)
-if sys.argv[1] == "trainer":
+if sys.argv[1] != "plain":   # "trainer": the plan needs the room; "roomy": it takes a tenth of the rank's memory
+    device.choose_heap_trimming(0.9 if sys.argv[1] == "trainer" else 0.1)
     device.return_freed_memory()
 print((proc_kib("/proc/self/status", "VmRSS") - base - 200 * (256 << 10)) / 2**20)   # MiB held beyond the kept
 """
@@ -282,9 +283,29 @@ def test_freed_transients_leave_the_resident_set_on_cpu():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     held = {mode: float(subprocess.run([sys.executable, "-c", FREED_MEMORY_PROBE, mode], env=env, cwd=REPO,
                                        capture_output=True, text=True, timeout=120, check=True).stdout.split()[-1])
-            for mode in ("plain", "trainer")}
+            for mode in ("plain", "trainer", "roomy")}
     assert held["plain"] > 300, held     # glibc's default: the freed blocks stay in its heap
     assert held["trainer"] < 20, held
+    assert held["roomy"] > 300, held     # issue 29: a plan with room skips the trims (they cost the next phase faults)
+
+
+def test_heap_trimming_follows_the_plan_unless_the_environment_says(monkeypatch):
+    from dsgrpo import device
+
+    monkeypatch.delenv("DSGRPO_TRIM_HEAP", raising=False)
+    try:
+        assert device.choose_heap_trimming(None) is True          # no plan: trim (the safe side)
+        assert device.choose_heap_trimming(0.9) is True
+        assert device.choose_heap_trimming(0.1) is False
+        monkeypatch.setenv("DSGRPO_TRIM_HEAP", "1")
+        assert device.choose_heap_trimming(0.1) is True
+        monkeypatch.setenv("DSGRPO_TRIM_HEAP", "0")
+        assert device.choose_heap_trimming(0.9) is False
+        monkeypatch.setenv("DSGRPO_TRIM_HEAP", "yes")
+        with pytest.raises(ValueError, match="DSGRPO_TRIM_HEAP='yes'.*1 .*0"):
+            device.choose_heap_trimming(0.9)
+    finally:
+        device._trim_heap = True
 
 
 def test_sequence_parallelism_divides_the_activations_and_the_plan_says_so():
