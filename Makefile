@@ -64,8 +64,8 @@ test-unit: setup
 test-dist: setup
 	$(PY) -m pytest -q -m "dist or slow" tests
 
-# The CPU demo: a format-only warm-up of the tiny model (seconds), then 2 ZeRO-3 ranks with colocated vLLM
-# learn the copy_digits task (about 2 minutes on 2 cores), print a learning curve and write report.html.
+# The CPU demo: a format-only warm-up of the tiny model (seconds), then 2 DeepSpeed ranks with colocated vLLM
+# learn the copy_digits task (about 3 minutes on 2 cores), print a learning curve and write report.html.
 demo: setup
 	$(PY) -m dsgrpo.tasks warmup --out outputs/demo/init_model
 	bash launch_scripts/train.sh examples/cpu_demo.yaml
