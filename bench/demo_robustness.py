@@ -6,11 +6,14 @@ first and last 5 generation rounds (the trainer's summary line), their ratio and
 
 Goal (issue 32): every run ends with last-5 ≥ 0.5 and ≥ 3× the first 5, in 2–3 minutes on 2 cores.
 
-The forced instruction set: on an AVX-512 CPU it is AVX2 (the other common x86 server ISA); on an AVX2 CPU, which
-cannot run AVX-512, it is the scalar / SSE4.2 kernels. Three knobs move the numerics, each read at process start:
-ATEN_CPU_CAPABILITY (torch's vectorised kernels: softmax, norms, elementwise and, for these small shapes, its own
-matmuls), MKL_ENABLE_INSTRUCTIONS (MKL's GEMMs) and ONEDNN_MAX_CPU_ISA (oneDNN). The ranks inherit them through
-the launcher. Figures, not assertions."""
+The forced instruction set: on an AVX-512 CPU it is AVX2 (the other common x86 server ISA): torch's vectorised
+kernels (ATEN_CPU_CAPABILITY=avx2), MKL's GEMMs (MKL_CBWR=AVX2, MKL's own switch for a fixed code path) and oneDNN
+(ONEDNN_MAX_CPU_ISA=AVX2). An AVX2 CPU cannot run AVX-512, so there MKL's GEMMs are forced down to its
+SSE2-compatible path (MKL_CBWR=COMPATIBLE) and oneDNN to SSE4.1; torch's own kernels stay AVX2, because
+ATEN_CPU_CAPABILITY=default breaks the C++ that torch.compile generates for vLLM's sampler (torch 2.13: `at::vec`
+undeclared). MKL_ENABLE_INSTRUCTIONS changed no result on an AMD EPYC and is not used. The ranks inherit these
+through the launcher; vLLM's own CPU kernels (attention) keep the ISA they were built for. Figures, not
+assertions."""
 
 from __future__ import annotations
 
@@ -36,10 +39,8 @@ def has_avx512() -> bool:
 def forced_isa() -> tuple:
     """(name, environment) of the instruction set one step below this CPU's."""
     if has_avx512():
-        return "AVX2 (forced)", {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                                 "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    return "scalar/SSE4.2 (forced)", {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-                                      "ONEDNN_MAX_CPU_ISA": "SSE41"}
+        return "AVX2 (forced)", {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    return "SSE GEMMs (forced)", {"MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 
 def run(seed: int, isa: str, out: str, extra: list) -> dict:
