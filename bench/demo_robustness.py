@@ -72,6 +72,9 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join(REPO, "outputs", "demo_robustness"))
     parser.add_argument("extra", nargs="*", help="more overrides for the demo config, after --")
     args = parser.parse_args()
+    unknown = set(args.isa.split(",")) - {"native", "forced"}
+    if unknown:
+        parser.error(f"--isa {args.isa}: {sorted(unknown)} unknown; use native, forced or native,forced")
     os.makedirs(args.out, exist_ok=True)
     subprocess.run([sys.executable, "-m", "dsgrpo.tasks", "warmup", "--out", os.path.join(args.out, "init_model")],
                    cwd=REPO, check=True)
