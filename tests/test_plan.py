@@ -280,7 +280,8 @@ def test_freed_transients_leave_the_resident_set_on_cpu():
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "DSGRPO_TRIM_HEAP"))}  # the probe decides
+    # the probe makes the trimming choice itself: neither glibc's nor dsgrpo's environment knobs may
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "DSGRPO_TRIM_HEAP"))}
     held = {mode: float(subprocess.run([sys.executable, "-c", FREED_MEMORY_PROBE, mode], env=env, cwd=REPO,
                                        capture_output=True, text=True, timeout=120, check=True).stdout.split()[-1])
             for mode in ("plain", "trainer", "roomy")}
