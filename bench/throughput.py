@@ -47,8 +47,8 @@ def main() -> int:
     p.add_argument("--max-completion-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32, help="completions per optimizer step, all ranks")
     p.add_argument("--hf-generate", action="store_true", help="use the HF generate backend instead of vLLM")
-    p.add_argument("--deepspeed", default="auto", help="'auto' (dsgrpo's default: ZeRO-2 in one process, ZeRO-3 "
-                   "over more ranks), or a file in ds_configs/")
+    p.add_argument("--deepspeed", default="auto", help="'auto' (dsgrpo's default: ZeRO-2 where the memory plan "
+                   "fits whole weights, else ZeRO-3), or a file in ds_configs/")
     p.add_argument("--parts", action="store_true", help="also time each part of a step alone")
     p.add_argument("--async", dest="use_async", action="store_true", help="AsyncGRPOTrainer instead of GRPOTrainer")
     p.add_argument("--placement", default="colocate", choices=["colocate", "split"])

@@ -147,6 +147,13 @@ def check_resume(path: str, args, world_size: int, model_config, adapter: Option
     check_can_continue(state["identity"], run_identity(args, world_size, model_config, adapter), path)
 
 
+def deepspeed_auto_of(path: str) -> Dict[str, str]:
+    """What deepspeed / ref_deepspeed "auto" resolved to in the run that wrote checkpoint `path` ({} before dsgrpo
+    recorded it, when auto meant ZeRO-3 with more than one rank): a resume with "auto" keeps it."""
+    with open(os.path.join(path, "trainer_state.json")) as fh:
+        return dict(json.load(fh).get("deepspeed_auto") or {})
+
+
 def _model_fingerprint(config) -> Dict[str, Any]:
     keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "tie_word_embeddings")
     return {k: getattr(config, k, None) for k in keys}
@@ -206,8 +213,8 @@ def save(trainer) -> str:
     digests = dist.all_gather_object((failure, share))
     failures = [f for f, _ in digests if f]
     if not failures and dist.is_main():
-        failure = _attempt(lambda: _publish(partial, final, {k: v for _, d in digests for k, v in d.items()}, args, step),
-                           args.output_dir)
+        failure = _attempt(lambda: _publish(partial, final, {k: v for _, d in digests for k, v in d.items()}, args, step,
+                                            trainer.state.best_model_checkpoint), args.output_dir)
     _agree_or_fail(failures[0] if failures else failure, partial, "checkpoint published")
     return final
 
@@ -289,7 +296,9 @@ def _write_trainer_state(trainer, partial: str, step: int) -> None:
              "num_input_tokens_seen": trainer.state.num_input_tokens_seen, "max_steps": trainer.state.max_steps,
              "epoch": trainer.state.epoch, "log_history": trainer.state.log_history,
              "entropy_control": trainer.update.entropy_coef.state_dict(), "model_only": bool(args.save_only_model),
-             "identity": run_identity(args, trainer.world, trainer.policy.module.config, trainer.adapter)}
+             "identity": run_identity(args, trainer.world, trainer.policy.module.config, trainer.adapter),
+             "deepspeed_auto": trainer.deepspeed_auto,
+             **{k: getattr(trainer.state, k) for k in BEST_FIELDS}}
     with open(os.path.join(partial, "trainer_state.json"), "w") as fh:
         json.dump(state, fh)
     args.save(os.path.join(partial, "resolved_config.yaml"))
@@ -303,7 +312,8 @@ def _write_trainer_state(trainer, partial: str, step: int) -> None:
     trainer.tokenizer.save_pretrained(partial)
 
 
-def _publish(partial: str, final: str, digests: Dict[str, Dict[str, Any]], args, step: int) -> None:
+def _publish(partial: str, final: str, digests: Dict[str, Dict[str, Any]], args, step: int,
+             best: Optional[str]) -> None:
     with open(os.path.join(partial, CHECKSUMS), "w") as fh:
         json.dump(dict(sorted(digests.items())), fh, indent=0)
     open(os.path.join(partial, COMPLETE), "w").close()
@@ -311,7 +321,7 @@ def _publish(partial: str, final: str, digests: Dict[str, Dict[str, Any]], args,
         shutil.rmtree(final)
     os.rename(partial, final)
     _point_latest(args.output_dir, checkpoint_name(step))
-    prune(args.output_dir, args.save_total_limit)
+    prune(args.output_dir, args.save_total_limit, keep_also=best)
 
 
 # ------------------------------------------------------------------------------------------------ checksums
@@ -415,11 +425,59 @@ def _point_latest(output_dir: str, name: str) -> None:
     os.replace(tmp, os.path.join(output_dir, "latest"))
 
 
-def prune(output_dir: str, keep: Optional[int]) -> None:
+def prune(output_dir: str, keep: Optional[int], keep_also: Optional[str] = None) -> None:
+    """Keep the newest `keep` checkpoints, and `keep_also` (the best one) wherever it is."""
     if not keep:
         return
+    spared = os.path.realpath(keep_also) if keep_also else None
     for path in complete_checkpoints(output_dir)[:-keep]:
-        shutil.rmtree(path, ignore_errors=True)
+        if os.path.realpath(path) != spared:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ the best checkpoint
+BEST_FIELDS = ("best_metric", "best_model_checkpoint", "best_global_step")  # transformers' TrainerState fields
+
+
+def check_best_metric(args, eval_sets: List[str], reward_names: List[str]) -> None:
+    """Refuse, before anything loads, a metric_for_best_model that no evaluation of this run will log."""
+    metric = args.metric_for_best_model
+    if metric is None:
+        return
+    if not eval_sets or args.eval_strategy == "no":
+        raise ValueError(f"metric_for_best_model={metric!r} ranks checkpoints by an evaluation, and this run has "
+                         f"{'no eval_dataset' if not eval_sets else 'eval_strategy=no'}. Pass an eval_dataset and set "
+                         "eval_strategy ('steps' or 'epoch'), or unset metric_for_best_model and load_best_model_at_end.")
+    logged = [f"{f'eval_{name}_' if name else 'eval_'}{key}" for name in eval_sets
+              for key in ["reward", *(f"rewards/{r}/mean" for r in reward_names)]]
+    if metric not in logged:
+        raise ValueError(f"metric_for_best_model={metric!r} is not an evaluation metric of this run; it logs "
+                         f"{logged}. Set metric_for_best_model to one of them.")
+
+
+def consider_best(state, args, evaluation: Optional[tuple], path: str) -> Optional[tuple]:
+    """Before checkpoint `path` of state.global_step is written: if an evaluation (step, metrics) ran at this step
+    and its metric_for_best_model beats state.best_metric, this checkpoint becomes the best. Returns what the
+    record was, to put back if the save fails (None: unchanged)."""
+    metric = args.metric_for_best_model
+    if metric is None or evaluation is None or evaluation[0] != state.global_step:
+        return None
+    value = evaluation[1][metric]
+    best = state.best_metric
+    if best is not None and not (value > best if args.greater_is_better else value < best):
+        return None
+    before = tuple(getattr(state, k) for k in BEST_FIELDS)
+    state.best_metric, state.best_model_checkpoint, state.best_global_step = float(value), path, state.global_step
+    return before
+
+
+def load_weights(trainer, path: str) -> None:
+    """The policy's weights (and optimizer state, which DeepSpeed restores with them) from checkpoint `path` of this
+    run (every training rank): load_best_model_at_end."""
+    loaded, _ = trainer.policy.load_checkpoint(path, tag=ENGINE_TAG, load_optimizer_states=True,
+                                               load_lr_scheduler_states=True, load_module_strict=not trainer.lora_policy)
+    if loaded is None:
+        raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
 
 
 class CheckpointCanRunCodeWarning(UserWarning):
@@ -474,6 +532,8 @@ def load(trainer, path: str) -> None:
     trainer.state.log_history = state["log_history"]
     if "entropy_control" in state:
         trainer.update.entropy_coef.load_state_dict(state["entropy_control"])
+    for key in BEST_FIELDS:  # the best checkpoint so far stays the one to beat
+        setattr(trainer.state, key, state.get(key))
     trainer.last_checkpoint = path
 
 

@@ -158,15 +158,21 @@ def plan(argv: List[str]) -> int:
     else:
         hardware = planner.Hardware(known.gpus_per_node, known.nodes, planner.parse_bytes(known.gpu_memory), gpu=True)
     peft = values.get("peft_config")
-    lora_params = None
+    lora_config = lora_params = None
     if peft:
         from .engines.lora import as_lora_config
-        lora_params = planner.lora_parameter_count(model_config, as_lora_config(peft))
+        lora_config = as_lora_config(peft)
+        lora_params = planner.lora_parameter_count(model_config, lora_config)
     world = known.gpus_per_node * known.nodes
+    asynchronous = values.get("trainer") == "async"
+    ds_spec, ref_ds_spec, auto_choice = planner.choose_deepspeed(args, model_config, hardware, world=world,
+                                                                 lora_config=lora_config, asynchronous=asynchronous)
     result = planner.plan(args, planner.ModelShape.from_config(model_config),
-                          load_deepspeed_config(args.deepspeed, "deepspeed", world), hardware,
-                          ref_ds_config=load_deepspeed_config(args.ref_deepspeed, "ref_deepspeed", world),
-                          lora_params=lora_params, asynchronous=values.get("trainer") == "async")
+                          load_deepspeed_config(ds_spec, "deepspeed", world), hardware,
+                          ref_ds_config=load_deepspeed_config(ref_ds_spec, "ref_deepspeed", world),
+                          lora_params=lora_params, asynchronous=asynchronous)
+    if auto_choice:
+        result.notes.insert(0, auto_choice)
     print(json.dumps(result.to_json(), indent=2) if known.json else result.render())
     return 0 if result.fits else 1
 

@@ -212,8 +212,8 @@ class GRPOConfig:
     vllm_group_port: int = field(default=51216, metadata=_help("vllm_mode='server': port of the weight-update communicator."))
 
     # ------------------------------------------------------------------ dsgrpo's own
-    deepspeed: Optional[Union[str, dict]] = field(default="auto", metadata=_help("Policy DeepSpeed config: a path, a file name in ds_configs/, or a dict ('auto' values inside are filled from this config). 'auto' (or None, TRL's default): zero3.json when more than one rank trains, zero2.json in a world of one, where ZeRO-3 would partition nothing, cost its hooks and leave trainer.model's parameters empty."))
-    ref_deepspeed: Optional[Union[str, dict]] = field(default="auto", metadata=_help("Reference and reward models' DeepSpeed config (frozen engines). 'auto' (or None): zero3_inference.json with more than one rank, inference.json (no partitioning) in a world of one."))
+    deepspeed: Optional[Union[str, dict]] = field(default="auto", metadata=_help("Policy DeepSpeed config: a path, a file name in ds_configs/, or a dict ('auto' values inside are filled from this config). 'auto' (or None, TRL's default): chosen by the memory plan at start (said in one line): zero2.json when the whole weights fit in 80% of a device (and always in a world of one), zero3.json when they must be sharded; a resumed run keeps its checkpoint's choice."))
+    ref_deepspeed: Optional[Union[str, dict]] = field(default="auto", metadata=_help("Reference and reward models' DeepSpeed config (frozen engines). 'auto' (or None): with deepspeed's choice (plan.py): inference.json (no partitioning) where the weights fit, zero3_inference.json where they are sharded."))
     vllm_kv_cache_bytes: Optional[int] = field(default=None, metadata=_help("KV-cache size per vLLM engine in bytes (None: sized from the machine, at most 1 GiB per rank on CPU)."))
     vllm_enforce_eager: Optional[bool] = field(default=None, metadata=_help("Run vLLM's model eagerly: no torch.compile, no CUDA graphs. None: compiled on GPU (vLLM's default); on CPU compiled when the run decodes enough tokens to repay compiling (~20 s at start-up; then a decode step ~20% faster on small models), eager for short runs."))
     weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket."))
@@ -265,9 +265,9 @@ class GRPOConfig:
     batch_eval_metrics: bool = _inert(False, "GRPO evaluation has no compute_metrics", "Batched compute_metrics.")
     save_on_each_node: bool = _inert(False, "rank 0 writes shared files; every rank writes its own shards, on a shared file system", "Save on every node.")
     enable_jit_checkpoint: bool = _inert(False, "SIGTERM/SIGUSR1 already end the round with a checkpoint and exit 75 (preemption)", "Checkpoint on SIGTERM.")
-    load_best_model_at_end: bool = _inert(False, "there is no eval metric to rank checkpoints by; the final model is the last step's", "Load the best checkpoint at the end.")
-    metric_for_best_model: Optional[str] = _inert(None, "see load_best_model_at_end", "Metric of the best checkpoint.")
-    greater_is_better: Optional[bool] = _inert(None, "see load_best_model_at_end", "Direction of metric_for_best_model.")
+    load_best_model_at_end: bool = field(default=False, metadata=_help("At the end, the final model (output_dir, and what `push_to_hub` uploads) is the best checkpoint's by metric_for_best_model instead of the last step's. Needs evaluation and checkpoints at the same steps (eval_strategy = save_strategy, save_steps a multiple of eval_steps)."))
+    metric_for_best_model: Optional[str] = field(default=None, metadata=_help("An evaluation metric that ranks the checkpoints, e.g. 'eval_reward', 'reward' (the 'eval_' prefix is added as transformers does), 'eval_rewards/<function>/mean' or 'eval_<set>_reward' for a named eval set. The best checkpoint is recorded in trainer_state.json and never pruned by save_total_limit. None: 'eval_reward' when load_best_model_at_end, else no tracking."))
+    greater_is_better: Optional[bool] = field(default=None, metadata=_help("Direction of metric_for_best_model. None: True, unless the metric's name ends in 'loss' (transformers' rule)."))
     ignore_data_skip: bool = _inert(False, "resuming never replays data: the prompt order is a function of the round", "Skip the data replay on resume.")
     restore_callback_states_from_checkpoint: bool = _inert(False, "callbacks keep no state in checkpoints", "Restore callback states.")
     full_determinism: bool = _inert(False, "runs are seeded per round and slot, and resume exactly; torch's deterministic-algorithms mode is not forced (vLLM kernels refuse it)", "Deterministic algorithms everywhere.")
@@ -341,6 +341,12 @@ class GRPOConfig:
                 raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of!r}: give a positive integer, 'auto' or None.")
         if self.eval_strategy != "no":
             self.do_eval = True  # transformers' rule
+        if self.load_best_model_at_end and self.metric_for_best_model is None:
+            self.metric_for_best_model = "eval_reward"  # transformers' default is the eval loss; GRPO has no eval loss
+        if self.metric_for_best_model is not None and not self.metric_for_best_model.startswith("eval_"):
+            self.metric_for_best_model = f"eval_{self.metric_for_best_model}"
+        if self.metric_for_best_model is not None and self.greater_is_better is None:
+            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         if self.vllm_importance_sampling_mode is None:
             # TRL's default is sequence_mask, which VESPO cannot fold into its weight: left unset, VESPO gets the
             # token-level mode that keeps every token (set sequence_mask explicitly and it is refused, as TRL does)
@@ -534,6 +540,16 @@ class GRPOConfig:
             raise ValueError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1).")
         if self.eval_delay < 0:
             raise ValueError(f"eval_delay={self.eval_delay} must be >= 0.")
+        if self.load_best_model_at_end:  # transformers' rules: every checkpoint must come with its evaluation
+            if self.eval_strategy == "no" or self.save_strategy != self.eval_strategy:
+                raise ValueError(f"load_best_model_at_end=True needs evaluations at the checkpoints: eval_strategy="
+                                 f"{self.eval_strategy!r} and save_strategy={self.save_strategy!r}. Set both to 'steps' "
+                                 "(or both to 'epoch').")
+            eval_steps = self.eval_steps if self.eval_steps is not None else self.logging_steps
+            if self.save_strategy == "steps" and (eval_steps >= 1) == (self.save_steps >= 1) and \
+                    round(self.save_steps / eval_steps, 6) != int(round(self.save_steps / eval_steps, 6)):
+                raise ValueError(f"load_best_model_at_end=True: save_steps={self.save_steps} must be a multiple of "
+                                 f"eval_steps={eval_steps}, so every checkpoint has its evaluation.")
 
     def _check_sampler_correction(self) -> None:
         lo, hi = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
@@ -726,9 +742,10 @@ def _type_name(hint: Any) -> str:
     return "None" if hint is type(None) else getattr(hint, "__name__", str(hint))
 
 
-# What deepspeed / ref_deepspeed = "auto" (or None) mean, by the number of ranks that train: ZeRO-3 shards the
-# models over them; in a world of one it would shard nothing, so the parameters stay whole (ZeRO-2 still runs the
-# same optimizer, checkpoints and exports; the frozen engines need no ZeRO at all).
+# What deepspeed / ref_deepspeed = "auto" (or None) mean without a memory plan, by the number of ranks that train:
+# ZeRO-3 shards the models over them; in a world of one it would shard nothing, so the parameters stay whole (ZeRO-2
+# still runs the same optimizer, checkpoints and exports; the frozen engines need no ZeRO at all). The trainer and
+# `dsgrpo plan` resolve "auto" with the plan first (plan.choose_deepspeed): whole weights wherever they fit.
 AUTO_DEEPSPEED = {"deepspeed": ("zero2.json", "zero3.json"), "ref_deepspeed": ("inference.json", "zero3_inference.json")}
 
 

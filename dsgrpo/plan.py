@@ -5,8 +5,8 @@ GRPOConfig and the DeepSpeed config.
 What one device holds (a rank: a GPU, or on CPU one process's resident memory):
   policy       ZeRO shard of parameters, gradients and AdamW state (16-bit weights and grads, fp32 master + m + v;
                stage < 3 keeps some whole; offload moves them to host memory), plus the largest gathered module
-  reference    beta != 0: the frozen copy, ZeRO-3 sharded (none for LoRA: the base model is the reference)
-  reward       sequence-classification reward models, ZeRO-3 sharded
+  reference    beta != 0: the frozen copy, whole or ZeRO-3 sharded (ref_deepspeed; none for LoRA: the base model)
+  reward       sequence-classification reward models, as the reference
   vLLM         colocate: its weights ÷ tensor_parallel_size, KV cache, activations of its profile run (on GPU vLLM
                takes vllm_gpu_memory_utilization × the device for all of these; sleep mode frees them while training)
   activations  one micro-batch of the policy: with checkpointing each layer's input, plus one layer recomputed
@@ -56,6 +56,13 @@ class Hardware:
             import torch
             return cls(local_ranks, nodes, torch.cuda.get_device_properties(0).total_memory, True)
         return cls(local_ranks, nodes, available_host_bytes() // max(1, local_ranks), False)
+
+    @classmethod
+    def this_run(cls) -> "Hardware":
+        """This machine's devices, as many per node as this run's local ranks, on as many nodes as the run spans."""
+        from . import dist
+        local = max(1, dist.local_world_size())
+        return cls.this_machine(local, nodes=max(1, dist.world_size(dist.EVERYONE) // local))
 
 
 def available_host_bytes() -> int:
@@ -157,8 +164,8 @@ PART_NOTES = {
     "policy/gradients": "ZeRO shard of the gradients",
     "policy/optimizer_state": "fp32 master + AdamW m, v (0 when offloaded)",
     "policy/gathered_parameters": "ZeRO-3's live gathered weights (stage3_max_live_parameters)",
-    "reference/parameters": "beta != 0, ZeRO-3 sharded",
-    "reward_models/parameters": "ZeRO-3 sharded",
+    "reference/parameters": "beta != 0 (ref_deepspeed: whole, or ZeRO-3 sharded)",
+    "reward_models/parameters": "ref_deepspeed: whole, or ZeRO-3 sharded",
     "vllm/weights": "÷ vllm_tensor_parallel_size",
     "vllm/activations": "its profile run and sampler",
     "vllm/kv_cache": "vllm_kv_cache_bytes, or what vllm_gpu_memory_utilization leaves",
@@ -229,10 +236,11 @@ def _plan(args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params
     max_live = 1e9 if max_live == "auto" else float(max_live)
     gathered = max(2 * policy.largest_module, min(policy.params, max_live)) * b if stage == 3 else 0
     parts["policy/gathered_parameters"] = int(gathered)
+    ref_stage = int(((ref_ds_config or {}).get("zero_optimization") or {}).get("stage", 3))
+    frozen_share = W if ref_stage == 3 else 1  # the reference and reward models: ref_deepspeed's engines
     if args.beta and lora_params is None:
-        ref_stage = int(((ref_ds_config or {}).get("zero_optimization") or {}).get("stage", 3))
-        parts["reference/parameters"] = int(policy.params * b / (W if ref_stage == 3 else 1))
-    parts["reward_models/parameters"] = int(sum(r.params * b / W for r in reward_models))
+        parts["reference/parameters"] = int(policy.params * b / frozen_share)
+    parts["reward_models/parameters"] = int(sum(r.params * b / frozen_share for r in reward_models))
 
     # the colocated vLLM engine
     tp = max(1, args.vllm_tensor_parallel_size)
@@ -425,6 +433,59 @@ def lora_parameter_count(model_config, lora_config) -> int:
                 (not isinstance(targets, str) and leaf in set(targets)):
             count += lora_config.r * (module.in_features + module.out_features)
     return count
+
+
+# ------------------------------------------------------------------------------------ deepspeed: "auto", by the plan
+# With more than one rank, "auto" replicates the weights (ZeRO-2 for the policy: gradients and AdamW state sharded;
+# frozen engines unpartitioned) when the plan fits them in this share of a device, and shards them (ZeRO-3) when it
+# does not: ZeRO-3 gathers every layer's weights for every forward and backward, which costs more than it saves
+# wherever the whole model fits (W1, 32M parameters on 2 CPU ranks: see the README's speed notes).
+AUTO_REPLICATED_SHARE = 0.8
+REPLICATED = {"deepspeed": "zero2.json", "ref_deepspeed": "inference.json"}
+SHARDED = {"deepspeed": "zero3.json", "ref_deepspeed": "zero3_inference.json"}
+
+
+def _is_auto(spec) -> bool:
+    return spec is None or spec == "auto"
+
+
+def choose_deepspeed(args, model_config, hardware: Hardware, *, world: int, reward_configs=(), lora_config=None,
+                     asynchronous: bool = False, prompt_length: Optional[int] = None,
+                     resumed: Optional[dict] = None):
+    """(deepspeed, ref_deepspeed, why): the configs a run uses, "auto" resolved for `world` training ranks; `why` is
+    a line saying what "auto" chose, or None when nothing was auto. `resumed`: what "auto" chose for the run that
+    wrote the checkpoint being resumed ({field: file}); auto keeps it, so the engines' states load as written."""
+    from .config import load_deepspeed_config
+
+    specs = {"deepspeed": args.deepspeed, "ref_deepspeed": args.ref_deepspeed}
+    auto = [k for k, v in specs.items() if _is_auto(v)]
+    if not auto:
+        return specs["deepspeed"], specs["ref_deepspeed"], None
+    if world == 1:  # nothing to shard: ZeRO-3 would only cost its hooks
+        chosen, why = REPLICATED, "one training rank"
+    elif resumed is not None:
+        chosen, why = {**SHARDED, **resumed}, "as the run that wrote the checkpoint being resumed"
+    else:
+        try:
+            candidate = {k: (REPLICATED[k] if k in auto else v) for k, v in specs.items()}
+            result = plan(args, ModelShape.from_config(model_config),
+                          load_deepspeed_config(candidate["deepspeed"], "deepspeed", world), hardware,
+                          ref_ds_config=load_deepspeed_config(candidate["ref_deepspeed"], "ref_deepspeed", world),
+                          reward_models=[ModelShape.from_config(c, sequence_classification=True) for c in reward_configs],
+                          lora_params=lora_parameter_count(model_config, lora_config) if lora_config is not None else None,
+                          asynchronous=asynchronous, prompt_length=prompt_length)
+        except Exception as exc:  # noqa: BLE001 - a model the planner cannot shape: shard, the safe choice
+            chosen, why = SHARDED, f"no memory plan ({type(exc).__name__})"
+        else:
+            share = result.peak_bytes_per_device / result.hardware.device_bytes
+            if share <= AUTO_REPLICATED_SHARE:
+                chosen, why = REPLICATED, f"whole weights fit ({share:.0%} of a device planned)"
+            else:
+                chosen, why = SHARDED, f"whole weights would take {share:.0%} of a device"
+    resolved = {k: (chosen[k] if k in auto else v) for k, v in specs.items()}
+    line = (f"deepspeed auto: {' + '.join(f'{k}={resolved[k]}' for k in auto)} for {world} training rank(s): {why}. "
+            "Name a file in deepspeed / ref_deepspeed to choose.")
+    return resolved["deepspeed"], resolved["ref_deepspeed"], line
 
 
 # ---------------------------------------------------------------------------------------------- the trainer's check

@@ -34,7 +34,7 @@ from .engines.forward import packed_forward, packing_leak
 from .engines.weights import named_full_parameters
 from .hub import make_pusher
 from .logging import MetricSinks, set_log_levels
-from .plan import ASSUMED_PROMPT_LENGTH, check_at_start as check_memory_at_start
+from .plan import ASSUMED_PROMPT_LENGTH, Hardware, check_at_start as check_memory_at_start, choose_deepspeed
 from .preemption import Preemption
 from .rewards import RewardStack
 from .rollout import SamplingConfig, check_against_checkpoint, connect_generator, make_generator
@@ -105,20 +105,23 @@ class GRPOTrainer:
                                    trust_remote_code=args.trust_remote_code, code_sandbox=args.code_sandbox)
         self.tool_runner = ToolRunner(tools, args.tool_timeout_s) if tools else None  # checks the schemas now
         self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
+        checkpoint.check_best_metric(args, list(self.eval_prompts or {}), self.rewards.names)
         hidden = getattr(model_config, "hidden_size", None)
-        self.ds_config = resolve(args.deepspeed, args, hidden, "deepspeed", train=True, world_size=self.world)
+        self.resume_path = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
+        ds_spec, ref_ds_spec = self._deepspeed_specs(args, model_config, adapter_config)
+        self.ds_config = resolve(ds_spec, args, hidden, "deepspeed", train=True, world_size=self.world)
         self.sp_size = sequence_parallel.requested_size(args, self.ds_config)
         self.ds_config.pop("sequence_parallel_size", None)  # data parallelism stays the world's (sequence_parallel.py)
         sequence_parallel.check(self.sp_size, args, self.world, model_config, split=dist.is_split())
         if self.ds_config.get("gradient_accumulation_steps", args.gradient_accumulation_steps) != args.gradient_accumulation_steps:
             raise ValueError(f"deepspeed config sets gradient_accumulation_steps={self.ds_config['gradient_accumulation_steps']} "
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
-        self.ref_ds_config = (resolve(args.ref_deepspeed, args, hidden, "ref_deepspeed", train=False, world_size=self.world)
-                              if args.beta and not self.lora_policy else None)
-        if self.ref_ds_config is not None:
-            self.ref_ds_config.pop("sequence_parallel_size", None)
+        self.frozen_ds_spec = ref_ds_spec  # the reference's and the reward models' engines
+        frozen_ds_config = resolve(ref_ds_spec, args, hidden, "ref_deepspeed", train=False, world_size=self.world)
+        frozen_ds_config.pop("sequence_parallel_size", None)
+        self.ref_ds_config = frozen_ds_config if args.beta and not self.lora_policy else None
         self.memory_plan = check_memory_at_start(  # resolves gradient_checkpointing 'auto'
-            args, model_config, self.ds_config, ref_ds_config=self.ref_ds_config,
+            args, model_config, self.ds_config, ref_ds_config=frozen_ds_config,
             reward_configs=self.rewards.model_configs(), lora_config=adapter_config,
             asynchronous=self.rollout_source.generates_while_training, world=dist.world_size(dist.EVERYONE),
             local_world=dist.local_world_size(), prompt_length=self.train_prompts.longest_prompt())
@@ -128,7 +131,6 @@ class GRPOTrainer:
             raise ValueError("sync_ref_model=True with a LoRA policy: its reference is the base model with the adapter "
                              "switched off, which has nothing to mix into. Drop sync_ref_model or train without LoRA.")
         self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
-        self.resume_path = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
         if self.resume_path:  # refuse a checkpoint this run cannot continue before anything is written
             checkpoint.check_resume(self.resume_path, args, self.world, model_config, self.adapter)
         self.spg = args.resolved_steps_per_generation(self.world)
@@ -175,6 +177,7 @@ class GRPOTrainer:
                                     self.truncation, self.budget) if self.placement.trains else None)
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
+        self._last_evaluation = None  # (step, metrics) of the newest evaluation
         self._since_log: List[Dict[str, float]] = []  # rounds since the last logging step (the summary row's)
         self._completion_rows: List[dict] = []  # log_completions: the last round's rows until a logging step
         self.control = self.callbacks.fire("on_init_end", args, self.state, self.control)
@@ -313,7 +316,7 @@ class GRPOTrainer:
             reference = ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
             prepare_model(reference, args)
             self.reference = build_inference_engine(reference, self.ref_ds_config)
-        self.rewards.load_models(args=args, ds_spec=args.ref_deepspeed, dtype=self.dtype, world_size=self.world)
+        self.rewards.load_models(args=args, ds_spec=self.frozen_ds_spec, dtype=self.dtype, world_size=self.world)
         if args.use_vllm and args.vllm_mode == "colocate":  # a server checks its own (ServerGenerator.attach)
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
         self.callbacks.context.update(model=self.policy.module, processing_class=self.tokenizer,
@@ -377,6 +380,8 @@ class GRPOTrainer:
                 if end.preempted:
                     self.sinks.close()
                     raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
+        if args.load_best_model_at_end:
+            self._load_best_model()
         self.save_model(args.output_dir)
         if self.hub is not None:
             self.hub.on_end(args.output_dir)
@@ -413,13 +418,36 @@ class GRPOTrainer:
 
     def save_checkpoint(self) -> str:
         """checkpoint-<step>/ with engine, trainer, rollout-source and RNG states (every rank calls it)."""
-        with self.source.paused(), phase("checkpoint"):  # a still source: it holds exactly what was sampled so far
-            path = checkpoint.save(self)
+        planned = os.path.join(self.args.output_dir, checkpoint.checkpoint_name(self.state.global_step))
+        best_before = checkpoint.consider_best(self.state, self.args, self._last_evaluation, planned)
+        try:
+            with self.source.paused(), phase("checkpoint"):  # a still source: it holds exactly what was sampled so far
+                path = checkpoint.save(self)
+        except BaseException:
+            if best_before is not None:  # the record must not name a checkpoint that was never written
+                for key, value in zip(checkpoint.BEST_FIELDS, best_before):
+                    setattr(self.state, key, value)
+            raise
         self.update.last_checkpoint = path
         if self.hub is not None:
             self.hub.on_save(path, self.args.output_dir, lambda: self.write_model(self.args.output_dir))
         self.control = self.callbacks.fire("on_save", self.args, self.state, self.control, checkpoint=path)
         return path
+
+    def _load_best_model(self) -> None:
+        """load_best_model_at_end: the final model is the best checkpoint's (transformers' behaviour)."""
+        best, state = self.state.best_model_checkpoint, self.state
+        if best is None or not os.path.isdir(best):
+            if dist.is_main():
+                why = best or "no evaluation ran at a checkpoint"
+                print(f"dsgrpo: warning: load_best_model_at_end: no best checkpoint ({why}); the final model is the "
+                      "last step's.", flush=True)
+            return
+        if dist.is_main():
+            print(f"dsgrpo: load_best_model_at_end: the final model is {best} (step {state.best_global_step}, "
+                  f"{self.args.metric_for_best_model} {state.best_metric:.4g})", flush=True)
+        with phase("checkpoint"):
+            checkpoint.load_weights(self, best)
 
     def _resume(self, path: str) -> None:
         with phase("resume"):
@@ -587,6 +615,7 @@ class GRPOTrainer:
             out[f"{prefix}reward"] = metrics["reward"]
             out.update({f"{prefix}{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")})
         self.state.log_history.append({"step": self.state.global_step, "epoch": self.state.epoch, **out})
+        self._last_evaluation = (self.state.global_step, out)  # ranks the checkpoint of this step (checkpoint.py)
         self.sinks.log(self.state.global_step, out)
         self.control = self.callbacks.fire("on_evaluate", self.args, self.state, self.control, metrics=out)
         return out
@@ -635,6 +664,20 @@ class GRPOTrainer:
         dist.barrier("model saved before anyone reads it")
 
     # ================================================================================================ set-up
+    def _deepspeed_specs(self, args, model_config, adapter_config):
+        """The policy's and the frozen engines' DeepSpeed configs: "auto" is chosen by the memory plan (whole weights
+        where they fit, plan.choose_deepspeed), or kept from the checkpoint being resumed; recorded in checkpoints."""
+        ds_spec, ref_ds_spec, auto_choice = choose_deepspeed(
+            args, model_config, Hardware.this_run(), world=self.world, reward_configs=self.rewards.model_configs(),
+            lora_config=adapter_config, asynchronous=self.rollout_source.generates_while_training,
+            prompt_length=self.train_prompts.longest_prompt(),
+            resumed=checkpoint.deepspeed_auto_of(self.resume_path) if self.resume_path else None)
+        self.deepspeed_auto = {k: v for k, v in (("deepspeed", ds_spec), ("ref_deepspeed", ref_ds_spec))
+                               if getattr(args, k) in (None, "auto")}
+        if auto_choice and dist.is_main():
+            print(f"dsgrpo: {auto_choice}", flush=True)
+        return ds_spec, ref_ds_spec
+
     def _prompt_sources(self, train_dataset, eval_dataset, model_config):
         """The training prompts (and evaluation prompts, or None), tokenised and checked against the context."""
         args = self.args

@@ -168,3 +168,16 @@ def test_callbacks_steer_the_loop_through_trainer_control(results):
         assert run["saved"][-1] == [4, None] and run["model_saved"]  # the end of training saves the model
     # step 3's training and evaluation rows, then the summary row at the end (transformers' train_runtime row)
     assert ranks[0]["metric_lines"] == [[3, False], [3, True], [4, False]]
+
+
+def test_the_best_checkpoint_is_kept_recorded_through_a_resume_and_becomes_the_final_model(results):
+    ranks = part(results, "best_model")
+    for run in ranks:
+        # evaluations after steps 1-4 score 0, 10, 0, -10 on step_reward: checkpoint-2 is the best
+        assert run["best"].endswith("checkpoint-2") and run["best_step"] == 2
+        assert 10.0 <= run["best_metric"] <= 10.0 + 1e-6
+        assert run["checkpoints"] == ["checkpoint-2", "checkpoint-4"]  # save_total_limit=1 spares the best
+        assert run["resumed_best"].endswith("checkpoint-2")  # the record came back with the resume
+        assert run["resumed_checkpoints"] == ["checkpoint-2", "checkpoint-5"]
+    assert ranks[0]["final_vs_best"] <= 1e-6  # load_best_model_at_end: the final model is checkpoint-2's
+    assert ranks[0]["final_vs_last"] > 1e-4   # which the three later steps had moved away from

@@ -94,6 +94,9 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(runs):
     got = json.load(open(runs["chain"] / "final_logps.json"))
     assert max(abs(x - y) for x, y in zip(ref["logps"], got["logps"])) <= 1e-6
     assert got["resumed_from"].endswith("checkpoint-5") and got["steps"] == 6
+    # what ref_deepspeed 'auto' chose (whole weights: the plan fits them) is recorded, and a resume keeps it
+    latest = runs["chain"] / (runs["chain"] / "latest").read_text().strip()
+    assert json.load(open(latest / "trainer_state.json"))["deepspeed_auto"] == {"ref_deepspeed": "inference.json"}
 
 
 def test_a_rank_killed_under_the_deepspeed_launcher_is_named(tmp_path):

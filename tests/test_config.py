@@ -1,5 +1,7 @@
 """GRPOConfig: TRL 1.16 defaults, YAML/CLI round trips, and the validation errors (message content)."""
 
+import os
+
 import pytest
 import yaml
 
@@ -148,3 +150,58 @@ def test_vllm_enforce_eager_auto_compiles_only_runs_long_enough_to_repay_it():
     # an explicit value wins both ways
     assert enforce_eager(cfg(max_completion_length=512, vllm_enforce_eager=True), total_steps=400) is True
     assert enforce_eager(cfg(max_completion_length=8, vllm_enforce_eager=False), total_steps=1) is False
+
+
+def test_the_best_model_fields_follow_transformers_rules():
+    cfg = GRPOConfig(load_best_model_at_end=True, eval_strategy="steps", eval_steps=5, save_steps=10)
+    assert cfg.metric_for_best_model == "eval_reward" and cfg.greater_is_better is True  # GRPO has no eval loss
+    assert GRPOConfig(metric_for_best_model="rewards/f/mean").metric_for_best_model == "eval_rewards/f/mean"
+    assert GRPOConfig(metric_for_best_model="eval_loss").greater_is_better is False
+    assert GRPOConfig(metric_for_best_model="eval_reward", greater_is_better=False).greater_is_better is False
+    with pytest.raises(ValueError, match="load_best_model_at_end=True needs evaluations at the checkpoints: "
+                                         "eval_strategy='no'"):
+        GRPOConfig(load_best_model_at_end=True)
+    with pytest.raises(ValueError, match="save_steps=15 must be a multiple of eval_steps=10"):
+        GRPOConfig(load_best_model_at_end=True, eval_strategy="steps", eval_steps=10, save_steps=15)
+    with pytest.raises(ValueError, match="eval_strategy='steps' and save_strategy='epoch'"):
+        GRPOConfig(load_best_model_at_end=True, eval_strategy="steps", save_strategy="epoch")
+
+
+def test_the_best_checkpoint_is_recorded_only_with_its_evaluation_and_survives_pruning(tmp_path):
+    from types import SimpleNamespace
+
+    from dsgrpo import checkpoint
+
+    args = GRPOConfig(metric_for_best_model="reward", eval_strategy="steps")
+    state = SimpleNamespace(global_step=2, best_metric=None, best_model_checkpoint=None, best_global_step=None)
+    assert checkpoint.consider_best(state, args, (1, {"eval_reward": 0.9}), "ck-2") is None  # not this step's
+    assert checkpoint.consider_best(state, args, (2, {"eval_reward": 0.5}), "ck-2") == (None, None, None)
+    assert (state.best_metric, state.best_model_checkpoint, state.best_global_step) == (0.5, "ck-2", 2)
+    state.global_step = 4
+    assert checkpoint.consider_best(state, args, (4, {"eval_reward": 0.4}), "ck-4") is None  # worse: unchanged
+    state.global_step = 6
+    assert checkpoint.consider_best(state, args, (6, {"eval_reward": 0.7}), "ck-6") == (0.5, "ck-2", 2)
+    assert state.best_model_checkpoint == "ck-6"
+    lower = GRPOConfig(metric_for_best_model="eval_loss", eval_strategy="steps")
+    state = SimpleNamespace(global_step=1, best_metric=0.3, best_model_checkpoint="a", best_global_step=0)
+    assert checkpoint.consider_best(state, lower, (1, {"eval_loss": 0.2}), "b") and state.best_model_checkpoint == "b"
+    # pruning keeps the newest save_total_limit checkpoints and the best one wherever it is
+    for step in (1, 2, 3, 4):
+        os.makedirs(tmp_path / f"checkpoint-{step}")
+        for name in ("COMPLETE", "trainer_state.json"):
+            open(tmp_path / f"checkpoint-{step}" / name, "w").close()
+    checkpoint.prune(str(tmp_path), 1, keep_also=str(tmp_path / "checkpoint-2"))
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_a_best_metric_no_evaluation_logs_is_refused_naming_the_ones_it_does():
+    from dsgrpo import checkpoint
+
+    args = GRPOConfig(metric_for_best_model="eval_accuracy", eval_strategy="steps")
+    with pytest.raises(ValueError, match=r"metric_for_best_model='eval_accuracy' is not an evaluation metric of this "
+                                         r"run; it logs \['eval_reward', 'eval_rewards/f/mean', 'eval_hard_reward'"):
+        checkpoint.check_best_metric(args, ["", "hard"], ["f"])
+    with pytest.raises(ValueError, match="no eval_dataset"):
+        checkpoint.check_best_metric(args, [], ["f"])
+    checkpoint.check_best_metric(GRPOConfig(metric_for_best_model="eval_hard_reward", eval_strategy="steps"),
+                                 ["", "hard"], ["f"])

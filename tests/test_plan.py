@@ -12,8 +12,8 @@ from datasets import Dataset
 from dsgrpo import GRPOConfig, GRPOTrainer
 from dsgrpo.cli import main as cli
 from dsgrpo.config import load_deepspeed_config
-from dsgrpo.plan import (GiB, Hardware, MemoryPlanError, ModelShape, config_for_world, lora_parameter_count,
-                         parse_bytes, plan, read_model_config)
+from dsgrpo.plan import (GiB, Hardware, MemoryPlanError, ModelShape, choose_deepspeed, config_for_world,
+                         lora_parameter_count, parse_bytes, plan, read_model_config)
 from dsgrpo.testing import tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -321,3 +321,43 @@ def test_sequence_parallelism_divides_the_activations_and_the_plan_says_so():
     assert sharded.parts["activations"] == pytest.approx(alone.parts["activations"] / 8, rel=1e-3)
     assert any("sequence parallelism 8" in n and "8 shards" in n for n in sharded.notes)
     assert sharded.peak_bytes_per_device < alone.peak_bytes_per_device
+
+
+def test_deepspeed_auto_replicates_the_weights_where_the_plan_fits_them_and_shards_them_where_not():
+    small, big = (read_model_config(os.path.join(SHAPES, f"{n}.json")) for n in ("qwen2.5-0.5b", "qwen2.5-32b"))
+    args = grpo(max_prompt_length=512, max_completion_length=1024, per_device_train_batch_size=8, beta=0.04)
+    policy, ref, why = choose_deepspeed(args, small, H100x8, world=8)
+    assert (policy, ref) == ("zero2.json", "inference.json") and "whole weights fit" in why
+    policy, ref, why = choose_deepspeed(args, big, H100x8, world=8)
+    assert (policy, ref) == ("zero3.json", "zero3_inference.json") and "would take" in why
+    # the verdict is the plan's: replicated 32B weights take over 80% of a device, sharded ones much less
+    replicated = plan(args, shape("qwen2.5-32b"), load_deepspeed_config("zero2.json"), H100x8,
+                      ref_ds_config=load_deepspeed_config("inference.json")).peak_bytes_per_device
+    sharded = plan(args, shape("qwen2.5-32b"), load_deepspeed_config("zero3.json"), H100x8,
+                   ref_ds_config=load_deepspeed_config("zero3_inference.json")).peak_bytes_per_device
+    assert replicated > 0.8 * 80 * GiB and sharded < 0.6 * replicated
+    assert choose_deepspeed(args, big, H100x8, world=1)[:2] == ("zero2.json", "inference.json")  # nothing to shard
+    # a named file is kept; only the field left "auto" is chosen
+    named = grpo(max_prompt_length=512, deepspeed="zero3.json", ref_deepspeed="zero3_inference.json")
+    assert choose_deepspeed(named, small, H100x8, world=8) == ("zero3.json", "zero3_inference.json", None)
+    half = grpo(max_prompt_length=512, deepspeed="zero3.json")
+    assert choose_deepspeed(half, small, H100x8, world=8)[:2] == ("zero3.json", "inference.json")
+    # a resume keeps what its checkpoint's run chose; a checkpoint from before the choice was recorded was sharded
+    assert choose_deepspeed(args, small, H100x8, world=8, resumed={})[:2] == ("zero3.json", "zero3_inference.json")
+    recorded = {"deepspeed": "zero2.json", "ref_deepspeed": "inference.json"}
+    assert choose_deepspeed(args, big, H100x8, world=8, resumed=recorded)[:2] == ("zero2.json", "inference.json")
+
+
+def test_cli_plans_what_deepspeed_auto_would_choose_and_says_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("NUM_PROCS", raising=False)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model_name_or_path: Qwen/Qwen2.5-32B-Instruct\nmax_prompt_length: 512\nbf16: true\n")
+    cli(["plan", str(cfg), "--model-config", os.path.join(SHAPES, "qwen2.5-32b.json"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["notes"][0].startswith("deepspeed auto: deepspeed=zero3.json + ref_deepspeed=zero3_inference.json")
+    assert out["parts"]["policy/gathered_parameters"] > 0  # planned as ZeRO-3, the choice it names
+    cfg.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\nmax_prompt_length: 512\nbf16: true\n")
+    assert cli(["plan", str(cfg), "--model-config", os.path.join(SHAPES, "qwen2.5-0.5b.json"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["notes"][0].startswith("deepspeed auto: deepspeed=zero2.json") and \
+        out["parts"]["policy/gathered_parameters"] == 0

@@ -220,6 +220,61 @@ def _():
             "model_saved": os.path.isfile(os.path.join(out, "config.json")), "metric_lines": logged_lines}
 
 
+# ------------------------------------------------------------------ 6. the best checkpoint (metric_for_best_model)
+STEP = {"now": 0}
+
+
+class StepWatch:
+    def on_step_end(self, args, state, control, **kwargs):
+        STEP["now"] = state.global_step
+
+
+def step_reward(prompts, completions, **kwargs):
+    """10 after step 2, 0 after steps 1 and 3, -10 after 4: the same for every completion of a round (no
+    advantage), so evaluations rank the checkpoints by it while digit_fraction does the training."""
+    return [10.0 * (1 - abs(STEP["now"] - 2))] * len(completions)
+
+
+def safetensors_of(folder):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(folder, "model.safetensors"))
+
+
+@check("best_model")
+def _():
+    from dsgrpo import checkpoint
+    data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
+    out = os.path.join(OUT, "best")
+    common = dict(learning_rate=1e-2, max_completion_length=8, eval_strategy="steps", eval_steps=1, save_steps=1,
+                  save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="rewards/step_reward/mean")
+    trainer = GRPOTrainer(tiny_model("qwen2"), [digit_fraction, step_reward], train_dataset=data,
+                          eval_dataset=data.select(range(4)), callbacks=[StepWatch()],
+                          args=config("best", max_steps=4, **common))
+    KEEP.append(trainer)
+    trainer.train()
+    first = {"best": trainer.state.best_model_checkpoint, "best_step": trainer.state.best_global_step,
+             "best_metric": trainer.state.best_metric,
+             "checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-"))}
+    # resumed for a fifth step (-20 after it): the record carries over and checkpoint-2 is still spared
+    resumed = GRPOTrainer(tiny_model("qwen2"), [digit_fraction, step_reward], train_dataset=data,
+                          eval_dataset=data.select(range(4)), callbacks=[StepWatch()],
+                          args=config("best", max_steps=5, resume_from_checkpoint=os.path.join(out, "checkpoint-4"),
+                                      **common))
+    KEEP.append(resumed)
+    resumed.train()
+    result = {**first, "resumed_best": resumed.state.best_model_checkpoint,
+              "resumed_checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-"))}
+    # the final model is checkpoint-2's weights, not the last step's (every rank calls export: the checksum check
+    # it starts with is collective when a process group exists; rank 0's folders are read)
+    best = checkpoint.export(os.path.join(out, "checkpoint-2"), os.path.join(OUT, f"best_export_2_{dist.rank()}"))
+    last = checkpoint.export(os.path.join(out, "checkpoint-5"), os.path.join(OUT, f"best_export_5_{dist.rank()}"))
+    if dist.is_main():
+        final, best_w, last_w = safetensors_of(out), safetensors_of(best), safetensors_of(last)
+        result["final_vs_best"] = max((final[k] - best_w[k]).abs().max().item() for k in best_w)
+        result["final_vs_last"] = max((final[k] - last_w[k]).abs().max().item() for k in last_w)
+    return result
+
+
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
     json.dump(results, fh)
 dist.barrier("results written")

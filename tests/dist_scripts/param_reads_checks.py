@@ -1,8 +1,8 @@
 """Run under `torchrun --nproc_per_node N` (N = 1 or 2): user code that reads trainer.model's parameters the way
 TRL's tests and callbacks do (autograd-tracked clones, detached clones, sums and norms with and without grad) before
 training, in a callback after every step and after training, and the same run without those reads (issue 26). The
-default DeepSpeed config resolves by the world ('auto': ZeRO-2 in a world of one, ZeRO-3 over two ranks); an
-explicit ZeRO-3 config that really shards runs in both worlds. Records numbers in OUT/result-<rank>.json.
+default DeepSpeed config resolves by the memory plan ('auto': ZeRO-2 and a whole reference wherever the weights
+fit, which a tiny model's do in both worlds); an explicit ZeRO-3 config that really shards runs in both worlds. Records numbers in OUT/result-<rank>.json.
 
 Usage: torchrun --nproc_per_node N tests/dist_scripts/param_reads_checks.py OUT
 """
@@ -92,11 +92,10 @@ def _():
     return with_and_without_reads("zero3", deepspeed=SHARDED_ZERO3)
 
 
-@check("trl_pattern")
-def _():
-    """TRL's tests: clone every parameter, train, and see each one move through get_parameter (real weights in a
-    world of one; under ZeRO-3 a parameter outside a gather is empty)."""
-    t = trainer("trl_pattern", False, learning_rate=0.1, beta=0.04, sync_ref_model=True, ref_model_sync_steps=1)
+def trl_pattern(name, **overrides):
+    """TRL's tests: clone every parameter, train, and see each one move through get_parameter (real weights by
+    default; under ZeRO-3 a parameter outside a gather is empty)."""
+    t = trainer(name, False, learning_rate=0.1, beta=0.04, sync_ref_model=True, ref_model_sync_steps=1, **overrides)
     previous = {n: p.clone() for n, p in t.model.named_parameters()}
     previous_ref = {n: p.clone() for n, p in t.ref_model.named_parameters()}
     t.train()
@@ -105,6 +104,17 @@ def _():
             "empty": [n for n, p in t.model.named_parameters() if p.numel() == 0],
             "ref_unchanged": [n for n, p in previous_ref.items() if torch.equal(p, t.ref_model.get_parameter(n))],
             "ref_is_module": t.ref_model is t.reference.module, "no_ref_at_beta_0": KEEP[0].ref_model is None}
+
+
+@check("trl_pattern")
+def _():
+    return trl_pattern("trl_pattern")
+
+
+if dist.world_size() > 1:
+    @check("trl_pattern_zero3")
+    def _():
+        return trl_pattern("trl_pattern_zero3", deepspeed=SHARDED_ZERO3, ref_deepspeed="zero3_inference.json")
 
 
 @check("training_step")
