@@ -439,17 +439,16 @@ def prune(output_dir: str, keep: Optional[int], keep_also: Optional[str] = None)
 BEST_FIELDS = ("best_metric", "best_model_checkpoint", "best_global_step")  # transformers' TrainerState fields
 
 
-def check_best_metric(args, eval_sets: List[str], reward_names: List[str]) -> None:
-    """Refuse, before anything loads, a metric_for_best_model that no evaluation of this run will log."""
+def check_best_metric(args, logged: List[str]) -> None:
+    """Refuse, before anything loads, a metric_for_best_model that no evaluation of this run will log (`logged`:
+    evaluation.metric_names)."""
     metric = args.metric_for_best_model
     if metric is None:
         return
-    if not eval_sets or args.eval_strategy == "no":
+    if not logged or args.eval_strategy == "no":
         raise ValueError(f"metric_for_best_model={metric!r} ranks checkpoints by an evaluation, and this run has "
-                         f"{'no eval_dataset' if not eval_sets else 'eval_strategy=no'}. Pass an eval_dataset and set "
+                         f"{'no eval_dataset' if not logged else 'eval_strategy=no'}. Pass an eval_dataset and set "
                          "eval_strategy ('steps' or 'epoch'), or unset metric_for_best_model and load_best_model_at_end.")
-    logged = [f"{f'eval_{name}_' if name else 'eval_'}{key}" for name in eval_sets
-              for key in ["reward", *(f"rewards/{r}/mean" for r in reward_names)]]
     if metric not in logged:
         raise ValueError(f"metric_for_best_model={metric!r} is not an evaluation metric of this run; it logs "
                          f"{logged}. Set metric_for_best_model to one of them.")

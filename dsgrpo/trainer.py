@@ -34,6 +34,7 @@ from .engines.forward import packed_forward, packing_leak
 from .engines.weights import named_full_parameters
 from .hub import make_pusher
 from .logging import MetricSinks, set_log_levels
+from . import evaluation
 from .plan import ASSUMED_PROMPT_LENGTH, Hardware, check_at_start as check_memory_at_start, choose_deepspeed
 from .preemption import Preemption
 from .rewards import RewardStack
@@ -105,7 +106,8 @@ class GRPOTrainer:
                                    trust_remote_code=args.trust_remote_code, code_sandbox=args.code_sandbox)
         self.tool_runner = ToolRunner(tools, args.tool_timeout_s) if tools else None  # checks the schemas now
         self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
-        checkpoint.check_best_metric(args, list(self.eval_prompts or {}), self.rewards.names)
+        self.correctness_column = evaluation.check(args, self.rewards.names)  # pass@k's right / wrong
+        checkpoint.check_best_metric(args, evaluation.metric_names(args, list(self.eval_prompts or {}), self.rewards.names))
         hidden = getattr(model_config, "hidden_size", None)
         self.resume_path = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
         ds_spec, ref_ds_spec = self._deepspeed_specs(args, model_config, adapter_config)
@@ -506,6 +508,7 @@ class GRPOTrainer:
         adv, stats = compute_advantages(rewards, group, reward_weights=args.reward_weights,
                                         scale_rewards=args.scale_rewards_mode,
                                         multi_objective_aggregation=args.multi_objective_aggregation)
+        self._scored = (stats["rewards"], rewards)  # every rank's weighted totals [N] and per function [N, K]
         L = len(r)
         mine = adv[dist.rank() * L:(dist.rank() + 1) * L]
         metrics = {"reward": torch.nanmean(stats["rewards"]).item(), "reward_std": stats["std_per_group"].mean().item(),
@@ -614,6 +617,11 @@ class GRPOTrainer:
             prefix = f"eval_{name}_" if name else "eval_"
             out[f"{prefix}reward"] = metrics["reward"]
             out.update({f"{prefix}{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")})
+            if self.args.eval_pass_at_k:
+                totals, per_function = self._scored
+                decides = totals if self.correctness_column is None else per_function[:, self.correctness_column]
+                out.update({f"{prefix}{k}": v for k, v in evaluation.sample_metrics(
+                    totals, decides, group, self.args.eval_pass_at_k, self.args.eval_correct_threshold).items()})
         self.state.log_history.append({"step": self.state.global_step, "epoch": self.state.epoch, **out})
         self._last_evaluation = (self.state.global_step, out)  # ranks the checkpoint of this step (checkpoint.py)
         self.sinks.log(self.state.global_step, out)
@@ -796,9 +804,9 @@ def materialised(dataset):
 
 @torch.no_grad()
 def mix_reference(reference, policy, alpha: float) -> None:
-    """TR-DPO's reference update, π_ref ← α·π_θ + (1 − α)·π_ref, on each rank's own ZeRO-3 partitions: both
-    engines partition the same architecture over the same ranks, so partition i of a reference parameter holds
-    the same elements as partition i of the policy's. Nothing is gathered."""
+    """TR-DPO's reference update, π_ref ← α·π_θ + (1 − α)·π_ref, on each rank's own partitions when both engines
+    partition the same architecture over the same ranks (nothing is gathered), else on gathered whole tensors
+    (engines/weights.py: mix_partitions)."""
     from .engines.weights import mix_partitions
     mix_partitions(reference.module, policy.module, alpha)
 

@@ -179,5 +179,12 @@ def test_the_best_checkpoint_is_kept_recorded_through_a_resume_and_becomes_the_f
         assert run["checkpoints"] == ["checkpoint-2", "checkpoint-4"]  # save_total_limit=1 spares the best
         assert run["resumed_best"].endswith("checkpoint-2")  # the record came back with the resume
         assert run["resumed_checkpoints"] == ["checkpoint-2", "checkpoint-5"]
+        # pass@k over the 4 samples of each eval prompt (correct: digit_fraction >= 0.5), logged with each evaluation
+        assert [e["step"] for e in run["evals"]] == [1, 2, 3, 4]
+        for e in run["evals"]:
+            assert 0.0 <= e["eval_pass@1"] <= e["eval_pass@2"] <= e["eval_pass@4"] <= 1.0, e
+            assert abs(e["eval_avg@4"] - e["eval_reward"]) <= 1e-6  # the mean reward of all samples
+        assert any(e["eval_pass@4"] > e["eval_pass@1"] for e in run["evals"]) or \
+            all(e["eval_pass@1"] in (0.0, 1.0) for e in run["evals"])  # more samples find more, unless all or none
     assert ranks[0]["final_vs_best"] <= 1e-6  # load_best_model_at_end: the final model is checkpoint-2's
     assert ranks[0]["final_vs_last"] > 1e-4   # which the three later steps had moved away from

@@ -196,12 +196,17 @@ def test_the_best_checkpoint_is_recorded_only_with_its_evaluation_and_survives_p
 
 def test_a_best_metric_no_evaluation_logs_is_refused_naming_the_ones_it_does():
     from dsgrpo import checkpoint
+    from dsgrpo.evaluation import metric_names
 
     args = GRPOConfig(metric_for_best_model="eval_accuracy", eval_strategy="steps")
     with pytest.raises(ValueError, match=r"metric_for_best_model='eval_accuracy' is not an evaluation metric of this "
                                          r"run; it logs \['eval_reward', 'eval_rewards/f/mean', 'eval_hard_reward'"):
-        checkpoint.check_best_metric(args, ["", "hard"], ["f"])
+        checkpoint.check_best_metric(args, metric_names(args, ["", "hard"], ["f"]))
     with pytest.raises(ValueError, match="no eval_dataset"):
-        checkpoint.check_best_metric(args, [], ["f"])
-    checkpoint.check_best_metric(GRPOConfig(metric_for_best_model="eval_hard_reward", eval_strategy="steps"),
-                                 ["", "hard"], ["f"])
+        checkpoint.check_best_metric(args, metric_names(args, [], ["f"]))
+    args = GRPOConfig(metric_for_best_model="eval_hard_reward", eval_strategy="steps")
+    checkpoint.check_best_metric(args, metric_names(args, ["", "hard"], ["f"]))
+    args = GRPOConfig(metric_for_best_model="pass@4", eval_strategy="steps", num_generations=8, eval_pass_at_k=[1, 4])
+    checkpoint.check_best_metric(args, metric_names(args, [""], ["f"]))  # eval_pass@4 is logged
+    assert metric_names(args, [""], ["f"]) == ["eval_reward", "eval_rewards/f/mean", "eval_pass@1", "eval_pass@4",
+                                               "eval_avg@8"]

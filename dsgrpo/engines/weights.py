@@ -65,16 +65,23 @@ def named_full_parameters(module: torch.nn.Module, bucket_bytes: int,
 @torch.no_grad()
 def mix_partitions(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:
     """target ← α·source + (1 − α)·target, parameter by parameter, on this rank's ZeRO-3 partitions (whole
-    parameters when unpartitioned). Both modules must be the same architecture partitioned over the same ranks, so
+    parameters when unpartitioned). When both modules are the same architecture partitioned over the same ranks,
     partition i of a target parameter holds the elements partition i of the source's does: nothing is gathered.
     A target parameter that ZeRO-3 keeps whole (a persistent small one) has its full copy mixed too, from the
-    source's full copy (gathered when the source does not hold it: collective, every rank takes the same path)."""
+    source's full copy (gathered when the source does not hold it: collective, every rank takes the same path).
+    When one side is ZeRO-3 and the other whole (a ZeRO-3 policy beside a reference the plan keeps whole), the
+    partitioned side is gathered for the mix, and a gathered target is partitioned again from rank 0's copy."""
     import deepspeed
 
     for (name, t), (other, s) in zip(target.named_parameters(), source.named_parameters()):
         if name != other or compat.full_shape(t) != compat.full_shape(s):
             raise ValueError(f"sync_ref_model: the reference's {name} does not match the policy's {other}; the two "
                              "must be the same architecture.")
+        if compat.is_zero3_param(t) != compat.is_zero3_param(s):  # one side whole: mix whole tensors
+            partitioned = t if compat.is_zero3_param(t) else s
+            with deepspeed.zero.GatheredParameters([partitioned], modifier_rank=0 if partitioned is t else None):
+                t.data.mul_(1.0 - alpha).add_(s.data.to(t.dtype), alpha=alpha)
+            continue
         t_part, s_part = compat.local_partition(t), compat.local_partition(s)
         t_part.mul_(1.0 - alpha).add_(s_part.to(t_part.dtype), alpha=alpha)
         if compat.is_zero3_param(t) and compat.held_whole(t):

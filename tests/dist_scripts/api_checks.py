@@ -246,13 +246,15 @@ def _():
     data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
     out = os.path.join(OUT, "best")
     common = dict(learning_rate=1e-2, max_completion_length=8, eval_strategy="steps", eval_steps=1, save_steps=1,
-                  save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="rewards/step_reward/mean")
+                  save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="rewards/step_reward/mean",
+                  eval_pass_at_k=[1, 2, 4], eval_correctness_reward="digit_fraction", eval_correct_threshold=0.5)
     trainer = GRPOTrainer(tiny_model("qwen2"), [digit_fraction, step_reward], train_dataset=data,
                           eval_dataset=data.select(range(4)), callbacks=[StepWatch()],
                           args=config("best", max_steps=4, **common))
     KEEP.append(trainer)
     trainer.train()
-    first = {"best": trainer.state.best_model_checkpoint, "best_step": trainer.state.best_global_step,
+    first = {"evals": [h for h in trainer.state.log_history if "eval_reward" in h],
+             "best": trainer.state.best_model_checkpoint, "best_step": trainer.state.best_global_step,
              "best_metric": trainer.state.best_metric,
              "checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-"))}
     # resumed for a fifth step (-20 after it): the record carries over and checkpoint-2 is still spared

@@ -1,0 +1,58 @@
+"""What an evaluation reports beyond the mean reward: pass@k and avg@n over the `num_generations_eval` samples of
+each prompt, the way reasoning-RL papers, verl and OpenRLHF report them.
+
+A completion counts as correct when its reward reaches `eval_correct_threshold` (1.0 by default: a verifier's
+"right"), the reward being one function's (`eval_correctness_reward`) or the weighted total (what eval_reward
+averages). pass@k is Chen et al.'s unbiased estimator (Codex paper, 2021): with n samples of a prompt of which c
+are correct, 1 - C(n-c, k) / C(n, k), the chance that k samples drawn without replacement hold a correct one,
+averaged over prompts. avg@n is the mean reward over all n samples of every prompt."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt: n samples, c of them correct."""
+    if n - c < k:
+        return 1.0
+    # 1 - prod_{i=n-c+1}^{n} (1 - k / i): the binomial ratio without the huge factorials
+    miss = 1.0
+    for i in range(n - c + 1, n + 1):
+        miss *= 1.0 - k / i
+    return 1.0 - miss
+
+
+def sample_metrics(rewards: torch.Tensor, correctness: torch.Tensor, group: int, ks: List[int],
+                   threshold: float) -> Dict[str, float]:
+    """`rewards` [N] (the weighted totals) and `correctness` [N] (the rewards that decide right / wrong) of N
+    completions in prompt groups of `group` consecutive rows → {"pass@k": ..., "avg@n": ...}. A reward of None
+    (NaN) counts as wrong and is left out of avg@n."""
+    correct = (torch.nan_to_num(correctness, nan=float("-inf")) >= threshold).view(-1, group)
+    counts = correct.sum(dim=1).tolist()
+    out = {f"pass@{k}": sum(pass_at_k(group, int(c), k) for c in counts) / len(counts) for k in ks}
+    out[f"avg@{group}"] = torch.nanmean(rewards).item()
+    return out
+
+
+def metric_names(args, eval_sets: List[str], reward_names: List[str]) -> List[str]:
+    """Every metric an evaluation of this run logs (eval_reward, per function, pass@k, avg@n), by eval set."""
+    group = args.num_generations_eval or args.num_generations
+    keys = ["reward", *(f"rewards/{r}/mean" for r in reward_names)]
+    if args.eval_pass_at_k:
+        keys += [*(f"pass@{k}" for k in args.eval_pass_at_k), f"avg@{group}"]
+    return [f"{f'eval_{name}_' if name else 'eval_'}{key}" for name in eval_sets for key in keys]
+
+
+def check(args, reward_names: List[str]) -> Optional[int]:
+    """Refuse, before anything loads, an eval_correctness_reward that is not one of the run's reward functions;
+    the column of the reward that decides correctness (None: the weighted total)."""
+    name = args.eval_correctness_reward
+    if name is None:
+        return None
+    if name not in reward_names:
+        raise ValueError(f"eval_correctness_reward={name!r} is not one of this run's reward functions "
+                         f"{reward_names}. Set it to one of them, or None for the weighted total.")
+    return reward_names.index(name)

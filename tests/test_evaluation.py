@@ -1,0 +1,54 @@
+"""What evaluations report beyond the mean reward (dsgrpo/evaluation.py): the unbiased pass@k estimator against
+exact enumeration, pass@k / avg@n of prompt groups, the config's checks. Pure functions; the 2-rank run that logs
+them is tests/dist_scripts/api_checks.py's best_model check."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from dsgrpo import GRPOConfig
+from dsgrpo.evaluation import check, pass_at_k, sample_metrics
+
+
+@pytest.mark.parametrize("n, c", [(8, 0), (8, 1), (8, 3), (8, 8), (5, 2), (16, 7)])
+def test_pass_at_k_is_the_chance_that_k_of_the_n_samples_hold_a_correct_one(n, c):
+    samples = [True] * c + [False] * (n - c)
+    for k in range(1, n + 1):
+        draws = list(itertools.combinations(range(n), k))
+        exact = sum(any(samples[i] for i in d) for d in draws) / len(draws)
+        assert abs(pass_at_k(n, c, k) - exact) < 1e-12, (n, c, k)
+        assert abs(pass_at_k(n, c, k) - (1 - math.comb(n - c, k) / math.comb(n, k))) < 1e-12
+    assert pass_at_k(n, c, 1) == pytest.approx(c / n)  # pass@1 is the fraction correct
+
+
+def test_group_metrics_average_over_prompts_and_count_a_missing_reward_as_wrong():
+    # two prompts of 4 samples: rewards 1, 0, 0.5, 1 and 0, 0, None, 2 (None: a reward function abstained)
+    rewards = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 0.0, float("nan"), 2.0])
+    out = sample_metrics(rewards, rewards, 4, [1, 2, 4], threshold=1.0)
+    # correct: 2 of 4 and 1 of 4
+    assert out["pass@1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert out["pass@2"] == pytest.approx((pass_at_k(4, 2, 2) + pass_at_k(4, 1, 2)) / 2)
+    assert out["pass@4"] == pytest.approx(1.0)
+    assert out["avg@4"] == pytest.approx((1 + 0 + 0.5 + 1 + 0 + 0 + 2) / 7)
+    # correctness decided by another column (one function's), the average still of the totals
+    verdicts = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    out = sample_metrics(rewards, verdicts, 4, [1], threshold=0.5)
+    assert out["pass@1"] == pytest.approx(0.5) and out["avg@4"] == pytest.approx(4.5 / 7)
+
+
+def test_the_config_refuses_a_k_an_evaluation_cannot_draw_and_an_unknown_correctness_reward():
+    assert GRPOConfig(num_generations=8, eval_pass_at_k=[1, 8]).eval_pass_at_k == [1, 8]
+    with pytest.raises(ValueError, match=r"eval_pass_at_k=\[1, 16\]: each k must be a whole number from 1 to the 8 "
+                                         r"samples"):
+        GRPOConfig(num_generations=8, eval_pass_at_k=[1, 16])
+    assert GRPOConfig(num_generations=2, num_generations_eval=8, eval_pass_at_k=[8]).eval_pass_at_k == [8]
+    with pytest.raises(ValueError, match="each k must be a whole number"):
+        GRPOConfig(num_generations=8, eval_pass_at_k=[0])
+    args = GRPOConfig(eval_pass_at_k=[1], eval_correctness_reward="accuracy")
+    assert check(args, ["format", "accuracy"]) == 1
+    with pytest.raises(ValueError, match=r"eval_correctness_reward='accuracy' is not one of this run's reward "
+                                         r"functions \['format'\]"):
+        check(args, ["format"])
+    assert check(GRPOConfig(), ["format"]) is None
