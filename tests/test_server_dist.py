@@ -72,6 +72,15 @@ def test_a_server_restarted_after_a_push_stops_the_run(results):
         assert "resume_from_checkpoint" in run["error_message"]
 
 
+def test_replicated_weights_never_generate_ahead_of_the_push(results):
+    for run in part(results, "server_zero2_push_order"):
+        assert run["stage"] == 2
+        assert_in_step(run["syncs"], 2)  # the start-up push and after step 1
+        assert len(run["history"]) == 2
+        for h in run["history"]:
+            assert h["sampling/sampling_logp_difference/max"] <= 1e-4, h
+
+
 def test_resume_with_a_server_continues_exactly(results):
     for run in part(results, "server_resume"):
         assert run["full"] == run["resumed"], run

@@ -170,11 +170,14 @@ class ServerGenerator:
         """Every training rank (the gathers are collective); rank 0 streams to the server."""
         self.pushes += 1
         if not self.sending:
+            # wait until rank 0 has queued the push: with replicated weights (ZeRO-2) no collective gather holds
+            # this rank back, and its next /generate must not reach the server ahead of /update_weights
+            dist.barrier("the weight push is queued on the vLLM server")
             send_weights(named_tensors, self.bucket_bytes, None, src=0, sending=False)
             return
         self._connect()
-        # queued before this rank's first gather, so no rank's next /generate can reach the server ahead of it
         self._request("/update_weights", {"version": self.version})
+        dist.barrier("the weight push is queued on the vLLM server")
         try:
             send_weights(named_tensors, self.bucket_bytes, self.communicator, src=self.communicator.world - 1,
                          sending=True)

@@ -9,6 +9,7 @@ Usage: torchrun --nproc_per_node 2 tests/dist_scripts/server_checks.py OUT SERVE
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -145,6 +146,28 @@ def _():
     t.train()
     return {"syncs": syncs, "history": training_rows(t), "generator": type(t.generator).__name__,
             "vllm_imported": "vllm" in sys.modules}
+
+
+# ------------------------------------------------------------------ 5b. replicated weights (ZeRO-2): no rank overtakes
+@check("server_zero2_push_order")
+def _():
+    """ZeRO-2 has no collective gather to hold rank 1 back while rank 0 announces a push: rank 0 announces 2 s
+    late here, and rank 1's next /generate must still come from the pushed weights, not the server's own."""
+    from dsgrpo.rollout.server_client import ServerGenerator
+    original = ServerGenerator._request
+
+    def late_announce(self, path, payload=None, timeout=None):
+        if path == "/update_weights":
+            time.sleep(2.0)
+        return original(self, path, payload, timeout)
+    ServerGenerator._request = late_announce
+    try:
+        t = trainer_for("server_zero2_push_order", max_steps=2, deepspeed="zero2.json")
+        syncs = record_syncs(t)
+        t.train()
+    finally:
+        ServerGenerator._request = original
+    return {"syncs": syncs, "history": training_rows(t), "stage": t.policy.zero_optimization_stage()}
 
 
 # ------------------------------------------------------------------ 6. refusals before any model loads
