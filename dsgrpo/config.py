@@ -135,6 +135,7 @@ class GRPOConfig:
     num_generations_eval: Optional[int] = field(default=None, metadata=_help("Group size at evaluation (None: num_generations)."))
     eval_pass_at_k: Optional[list] = field(default=None, metadata=_help("Evaluations also log eval_pass@k for each k listed (Chen et al.'s unbiased estimator over the num_generations_eval samples of each prompt; every k at most that many) and eval_avg@n, the mean reward of all n samples. None: eval_reward only."))
     eval_correct_threshold: float = field(default=1.0, metadata=_help("With eval_pass_at_k: a completion is correct when its reward is at least this (a verifier's 1.0)."))
+    eval_do_sample: bool = field(default=True, metadata=_help("False: greedy evaluation (temperature 0, one completion per prompt, as verl's val do_sample=False); eval_pass@1 is then the greedy accuracy and eval_avg@1 the greedy mean reward."))
     eval_correctness_reward: Optional[str] = field(default=None, metadata=_help("With eval_pass_at_k: the reward function (by name, as in rewards/<name>/mean) whose value decides correctness, e.g. 'accuracy_reward' beside a format reward. None: the weighted total reward."))
     max_prompt_length: Optional[int] = field(default=None, metadata=_help("Prompts longer than this many tokens are an error (None: only the engine's context bounds them)."))
     max_completion_length: int = field(default=512, metadata=_help("Most tokens generated per completion."))
@@ -447,13 +448,19 @@ class GRPOConfig:
                 "group-relative advantages. Set num_generations >= 2.")
         if self.num_generations_eval is not None and self.num_generations_eval < 1:
             raise ValueError(f"num_generations_eval={self.num_generations_eval} must be >= 1 (or None).")
+        if not self.eval_do_sample and self.num_generations_eval not in (None, 1):
+            raise ValueError(f"eval_do_sample=False draws one greedy completion per prompt, but num_generations_eval="
+                             f"{self.num_generations_eval}: greedy samples of a prompt are all the same. Leave "
+                             "num_generations_eval unset (or 1), or set eval_do_sample=True.")
         if self.eval_pass_at_k is not None:
-            samples = self.num_generations_eval or self.num_generations
+            from .evaluation import eval_group
+            samples = eval_group(self)
             bad = [k for k in self.eval_pass_at_k if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= samples]
             if bad or not self.eval_pass_at_k:
                 raise ValueError(f"eval_pass_at_k={self.eval_pass_at_k}: each k must be a whole number from 1 to the "
                                  f"{samples} samples an evaluation draws per prompt (num_generations_eval, else "
-                                 "num_generations). Drop the others, or raise num_generations_eval.")
+                                 "num_generations; 1 with eval_do_sample=False). Drop the others, or raise "
+                                 "num_generations_eval.")
         for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
                      "max_completion_length", "weight_sync_bucket_bytes", "per_device_eval_batch_size",
                      "ref_model_sync_steps", "ddp_timeout"):

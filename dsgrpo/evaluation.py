@@ -5,13 +5,28 @@ A completion counts as correct when its reward reaches `eval_correct_threshold` 
 "right"), the reward being one function's (`eval_correctness_reward`) or the weighted total (what eval_reward
 averages). pass@k is Chen et al.'s unbiased estimator (Codex paper, 2021): with n samples of a prompt of which c
 are correct, 1 - C(n-c, k) / C(n, k), the chance that k samples drawn without replacement hold a correct one,
-averaged over prompts. avg@n is the mean reward over all n samples of every prompt."""
+averaged over prompts. avg@n is the mean reward over all n samples of every prompt. With eval_do_sample=False an
+evaluation draws one greedy completion per prompt (temperature 0): pass@1 is the greedy accuracy.
+
+Evaluation never moves the training's random streams: its completions are seeded per slot (rollout/sources.py) and
+vLLM draws from per-request generators, so a run with evaluations trains exactly as one without."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Optional
 
 import torch
+
+
+def eval_group(args) -> int:
+    """Completions an evaluation draws per prompt."""
+    return (args.num_generations_eval or args.num_generations) if args.eval_do_sample else 1
+
+
+def eval_sampling(sampling, args):
+    """The sampling of an evaluation: the training's, or greedy (temperature 0) with eval_do_sample=False."""
+    return sampling if args.eval_do_sample else dataclasses.replace(sampling, temperature=0.0)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -39,7 +54,7 @@ def sample_metrics(rewards: torch.Tensor, correctness: torch.Tensor, group: int,
 
 def metric_names(args, eval_sets: List[str], reward_names: List[str]) -> List[str]:
     """Every metric an evaluation of this run logs (eval_reward, per function, pass@k, avg@n), by eval set."""
-    group = args.num_generations_eval or args.num_generations
+    group = eval_group(args)
     keys = ["reward", *(f"rewards/{r}/mean" for r in reward_names)]
     if args.eval_pass_at_k:
         keys += [*(f"pass@{k}" for k in args.eval_pass_at_k), f"avg@{group}"]

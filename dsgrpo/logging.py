@@ -39,8 +39,14 @@ class MetricSinks:
         if not self.enabled:
             return
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        closed = self.jsonl.closed  # after train(): a user's trainer.evaluate() still lands in metrics.jsonl
+        if closed:
+            self.jsonl = open(self.jsonl.name, "a")
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
+        if closed:  # the trackers and the progress display ended with the run
+            self.jsonl.close()
+            return
         numbers = {k: v for k, v in record.items() if k != "step" and v is not None}
         for tracker in self.trackers:
             tracker.log(step, numbers)

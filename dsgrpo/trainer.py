@@ -79,6 +79,9 @@ class GRPOTrainer:
                              "it: call the tools inside rollout_func (and return env_mask), or drop rollout_func.")
         self.rollout_func = rollout_func
         self.args = args = args or GRPOConfig()
+        if rollout_func is not None and not args.eval_do_sample:
+            raise ValueError("eval_do_sample=False makes evaluation greedy, but rollout_func generates the "
+                             "completions itself: sample greedily inside rollout_func, or leave eval_do_sample=True.")
         # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
         self._check_supported(args, tools)
         device.prepare_process(dist.local_world_size(), args.num_threads)
@@ -606,7 +609,7 @@ class GRPOTrainer:
     def evaluate(self) -> Dict[str, float]:
         """Generate on every eval set (each split across ranks) and log eval_reward and per-function means; a dict
         of named sets logs eval_<name>_reward and so on for each."""
-        group = self.args.num_generations_eval or self.args.num_generations
+        group = evaluation.eval_group(self.args)
         out = {}
         for name, prompts in self.eval_prompts.items():
             with self.source.paused(), phase("evaluate"):  # evaluation shares the engine

@@ -188,3 +188,19 @@ def test_the_best_checkpoint_is_kept_recorded_through_a_resume_and_becomes_the_f
             all(e["eval_pass@1"] in (0.0, 1.0) for e in run["evals"])  # more samples find more, unless all or none
     assert ranks[0]["final_vs_best"] <= 1e-6  # load_best_model_at_end: the final model is checkpoint-2's
     assert ranks[0]["final_vs_last"] > 1e-4   # which the three later steps had moved away from
+
+
+def test_evaluation_never_moves_training_and_greedy_evaluation_is_seed_free(results):
+    for run in part(results, "eval_rng_and_greedy"):
+        assert len(run["rows"]["no_eval"]) == 3 and run["rows"]["no_eval"][0]["loss"] == run["rows"]["no_eval"][0]["loss"]
+        assert run["rows"]["greedy_eval"] == run["rows"]["no_eval"]  # step for step, to the last bit
+        assert [e["step"] for e in run["evals"]] == [1, 2, 3]
+        for e in run["evals"]:  # one greedy completion per prompt: pass@1 and avg@1
+            assert 0.0 <= e["eval_pass@1"] <= 1.0 and abs(e["eval_avg@1"] - e["eval_reward"]) <= 1e-6, e
+        greedy, sampled = run["draws"]["greedy"], run["draws"]["sampled"]
+        assert len(greedy[0]["completions"]) == 2  # this rank's half of 4 eval prompts, one completion each
+        assert greedy[0]["completions"] == greedy[1]["completions"]  # another seed, the same greedy tokens
+        assert greedy[0]["metrics"] == greedy[1]["metrics"]
+        assert len(sampled[0]["completions"]) == 8  # 4 samples of each of its 2 prompts
+        assert sampled[0]["completions"] != sampled[1]["completions"]  # sampling follows the seed
+    assert results[0]["eval_rng_and_greedy"]["logged_evals"] == 3 + 4  # trainer.evaluate() after train() is logged

@@ -52,3 +52,19 @@ def test_the_config_refuses_a_k_an_evaluation_cannot_draw_and_an_unknown_correct
                                          r"functions \['format'\]"):
         check(args, ["format"])
     assert check(GRPOConfig(), ["format"]) is None
+
+
+def test_greedy_evaluation_draws_one_completion_per_prompt_and_refuses_more():
+    from dsgrpo.evaluation import eval_group, eval_sampling, metric_names
+    from dsgrpo.rollout.base import SamplingConfig
+    args = GRPOConfig(num_generations=8, eval_do_sample=False, eval_pass_at_k=[1])
+    assert eval_group(args) == 1 and eval_group(GRPOConfig(num_generations=8)) == 8
+    assert metric_names(args, [""], ["f"])[-2:] == ["eval_pass@1", "eval_avg@1"]
+    training = SamplingConfig(max_tokens=16, temperature=0.7, top_p=0.9)
+    assert eval_sampling(training, args) == SamplingConfig(max_tokens=16, temperature=0.0, top_p=0.9)
+    assert eval_sampling(training, GRPOConfig()) is training and training.temperature == 0.7
+    with pytest.raises(ValueError, match="eval_do_sample=False draws one greedy completion per prompt, but "
+                                         "num_generations_eval=4"):
+        GRPOConfig(eval_do_sample=False, num_generations_eval=4)
+    with pytest.raises(ValueError, match=r"eval_pass_at_k=\[1, 4\]: each k must be a whole number from 1 to the 1 "):
+        GRPOConfig(eval_do_sample=False, eval_pass_at_k=[1, 4])

@@ -64,8 +64,9 @@ class HFGenerator:
             attention[i, P - len(r):] = 1
         device = next(model.parameters()).device
         with self._gathered():
-            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=True,
-                                 max_new_tokens=sampling.max_tokens, temperature=sampling.temperature,
+            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                                 do_sample=sampling.temperature > 0,  # temperature 0: greedy, as vLLM reads it
+                                 max_new_tokens=sampling.max_tokens, temperature=sampling.temperature or None,
                                  top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p,
                                  repetition_penalty=sampling.repetition_penalty, pad_token_id=pad, eos_token_id=eos,
                                  use_cache=True, synced_gpus=self.synced, output_scores=True,

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import dist
+from ..evaluation import eval_sampling
 from .base import Generator, Rollout, round_seed
 from .batch import Batch, BatchBuilder
 from .tools import ToolStats
@@ -88,7 +89,15 @@ class RolloutSource:
         multiple of the world size."""
         world = self.setup.placement.trainers
         rows = [i % len(prompts) for i in range(math.ceil(len(prompts) / world) * world)]
-        return self._sample(prompts, rows, 0, group, chunk=self.args.per_device_eval_batch_size)
+        sampler = self.setup.sampler
+        training = getattr(sampler, "sampling", None)  # (a rollout_func samples as it will)
+        if training is not None:  # eval_do_sample=False: greedy, for this batch only (the engine is paused)
+            sampler.sampling = eval_sampling(training, self.args)
+        try:
+            return self._sample(prompts, rows, 0, group, chunk=self.args.per_device_eval_batch_size)
+        finally:
+            if training is not None:
+                sampler.sampling = training
 
     def sync_weights(self, policy_module, round_index: int, needed: bool = True) -> None:
         """After the round's update (every training rank; the gathers are collective). `needed` is False after the

@@ -21,10 +21,11 @@ from recorder import SHARDED_ZERO3, digit_fraction, recorder, training_rows  # n
 from dsgrpo.testing import tiny_model  # noqa: E402
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
+ONLY = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # a developer's run of some checks
 results, KEEP = {}, []
 
 
-check = recorder(results)
+check = recorder(results, ONLY)
 DS = SHARDED_ZERO3
 
 
@@ -275,6 +276,47 @@ def _():
         result["final_vs_best"] = max((final[k] - best_w[k]).abs().max().item() for k in best_w)
         result["final_vs_last"] = max((final[k] - last_w[k]).abs().max().item() for k in last_w)
     return result
+
+
+SEEN_COMPLETIONS = []
+
+
+def seen_completions(prompts, completions, **kwargs):
+    """Records every completion it scores (a reward of 0, so it never moves training)."""
+    SEEN_COMPLETIONS.extend(str(c) for c in completions)
+    return [0.0] * len(completions)
+
+
+@check("eval_rng_and_greedy")
+def _():
+    """A run that evaluates after every step trains exactly as one that never evaluates; greedy evaluation
+    (eval_do_sample=False) draws the same completions whatever the seed, where sampled evaluation does not."""
+    data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
+    runs = {}
+    for name, extra in (("no_eval", {}), ("greedy_eval", dict(eval_strategy="steps", eval_steps=1,
+                                                              eval_do_sample=False, eval_pass_at_k=[1]))):
+        t = GRPOTrainer(tiny_model("qwen2"), [digit_fraction, seen_completions], train_dataset=data,
+                        eval_dataset=data.select(range(4)) if extra else None,
+                        args=config(f"evalrng_{name}", max_steps=3, learning_rate=1e-2, max_completion_length=8,
+                                    **extra))
+        KEEP.append(t)
+        t.train()
+        runs[name] = t
+    keys = ("loss", "reward", "grad_norm", "rewards/digit_fraction/mean", "completions/mean_length")
+    rows = {name: [{k: h[k] for k in keys if k in h} for h in training_rows(t)] for name, t in runs.items()}
+    t = runs["greedy_eval"]
+    draws = {}
+    for mode, seed in (("greedy", 3), ("greedy", 4), ("sampled", 3), ("sampled", 4)):
+        t.args.seed, t.args.eval_do_sample = seed, mode == "sampled"
+        SEEN_COMPLETIONS.clear()
+        metrics = t.evaluate()
+        draws.setdefault(mode, []).append({"completions": list(SEEN_COMPLETIONS), "metrics": metrics})
+    logged = []  # the evaluations after train() reach metrics.jsonl too (rank 0 writes it)
+    if dist.is_main():
+        with open(os.path.join(t.args.output_dir, "metrics.jsonl")) as fh:
+            logged = [json.loads(line) for line in fh if "eval_reward" in line]
+    return {"rows": rows, "draws": draws, "logged_evals": len(logged),
+            "evals": [h for h in t.state.log_history if "eval_reward" in h][:3]}
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
