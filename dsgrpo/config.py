@@ -135,6 +135,7 @@ class GRPOConfig:
     num_generations_eval: Optional[int] = field(default=None, metadata=_help("Group size at evaluation (None: num_generations)."))
     eval_pass_at_k: Optional[list] = field(default=None, metadata=_help("Evaluations also log eval_pass@k for each k listed (Chen et al.'s unbiased estimator over the num_generations_eval samples of each prompt; every k at most that many) and eval_avg@n, the mean reward of all n samples. None: eval_reward only."))
     eval_correct_threshold: float = field(default=1.0, metadata=_help("With eval_pass_at_k: a completion is correct when its reward is at least this (a verifier's 1.0)."))
+    eval_maj_at_k: Optional[list] = field(default=None, metadata=_help("Evaluations also log eval_maj@k for each k listed: the samples of a prompt vote with their final answer (math-verify's reading, as accuracy_reward's), in sets of k; right when the winning answer's sample is correct (eval_correct_threshold, eval_correctness_reward). None: no vote."))
     eval_do_sample: bool = field(default=True, metadata=_help("False: greedy evaluation (temperature 0, one completion per prompt, as verl's val do_sample=False); eval_pass@1 is then the greedy accuracy and eval_avg@1 the greedy mean reward."))
     eval_correctness_reward: Optional[str] = field(default=None, metadata=_help("With eval_pass_at_k: the reward function (by name, as in rewards/<name>/mean) whose value decides correctness, e.g. 'accuracy_reward' beside a format reward. None: the weighted total reward."))
     max_prompt_length: Optional[int] = field(default=None, metadata=_help("Prompts longer than this many tokens are an error (None: only the engine's context bounds them)."))
@@ -452,12 +453,15 @@ class GRPOConfig:
             raise ValueError(f"eval_do_sample=False draws one greedy completion per prompt, but num_generations_eval="
                              f"{self.num_generations_eval}: greedy samples of a prompt are all the same. Leave "
                              "num_generations_eval unset (or 1), or set eval_do_sample=True.")
-        if self.eval_pass_at_k is not None:
+        for name in ("eval_pass_at_k", "eval_maj_at_k"):
+            ks = getattr(self, name)
+            if ks is None:
+                continue
             from .evaluation import eval_group
             samples = eval_group(self)
-            bad = [k for k in self.eval_pass_at_k if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= samples]
-            if bad or not self.eval_pass_at_k:
-                raise ValueError(f"eval_pass_at_k={self.eval_pass_at_k}: each k must be a whole number from 1 to the "
+            bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= samples]
+            if bad or not ks:
+                raise ValueError(f"{name}={ks}: each k must be a whole number from 1 to the "
                                  f"{samples} samples an evaluation draws per prompt (num_generations_eval, else "
                                  "num_generations; 1 with eval_do_sample=False). Drop the others, or raise "
                                  "num_generations_eval.")

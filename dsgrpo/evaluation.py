@@ -8,6 +8,11 @@ are correct, 1 - C(n-c, k) / C(n, k), the chance that k samples drawn without re
 averaged over prompts. avg@n is the mean reward over all n samples of every prompt. With eval_do_sample=False an
 evaluation draws one greedy completion per prompt (temperature 0): pass@1 is the greedy accuracy.
 
+maj@k (self-consistency, Wang et al. 2022; verl's maj@N): the samples of a prompt vote with their final answer (as
+math-verify parses it, the way accuracy_reward reads it; a sample without one abstains), and the vote is right when
+a sample holding the winning answer is correct. Each prompt's n samples are cut into n // k consecutive sets of k
+(a deterministic stand-in for verl's bootstrap) and the votes averaged; ties go to the answer voted first.
+
 Evaluation never moves the training's random streams: its completions are seeded per slot (rollout/sources.py) and
 vLLM draws from per-request generators, so a run with evaluations trains exactly as one without."""
 
@@ -52,12 +57,47 @@ def sample_metrics(rewards: torch.Tensor, correctness: torch.Tensor, group: int,
     return out
 
 
+def final_answer(completion) -> Optional[str]:
+    """The answer a completion votes for in maj@k: math-verify's reading of its final answer (a GSM8K-style "#### N"
+    ending first), as a string; None when it states none."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    from .rewards.builtins import completion_text, gold_answer
+    parsed = parse(gold_answer(completion_text(completion)),
+                   extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()])
+    return str(parsed[0]) if parsed else None
+
+
+def majority_metrics(answers: List[Optional[str]], correctness: torch.Tensor, group: int, ks: List[int],
+                     threshold: float) -> Dict[str, float]:
+    """maj@k for each k over N samples in prompt groups of `group` consecutive rows: `answers` [N] (None abstains),
+    `correctness` [N] (NaN counts as wrong)."""
+    correct = (torch.nan_to_num(correctness, nan=float("-inf")) >= threshold).tolist()
+    out = {}
+    for k in ks:
+        scores = []
+        for start in range(0, len(answers), group):
+            for first in range(start, start + (group // k) * k, k):
+                votes: Dict[str, List[int]] = {}
+                for i in range(first, first + k):
+                    if answers[i] is not None:
+                        votes.setdefault(answers[i], []).append(i)
+                if not votes:
+                    scores.append(0.0)
+                    continue
+                winner = max(votes.values(), key=len)  # dicts keep insertion order: a tie goes to the first voted
+                scores.append(float(any(correct[i] for i in winner)))
+        out[f"maj@{k}"] = sum(scores) / len(scores)
+    return out
+
+
 def metric_names(args, eval_sets: List[str], reward_names: List[str]) -> List[str]:
     """Every metric an evaluation of this run logs (eval_reward, per function, pass@k, avg@n), by eval set."""
     group = eval_group(args)
     keys = ["reward", *(f"rewards/{r}/mean" for r in reward_names)]
     if args.eval_pass_at_k:
         keys += [*(f"pass@{k}" for k in args.eval_pass_at_k), f"avg@{group}"]
+    keys += [f"maj@{k}" for k in args.eval_maj_at_k or []]
     return [f"{f'eval_{name}_' if name else 'eval_'}{key}" for name in eval_sets for key in keys]
 
 

@@ -620,11 +620,16 @@ class GRPOTrainer:
             prefix = f"eval_{name}_" if name else "eval_"
             out[f"{prefix}reward"] = metrics["reward"]
             out.update({f"{prefix}{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")})
+            totals, per_function = self._scored
+            decides = totals if self.correctness_column is None else per_function[:, self.correctness_column]
             if self.args.eval_pass_at_k:
-                totals, per_function = self._scored
-                decides = totals if self.correctness_column is None else per_function[:, self.correctness_column]
                 out.update({f"{prefix}{k}": v for k, v in evaluation.sample_metrics(
                     totals, decides, group, self.args.eval_pass_at_k, self.args.eval_correct_threshold).items()})
+            if self.args.eval_maj_at_k:  # every rank's answers, in the order of the gathered rewards
+                answers = [a for part in dist.all_gather_object([evaluation.final_answer(c) for c in batch.completions])
+                           for a in part]
+                out.update({f"{prefix}{k}": v for k, v in evaluation.majority_metrics(
+                    answers, decides, group, self.args.eval_maj_at_k, self.args.eval_correct_threshold).items()})
         self.state.log_history.append({"step": self.state.global_step, "epoch": self.state.epoch, **out})
         self._last_evaluation = (self.state.global_step, out)  # ranks the checkpoint of this step (checkpoint.py)
         self.sinks.log(self.state.global_step, out)

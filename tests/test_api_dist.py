@@ -184,6 +184,8 @@ def test_the_best_checkpoint_is_kept_recorded_through_a_resume_and_becomes_the_f
         for e in run["evals"]:
             assert 0.0 <= e["eval_pass@1"] <= e["eval_pass@2"] <= e["eval_pass@4"] <= 1.0, e
             assert abs(e["eval_avg@4"] - e["eval_reward"]) <= 1e-6  # the mean reward of all samples
+            # maj@1: a sample alone, right when correct and it states an answer (one without abstains: wrong)
+            assert 0.0 <= e["eval_maj@1"] <= e["eval_pass@1"] + 1e-9 and 0.0 <= e["eval_maj@4"] <= 1.0, e
         assert any(e["eval_pass@4"] > e["eval_pass@1"] for e in run["evals"]) or \
             all(e["eval_pass@1"] in (0.0, 1.0) for e in run["evals"])  # more samples find more, unless all or none
     assert ranks[0]["final_vs_best"] <= 1e-6  # load_best_model_at_end: the final model is checkpoint-2's

@@ -68,3 +68,24 @@ def test_greedy_evaluation_draws_one_completion_per_prompt_and_refuses_more():
         GRPOConfig(eval_do_sample=False, num_generations_eval=4)
     with pytest.raises(ValueError, match=r"eval_pass_at_k=\[1, 4\]: each k must be a whole number from 1 to the 1 "):
         GRPOConfig(eval_do_sample=False, eval_pass_at_k=[1, 4])
+
+
+def test_majority_vote_follows_the_most_common_answer_in_sets_of_k():
+    from dsgrpo.evaluation import final_answer, majority_metrics
+    assert final_answer("so the total is #### 1,024") == "1024"
+    assert final_answer("The answer is $\\frac{1}{2}$") == "1/2"
+    assert final_answer("no number here") is None
+    # prompt 0: answers 7, 7, 3, None; only the 3 is correct: the vote (7) is wrong
+    # prompt 1: answers 5, 2, 2, 5; the 5s are correct: a 2-2 tie goes to the first voted (5), right
+    answers = ["7", "7", "3", None, "5", "2", "2", "5"]
+    correct = torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    out = majority_metrics(answers, correct, 4, [1, 2, 4], 1.0)
+    assert out["maj@4"] == 0.5
+    # k=2: sets (7,7) wrong, (3,None) right, (5,2) tie -> 5 right, (2,5) tie -> 2 wrong
+    assert out["maj@2"] == 0.5
+    # k=1: each sample alone; the abstaining correct sample counts as wrong
+    assert out["maj@1"] == 3 / 8
+    nan = majority_metrics(["1", "1"], torch.tensor([float("nan"), 1.0]), 2, [2], 1.0)
+    assert nan["maj@2"] == 1.0  # a correct sample holds the winning answer
+    with pytest.raises(ValueError, match=r"eval_maj_at_k=\[8\]: each k must be a whole number from 1 to the 4 "):
+        GRPOConfig(num_generations=4, eval_maj_at_k=[8])

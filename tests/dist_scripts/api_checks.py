@@ -248,7 +248,8 @@ def _():
     out = os.path.join(OUT, "best")
     common = dict(learning_rate=1e-2, max_completion_length=8, eval_strategy="steps", eval_steps=1, save_steps=1,
                   save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="rewards/step_reward/mean",
-                  eval_pass_at_k=[1, 2, 4], eval_correctness_reward="digit_fraction", eval_correct_threshold=0.5)
+                  eval_pass_at_k=[1, 2, 4], eval_correctness_reward="digit_fraction", eval_correct_threshold=0.5,
+                  eval_maj_at_k=[1, 4])
     trainer = GRPOTrainer(tiny_model("qwen2"), [digit_fraction, step_reward], train_dataset=data,
                           eval_dataset=data.select(range(4)), callbacks=[StepWatch()],
                           args=config("best", max_steps=4, **common))
