@@ -209,7 +209,7 @@ def figures(runs: List[Run]) -> tuple:
         ("async", "Async rollouts", "AsyncGRPOTrainer: staleness of the trained groups, pooled / moved / stolen / "
          "dropped groups and completions generated per rank.",
          lambda: plot.lines([(k, k[len("async/"):]) for k in async_keys])),
-        ("eval", "Evaluation", "Mean reward (per-function means; pass@k, avg@n when asked) on the eval set at each evaluation.",
+        ("eval", "Evaluation", "Mean reward (per-function means; pass@k, avg@n, maj@k when asked) on the eval set at each evaluation.",
          lambda: plot.lines([(k, k) for k in eval_keys], rows_of=lambda run: run.evals)),
     ]
     made, missing = [], []
