@@ -35,6 +35,7 @@ import os
 import random
 import shutil
 import sys
+import time
 import warnings
 from typing import Any, Dict, List, Optional
 
@@ -49,9 +50,18 @@ REFERENCE_TAG = "reference"
 COMPLETE = "COMPLETE"
 CHECKSUMS = "checksums.json"
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again", a checkpoint was written; batch scripts requeue on it
-# Settings a checkpoint cannot be continued under: data order, batch geometry or the model would change.
-IDENTITY_FIELDS = ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "seed",
-                   "steps_per_generation", "generation_batch_size", "shuffle_dataset", "data_seed")
+UNIVERSAL_TAG = "engine_universal"  # the engine state converted for another world size (DeepSpeed's universal format)
+# Settings a checkpoint cannot be continued under: the data order, a round's prompts and optimizer steps, or the
+# model would change. The per-rank geometry (world size, per-device batch, accumulation) may change as long as
+# each round keeps its prompts and its optimizer steps: the prompt stream is a function of the round.
+IDENTITY_FIELDS = ("num_generations", "seed", "shuffle_dataset", "data_seed", "num_iterations")
+CONTINUE_KEYS = ("model_config", "adapter", "prompts_per_round", "steps_per_round") + IDENTITY_FIELDS
+# What checkpoints written before world-size changes were possible compared (their identity has these only)
+LEGACY_KEYS = ("world_size", "model_config", "adapter", "num_generations", "per_device_train_batch_size",
+               "gradient_accumulation_steps", "seed", "steps_per_generation", "generation_batch_size",
+               "shuffle_dataset", "data_seed")
+GEOMETRY_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+                   "generation_batch_size")
 
 
 def checkpoint_name(step: int) -> str:
@@ -131,20 +141,29 @@ def _step_of(path: str) -> int:
 
 
 def run_identity(args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """What a checkpoint must share with the run that continues it (`adapter`: a LoRA policy's shape)."""
+    """What a checkpoint must share with the run that continues it (`adapter`: a LoRA policy's shape), and the
+    per-rank geometry it was written under (recorded, compared only for checkpoints of older dsgrpo)."""
+    steps = args.num_iterations * args.resolved_steps_per_generation(world_size) / args.gradient_accumulation_steps
     return {"world_size": world_size, "model_config": _model_fingerprint(model_config), "adapter": adapter,
-            **{k: getattr(args, k) for k in IDENTITY_FIELDS}}
+            "prompts_per_round": args.resolved_generation_batch_size(world_size) // args.num_generations,
+            "steps_per_round": steps, **{k: getattr(args, k) for k in IDENTITY_FIELDS + GEOMETRY_FIELDS}}
 
 
-def check_resume(path: str, args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None) -> None:
-    """Before any engine exists: can this checkpoint continue this run?"""
+def check_resume(path: str, args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None,
+                 rollout_source=None) -> None:
+    """Before any engine exists: can this checkpoint continue this run? Written by another number of ranks, its
+    engine state is converted to DeepSpeed's universal format here (once; collective), before anything loads."""
     with open(os.path.join(path, "trainer_state.json")) as fh:
         state = json.load(fh)
     if state.get("model_only"):
         raise CheckpointError(f"{path} was written with save_only_model=True: it holds the model but no optimizer, "
                               "scheduler or RNG state, so no run can continue from it. Start a new run with "
                               f"model={path!r}, or resume from a checkpoint written without save_only_model.")
-    check_can_continue(state["identity"], run_identity(args, world_size, model_config, adapter), path)
+    saved = state["identity"]
+    check_can_continue(saved, run_identity(args, world_size, model_config, adapter), path)
+    if saved["world_size"] != world_size:
+        check_world_change(path, args, saved["world_size"], world_size, rollout_source)
+        universal_engine(path)
 
 
 def deepspeed_auto_of(path: str) -> Dict[str, str]:
@@ -160,11 +179,111 @@ def _model_fingerprint(config) -> Dict[str, Any]:
 
 
 def check_can_continue(saved: Dict[str, Any], current: Dict[str, Any], path: str) -> None:
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, this run {current[k]!r}" for k in current if saved.get(k) != current[k]]
-    if diffs:
-        raise CheckpointError(f"Cannot continue {path} under this config: " + "; ".join(diffs) + ". Use the checkpoint's "
-                              "settings (a changed world size needs a fresh run or a converted universal checkpoint), "
-                              "or start a new output_dir.")
+    legacy = "prompts_per_round" not in saved  # written before the world size could change
+    keys = LEGACY_KEYS if legacy else CONTINUE_KEYS
+    diffs = [f"{k}: checkpoint {saved.get(k)!r}, this run {current[k]!r}" for k in keys if saved.get(k) != current[k]]
+    if not diffs:
+        return
+    hint = ""
+    if legacy:
+        hint = " (this checkpoint was written by a dsgrpo that kept the world size and per-device geometry fixed)"
+    elif ({"prompts_per_round", "steps_per_round"} & {d.split(":")[0] for d in diffs}) and saved["world_size"]:
+        per_step = saved["prompts_per_round"] * saved["num_generations"] / saved["steps_per_round"]
+        per_rank = per_step / current["world_size"]
+        hint = (f". A round must keep its {saved['prompts_per_round']} prompts and {saved['steps_per_round']:g} "
+                f"optimizer step(s), i.e. {per_step:g} completions per optimizer step: on {current['world_size']} "
+                f"rank(s) set per_device_train_batch_size × gradient_accumulation_steps = {per_rank:g} (e.g. "
+                f"per_device_train_batch_size={saved['per_device_train_batch_size']}, gradient_accumulation_steps="
+                f"{per_rank / saved['per_device_train_batch_size']:g}; the checkpoint's ranks had "
+                f"per_device_train_batch_size={saved['per_device_train_batch_size']}, gradient_accumulation_steps="
+                f"{saved['gradient_accumulation_steps']}), and leave generation_batch_size / steps_per_generation "
+                "unset or equal to the checkpoint's")
+    raise CheckpointError(f"Cannot continue {path} under this config: " + "; ".join(diffs) + hint + ". Use the "
+                          "checkpoint's settings, or start a new output_dir.")
+
+
+# ------------------------------------------------------------------------------------------------ another world size
+def check_world_change(path: str, args, saved_world: int, world: int, rollout_source=None) -> None:
+    """Refuse, before anything converts or loads, a world-size change this run cannot carry exactly."""
+    if args.sync_ref_model:
+        raise CheckpointError(f"{path} was written by {saved_world} rank(s) and this run has {world}: the mixed "
+                              "reference of sync_ref_model is saved per rank without optimizer state, which DeepSpeed's "
+                              f"universal conversion cannot reshard. Resume it on {saved_world} rank(s).")
+    if rollout_source is not None:
+        rollout_source.check_world_change(args, path, saved_world, world)
+
+
+def universal_engine(path: str) -> str:
+    """The universal copy of checkpoint `path`'s engine state (collective over every rank): rank 0 converts once
+    into `.engine_universal.partial/` and renames it into place with its own checksums.json; the other ranks wait
+    on the file system (a conversion may outlast a collective's timeout). A finished copy is reused, and refused
+    naming the file when it is damaged."""
+    folder = os.path.join(path, UNIVERSAL_TAG)
+    if os.path.realpath(folder) in _checked_universal:  # check_resume converted and checked it for this load
+        return folder
+    failed = os.path.join(path, f".{UNIVERSAL_TAG}.failed")
+    if dist.is_main() and not os.path.isdir(folder) and os.path.exists(failed):
+        os.remove(failed)  # an earlier attempt's
+    dist.barrier("no stale conversion failure is left", group=dist.EVERYONE)
+    if dist.is_main():
+        if not os.path.isdir(folder):
+            try:
+                _convert(path, folder)
+            except (OSError, RuntimeError) as exc:
+                with open(failed, "w") as fh:
+                    fh.write(str(exc))
+    else:
+        while not os.path.isdir(folder) and not os.path.exists(failed):
+            time.sleep(0.5)
+    dist.barrier("the universal copy is converted", group=dist.EVERYONE)
+    if os.path.exists(failed):
+        with open(failed) as fh:
+            raise CheckpointError(f"{path} could not be converted for another world size: {fh.read()}. Nothing was "
+                                  "loaded; the checkpoint is unchanged.")
+    check_universal(folder)
+    _checked_universal.add(os.path.realpath(folder))
+    return folder
+
+
+_checked_universal: set = set()
+
+
+def _convert(path: str, folder: str) -> None:
+    partial = os.path.join(path, f".{UNIVERSAL_TAG}.partial")
+    shutil.rmtree(partial, ignore_errors=True)  # a conversion that was killed
+    engine = os.path.join(path, ENGINE_TAG)
+    need = sum(os.path.getsize(os.path.join(engine, f)) for f in checkpoint_files(engine))
+    free = shutil.disk_usage(path).free
+    if free < need * 1.05:
+        raise OSError(errno.ENOSPC, f"no room to convert {engine}: {free / 2**20:.1f} MiB free, about "
+                                    f"{need / 2**20:.1f} MiB needed")
+    print(f"dsgrpo: converting {engine} to DeepSpeed's universal format (once) for a new world size",
+          file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    try:
+        compat.convert_to_universal(engine, partial)
+        digests = {f: {"size": os.path.getsize(os.path.join(partial, f)), "sha256": sha256(os.path.join(partial, f))}
+                   for f in checkpoint_files(partial)}
+        with open(os.path.join(partial, CHECKSUMS), "w") as fh:
+            json.dump(digests, fh, indent=0)
+        os.rename(partial, folder)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    print(f"dsgrpo: {folder} written in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+
+
+def check_universal(folder: str) -> None:
+    """Collective: refuse a universal copy with a missing, truncated or changed file, naming it."""
+    if not os.path.isfile(os.path.join(folder, CHECKSUMS)):
+        what = f"it has no {CHECKSUMS} (a conversion that did not finish, or one made by hand)"
+    else:
+        found = [d for d in dist.all_gather_object(damage(folder, dist.rank(dist.EVERYONE), dist.world_size(dist.EVERYONE)),
+                                                   group=dist.EVERYONE) if d]
+        what = found[0] if found else None
+    if what:
+        raise CheckpointError(f"{folder}, the copy of the engine state converted for another world size, is damaged: "
+                              f"{what}. It was not loaded. Remove {folder} and resume again to convert it anew.")
 
 
 # ------------------------------------------------------------------------------------------------ RNG states
@@ -472,11 +591,8 @@ def consider_best(state, args, evaluation: Optional[tuple], path: str) -> Option
 
 def load_weights(trainer, path: str) -> None:
     """The policy's weights (and optimizer state, which DeepSpeed restores with them) from checkpoint `path` of this
-    run (every training rank): load_best_model_at_end."""
-    loaded, _ = trainer.policy.load_checkpoint(path, tag=ENGINE_TAG, load_optimizer_states=True,
-                                               load_lr_scheduler_states=True, load_module_strict=not trainer.lora_policy)
-    if loaded is None:
-        raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
+    run (every training rank): load_best_model_at_end. The best one may predate a change of the world size."""
+    _load_policy(trainer, path, _saved_world(path))
 
 
 class CheckpointCanRunCodeWarning(UserWarning):
@@ -499,29 +615,33 @@ def warn_checkpoint_can_run_code(path: str, why: str) -> None:
 
 
 def load(trainer, path: str) -> None:
-    """Restore engine, trainer state and this rank's RNG states from a complete checkpoint (every rank)."""
+    """Restore engine, trainer state and this rank's RNG states from a complete checkpoint (every rank). One written
+    by another number of ranks loads from its universal copy (made by check_resume): parameters, Adam moments,
+    scheduler and step exactly; the prompt stream continues by round; what is per rank is said once."""
     with open(os.path.join(path, "trainer_state.json")) as fh:
         state = json.load(fh)
     check_can_continue(state["identity"], run_identity(trainer.args, trainer.world, trainer.policy.module.config, trainer.adapter),
                        path)
+    saved_world = state["identity"]["world_size"]
     rng_file = os.path.join(path, f"rng_state_{dist.rank()}.json")
-    if not os.path.isfile(rng_file):
+    if not os.path.isfile(rng_file) and saved_world == trainer.world:
         raise CheckpointError(f"{path} has no {os.path.basename(rng_file)}: it was written by fewer ranks.")
-    loaded, _ = trainer.policy.load_checkpoint(path, tag=ENGINE_TAG, load_optimizer_states=True,
-                                               load_lr_scheduler_states=True,
-                                               load_module_strict=not trainer.lora_policy)
-    if loaded is None:
-        raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
+    _load_policy(trainer, path, saved_world)
     if trainer.args.sync_ref_model and trainer.reference is not None:
         if not os.path.isdir(os.path.join(path, REFERENCE_TAG)):
             raise CheckpointError(f"{path} has no {REFERENCE_TAG}/ (the mixed reference of sync_ref_model): it was "
                                   "written without sync_ref_model. Resume with the settings that wrote it.")
         trainer.reference.load_checkpoint(path, tag=REFERENCE_TAG, load_optimizer_states=False,
                                           load_lr_scheduler_states=False)
-    with open(rng_file) as fh:
-        set_rng_state(json.load(fh))
+    if os.path.isfile(rng_file):  # a rank the writing run did not have keeps its seed-derived streams
+        with open(rng_file) as fh:
+            set_rng_state(json.load(fh))
     try:
-        trainer.source.load_state_dict(read_rollout_state(path, dist.rank()))
+        if saved_world == trainer.world:
+            trainer.source.load_state_dict(read_rollout_state(path, dist.rank()))
+        else:
+            states = [read_rollout_state(path, r) for r in range(saved_world)]
+            trainer.source.load_state_dict(trainer.source.reshard_state(states, dist.rank(), trainer.world))
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
     trainer.state.global_step = state["global_step"]
@@ -534,6 +654,43 @@ def load(trainer, path: str) -> None:
     for key in BEST_FIELDS:  # the best checkpoint so far stays the one to beat
         setattr(trainer.state, key, state.get(key))
     trainer.last_checkpoint = path
+    if saved_world != trainer.world and dist.is_main():
+        print(world_change_note(path, saved_world, trainer.world, state["generation_round"],
+                                trainer.source.reshard_note(saved_world, trainer.world)), file=sys.stderr, flush=True)
+
+
+def world_change_note(path: str, saved_world: int, world: int, round_index: int, source_note: Optional[str]) -> str:
+    """The one message of a resume on another number of ranks: what carried over exactly, and what did not."""
+    def ranks(first, last):
+        return f"rank {first}" if first == last else f"ranks {first}..{last}"
+    if world > saved_world:
+        rng = f"{ranks(saved_world, world - 1)} had no RNG state in the checkpoint and start from seed-derived streams"
+    else:
+        rng = (f"rank {world}'s RNG state is not used" if world == saved_world - 1
+               else f"the RNG states of {ranks(world, saved_world - 1)} are not used")
+    return (f"dsgrpo: resuming {path}, written by {saved_world} rank(s), on {world}: parameters, Adam moments, "
+            f"learning-rate schedule, step count, entropy control and best-checkpoint record are carried exactly "
+            f"(DeepSpeed universal checkpoint); the prompt order continues at round {round_index} with the same "
+            f"prompts and sampling seeds per round. Not exact: {rng} (generation is seeded per round and slot, so "
+            f"sampling does not depend on them){'; ' + source_note if source_note else ''}.")
+
+
+def _saved_world(path: str) -> int:
+    with open(os.path.join(path, "trainer_state.json")) as fh:
+        return json.load(fh)["identity"]["world_size"]
+
+
+def _load_policy(trainer, path: str, saved_world: int) -> None:
+    """The policy engine's weights, optimizer and scheduler state: DeepSpeed's own files when the world size is the
+    writing run's, its universal copy (converted once, collective) otherwise."""
+    kwargs = dict(load_optimizer_states=True, load_lr_scheduler_states=True, load_module_strict=not trainer.lora_policy)
+    if saved_world == trainer.world:
+        loaded, _ = trainer.policy.load_checkpoint(path, tag=ENGINE_TAG, **kwargs)
+    else:
+        universal_engine(path)
+        loaded, _ = compat.load_universal_engine_checkpoint(trainer.policy, path, UNIVERSAL_TAG, **kwargs)
+    if loaded is None:
+        raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
 
 
 # ------------------------------------------------------------------------------------------------ export

@@ -70,6 +70,21 @@ PINS: Tuple[Pin, ...] = (
         "rank whose write fails makes up the final barrier so the ranks' collectives stay paired",
         params=("save_dir", "tag", "save_latest", "exclude_frozen_parameters"),
         source_has=("self.checkpoint_engine.makedirs(save_dir, exist_ok=True)", "dist.barrier()")),
+    Pin("deepspeed.runtime.engine:DeepSpeedEngine.load_universal_checkpoint", "deepspeed 0.19.8",
+        "load_universal_engine_checkpoint(): whether load_checkpoint reads a universal checkpoint is the config's "
+        "load_universal flag, read at load time (set for one load when the world size changed)",
+        source_has=("self._config.load_universal_checkpoint",)),
+    Pin("deepspeed.runtime.engine:DeepSpeedEngine._load_zero_checkpoint", "deepspeed 0.19.8",
+        "a universal load repartitions ZeRO's optimizer state from checkpoint_folder for this world size",
+        source_has=("if self.load_universal_checkpoint():", "checkpoint_folder")),
+    Pin("deepspeed.checkpoint.ds_to_universal:main", "deepspeed 0.19.8",
+        "convert_to_universal(): run as `python -m deepspeed.checkpoint.ds_to_universal`; it writes "
+        "latest_universal beside the output folder, which dsgrpo removes (it passes the tag itself)",
+        source_has=("latest_universal", "_inject_missing_state")),
+    Pin("deepspeed.checkpoint.ds_to_universal:parse_arguments", "deepspeed 0.19.8",
+        "the command-line options convert_to_universal() passes",
+        source_has=("--input_folder", "--output_folder", "--num_extract_workers", "--num_merge_workers",
+                    "--inject_missing_state")),
     Pin("deepspeed.comm.torch:TorchBackend.__init__", "deepspeed 0.19.8",
         "the CPU shared-memory allreduce maps every local rank's /dev/shm segment at init and never unlinks it "
         "(unlink_deepspeed_cpu_shm_segment)", source_has=("shm_comm_op.initialize",)),
@@ -393,6 +408,38 @@ def save_engine_checkpoint(engine, save_dir: str, tag: str, **kwargs) -> None:
     except (OSError, RuntimeError):  # torch's zip writer reports a full disk as a RuntimeError
         comm.barrier()
         raise
+
+
+def load_universal_engine_checkpoint(engine, load_dir: str, tag: str, **kwargs):
+    """engine.load_checkpoint of a universal checkpoint (deepspeed 0.19.8): DeepSpeed reads the config's
+    load_universal flag inside load_checkpoint, so it is set for this one load only (a later same-world load,
+    e.g. load_best_model_at_end, reads the engine's own files)."""
+    config = engine._config
+    before = config.load_universal_checkpoint
+    config.load_universal_checkpoint = True
+    try:
+        return engine.load_checkpoint(load_dir, tag=tag, **kwargs)
+    finally:
+        config.load_universal_checkpoint = before
+
+
+def convert_to_universal(engine_dir: str, out_dir: str, workers: int = 1) -> None:
+    """DeepSpeed's ds_to_universal (deepspeed 0.19.8) in a child process: the per-rank ZeRO shards of `engine_dir`
+    become one file per parameter and state in `out_dir`, loadable on any number of ranks. A child, so its
+    memory (every shard read once) is returned when it ends; raises RuntimeError with its last output lines."""
+    import os
+    import subprocess
+
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", engine_dir,
+           "--output_folder", out_dir, "--num_extract_workers", str(workers), "--num_merge_workers", str(workers),
+           "--inject_missing_state"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    latest = os.path.join(os.path.dirname(os.path.normpath(out_dir)), "latest_universal")
+    if os.path.isfile(latest):
+        os.remove(latest)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        raise RuntimeError(f"deepspeed.checkpoint.ds_to_universal failed (exit {proc.returncode}):\n{tail}")
 
 
 # ================================================================================================ torch.distributed

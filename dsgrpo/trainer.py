@@ -137,7 +137,7 @@ class GRPOTrainer:
                              "switched off, which has nothing to mix into. Drop sync_ref_model or train without LoRA.")
         self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
         if self.resume_path:  # refuse a checkpoint this run cannot continue before anything is written
-            checkpoint.check_resume(self.resume_path, args, self.world, model_config, self.adapter)
+            checkpoint.check_resume(self.resume_path, args, self.world, model_config, self.adapter, self.rollout_source)
         self.spg = args.resolved_steps_per_generation(self.world)
         self.prompts_per_round = args.resolved_generation_batch_size(self.world) // args.num_generations
         total = self._total_steps()
@@ -336,7 +336,7 @@ class GRPOTrainer:
             self.resume_path = checkpoint.resolve_resume(resume_from_checkpoint, self.args.output_dir)
             if self.resume_path:
                 checkpoint.check_resume(self.resume_path, self.args, self.world, self.policy.module.config
-                                        if self.placement.trains else None, self.adapter)
+                                        if self.placement.trains else None, self.adapter, self.rollout_source)
         try:
             if self.generating_rank is not None:  # split placement: this rank samples for the trainers until they stop
                 resumed = checkpoint.generator_state(self.resume_path, dist.rank(dist.EVERYONE)) if self.resume_path else None

@@ -324,5 +324,33 @@ class AsyncRolloutSource(RolloutSource):
                                   "without an async rollout source. Resume it with the trainer that wrote it.")
         self.exchange.load_state_dict(state)
 
+    @classmethod
+    def check_world_change(cls, args, path: str, saved_world: int, world: int) -> None:
+        if args.async_placement == "split":
+            raise CheckpointError(f"{path} was written by {saved_world} rank(s) and this run has {world}: "
+                                  "async_placement='split' keeps each generating rank's pool and state by rank number. "
+                                  f"Resume it on {saved_world} rank(s), or continue with async_placement='colocate'.")
+        if not args.async_load_balancing:
+            raise CheckpointError(f"{path} was written by {saved_world} rank(s) and this run has {world}: with "
+                                  "async_load_balancing=False each rank's claims follow its fixed share of every round, "
+                                  f"which another number of ranks splits differently. Resume it on {saved_world} "
+                                  "rank(s), or set async_load_balancing=True (the claims are then one shared counter).")
+
+    def reshard_state(self, states, rank: int, world: int) -> dict:
+        """The writing ranks' pools dealt out (old rank r's groups go to rank r % world): a paused pool holds exactly
+        what was claimed, every group is a whole prompt group with its policy version, and the batch cut moves
+        groups between ranks anyway, so none is lost or trained twice. The claim counters are shared (balancing)."""
+        if any(not s for s in states):
+            raise CheckpointError("the checkpoint lacks a rollout pool of some rank: it was written by a trainer "
+                                  "without an async rollout source. Resume it with the trainer that wrote it.")
+        mine = [r for r in range(len(states)) if r % world == rank]
+        return {"pool": [g for r in mine for g in states[r]["pool"]], "claimed": states[0]["claimed"],
+                "dropped": states[0]["dropped"],
+                "completions_generated": sum(states[r]["completions_generated"] for r in mine)}
+
+    def reshard_note(self, saved_world: int, world: int) -> Optional[str]:
+        return (f"the {saved_world} ranks' pooled groups are dealt out to {world} (each trained once, with the policy "
+                "version that generated it); which rank samples which later group follows the new ranks' speed")
+
     def close(self) -> None:
         self.exchange.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -120,6 +120,19 @@ class RolloutSource:
 
     def load_state_dict(self, state: Optional[dict]) -> None:
         """`state` is what state_dict() saved, or None when the checkpoint holds none for this rank."""
+
+    # ---- resuming on another number of ranks (checkpoint.load)
+    @classmethod
+    def check_world_change(cls, args, path: str, saved_world: int, world: int) -> None:
+        """Refuse, before anything loads, a checkpoint of `saved_world` ranks this source cannot continue on `world`."""
+
+    def reshard_state(self, states: List[Optional[dict]], rank: int, world: int) -> Optional[dict]:
+        """This rank's state from the states the writing run's ranks saved (`states[r]` of its rank r)."""
+        return states[rank] if rank < len(states) else None
+
+    def reshard_note(self, saved_world: int, world: int) -> Optional[str]:
+        """What of this source's state did not carry over exactly, for the resume's one message (None: all did)."""
+        return None
 
     def close(self) -> None:
         pass
