@@ -6,6 +6,8 @@ Layout (the Hugging Face convention):
       checkpoint-<step>/          complete checkpoints only
         engine/                   DeepSpeed's own files: weights, optimizer and scheduler states, per rank
         reference/                the reference engine, when sync_ref_model mixes it (its state changes)
+        engine_universal/         engine/ converted once to DeepSpeed's universal format, when a run on another
+                                  number of ranks resumed from it (its own checksums.json)
         trainer_state.json        step, generation round, token count, log history, run identity
         rng_state_<rank>.json     python / numpy / torch RNG states of each rank (JSON: nothing to unpickle)
         rollout_state_<rank>.json what the rollout source keeps of each rank (the async trainer's pool), as JSON
@@ -17,7 +19,8 @@ Layout (the Hugging Face convention):
 A checkpoint is written into `.checkpoint-<step>.partial/` and renamed into place only when every rank has
 finished and COMPLETE exists; `latest` moves after the rename; older checkpoints are pruned after that. A kill
 at any point leaves the previous `latest` intact. Generation is seeded per round, and the prompt order is a
-function of the round number, so a resumed run continues exactly where the interrupted one was.
+function of the round number, so a resumed run continues exactly where the interrupted one was, on the same
+number of ranks or another one as long as a round keeps its prompts and optimizer steps.
 
 A resume first checks the checkpoint against its checksums.json (sizes, then each rank hashes a share of the
 files), before any state is read: a truncated shard or a changed byte is refused naming the file, never loaded
@@ -222,6 +225,10 @@ def universal_engine(path: str) -> str:
     if os.path.realpath(folder) in _checked_universal:  # check_resume converted and checked it for this load
         return folder
     failed = os.path.join(path, f".{UNIVERSAL_TAG}.failed")
+    if not os.path.isdir(folder) and not os.access(path, os.W_OK):  # the same answer on every rank
+        raise CheckpointError(f"{path} was written by another number of ranks and must be converted once into "
+                              f"{folder}, but the folder is not writable. Copy the checkpoint to a writable place "
+                              "and resume from the copy.")
     if dist.is_main() and not os.path.isdir(folder) and os.path.exists(failed):
         os.remove(failed)  # an earlier attempt's
     dist.barrier("no stale conversion failure is left", group=dist.EVERYONE)

@@ -1,6 +1,6 @@
 """One run of the world-size-change tests (tests/test_world_change_dist.py), under torchrun with 1 or 2 ranks.
 
-    world_change_run.py OUT [--resume CKPT] [--stop-at STEP] [--variant zero3|offload|lora|async] [--per-device N]
+    world_change_run.py OUT [--resume CKPT] [--stop-at STEP] [--variant zero3|offload|lora|async|auto] [--per-device N]
 
 Every run has the same global geometry whatever its world size: 4 prompts × 2 completions per round, one optimizer
 step per round (per_device_train_batch_size = 8 / world), 8 prompts (an epoch is 2 rounds), 6 steps in all, a
@@ -33,7 +33,7 @@ parser.add_argument("out")
 parser.add_argument("--resume", default=None)
 parser.add_argument("--stop-at", type=int, default=None)
 parser.add_argument("--per-device", type=int, default=None)
-parser.add_argument("--variant", default="zero3", choices=["zero3", "offload", "lora", "async"])
+parser.add_argument("--variant", default="zero3", choices=["zero3", "offload", "lora", "async", "auto"])
 opts, _ = parser.parse_known_args()  # launchers' --local_rank=N
 world = int(os.environ.get("WORLD_SIZE", 1))
 
@@ -41,6 +41,8 @@ ds_config = dict(SHARDED_ZERO3)
 if opts.variant == "offload":
     ds_config["zero_optimization"] = {**SHARDED_ZERO3["zero_optimization"],
                                       "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+if opts.variant == "auto":  # what the memory plan picks: ZeRO-2 with whole weights for this tiny model
+    ds_config = "auto"
 trainer_cls = AsyncGRPOTrainer if opts.variant == "async" else GRPOTrainer
 args = GRPOConfig(output_dir=opts.out, max_steps=6, per_device_train_batch_size=opts.per_device or 8 // world, num_generations=2,
                   max_completion_length=8, learning_rate=5e-3, lr_scheduler_type="linear", warmup_steps=1,
