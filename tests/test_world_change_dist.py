@@ -114,12 +114,14 @@ def test_lora_the_async_trainer_and_zero2_resume_on_one_rank(tmp_path):
         assert_resumed_exactly(two / "state_step2.pt", one / "state_begin.pt")
         if variant == "lora":
             assert all("lora_" in name for name in state(one / "state_begin.pt")["params"])
-        else:
+        elif variant == "async":
             saved = [json.load(open(two / "checkpoint-2" / f"rollout_state_{r}.json")) for r in (0, 1)]
             pooled = sorted(g["position"] for s in saved for g in s["pool"])
             assert pooled and json.load(open(one / "pool_begin.json")) == pooled  # both ranks' pools, on one
             trained = [p for f in (two, one) for line in open(f / "trained_positions.jsonl") for p in json.loads(line)]
             assert sorted(trained) == list(range(16)), trained  # 4 rounds × 4 groups: each group trained once
+        else:  # the plan's choice for two ranks, kept in the checkpoint
+            assert json.load(open(two / "checkpoint-2" / "trainer_state.json"))["deepspeed_auto"]["deepspeed"] == "zero2.json"
 
 
 def test_a_damaged_or_half_made_universal_copy_and_a_changed_round_are_refused(chain, tmp_path):
