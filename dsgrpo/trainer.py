@@ -427,6 +427,7 @@ class GRPOTrainer:
         best_before = checkpoint.consider_best(self.state, self.args, self._last_evaluation, planned)
         try:
             with self.source.paused(), phase("checkpoint"):  # a still source: it holds exactly what was sampled so far
+                self.source.check_before_save()
                 path = checkpoint.save(self)
         except BaseException:
             if best_before is not None:  # the record must not name a checkpoint that was never written

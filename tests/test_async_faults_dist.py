@@ -7,6 +7,7 @@ resumed run trains no group twice and skips none (on-policy, so the chain's roun
 """
 
 import json
+import os
 import re
 
 import pytest
@@ -15,8 +16,12 @@ from launch import torchrun
 
 pytestmark = pytest.mark.dist
 SCRIPT = "tests/dist_scripts/async_fault_run.py"
-# round 3's first group on rank 1: on-policy, its generation waits for round 2's weights, which follow checkpoint-2
-FAULTS = {"colocate": "worker@7:1", "split": "kill@13:1"}
+# colocate: rank 1's first group of round 3 or later (on-policy: generated with round 3's weights, after
+# checkpoint-2 and before checkpoint-4 could be written), keyed to the policy version because load balancing decides
+# how many groups rank 1 claims a round (the 7th call used to land anywhere from round 1 to never; version 2 would
+# race checkpoint-2, which is written while workers already sample round 2). split: rank 1 generates every group,
+# 4 a round: the 13th is round 3's first.
+FAULTS = {"colocate": "worker@v3:1", "split": "kill@13:1"}
 
 
 def attempts(run_dir):
@@ -60,3 +65,16 @@ def test_the_resumed_run_trains_no_group_twice_and_skips_none(chain):
     assert len(trained) == len(set(trained)), trained  # no group twice
     assert [r["round"] for r in kept + resumed["rounds"]] == list(range(6))
     assert kept + resumed["rounds"] == chain["reference"]["rounds"]  # none skipped: the uninterrupted run's groups
+
+
+def test_a_worker_lost_before_a_checkpoint_stops_the_run_without_writing_it(tmp_path):
+    """Rank 1's worker dies on its first group of round 2, claimed after the weight sync that precedes checkpoint-2:
+    a checkpoint written then would record the claim of a group that was never pooled, and a run resumed from it
+    waited forever for a round it could not fill. The save must stop the run with the worker's error instead."""
+    proc = torchrun(SCRIPT, str(tmp_path / "run"), "colocate", "worker@v2:1:save", timeout=600, check=False)
+    assert proc.returncode != 0
+    assert re.search(r"^FAULT rank 1 worker at reward call \d+", proc.stderr, re.M), proc.stderr[-3000:]
+    ended = attempts(tmp_path / "run")[0]
+    assert ended["how"] == "error" and ended["message"].startswith("the rollout worker failed on rank(s) 1:"), ended
+    assert [r["round"] for r in ended["rounds"]] == [0, 1]
+    assert not [p for p in os.listdir(tmp_path / "run") if "checkpoint" in p or p == "latest"]

@@ -113,7 +113,7 @@ class GroupExchange:
                     w.completions_generated if w else 0, self.stale_dropped]
             status = dist.all_gather(torch.tensor([mine], dtype=torch.float64), group=dist.EVERYONE)
             if status[:, 1].any():
-                self._raise_worker_error()
+                self.raise_worker_error()
             zero_std = int(status[:, 2].sum())
             zero_std_at_start = zero_std if zero_std_at_start is None else zero_std_at_start
             held_counts = status[self.placement.first_generator:, 0]
@@ -146,7 +146,7 @@ class GroupExchange:
                                   micro=False)
         return setup.reward_matrix(batch)
 
-    def _raise_worker_error(self):
+    def raise_worker_error(self):
         errors = dist.all_gather_object(self.worker.error if self.worker else None, group=dist.EVERYONE)
         failed = [(r, e) for r, e in enumerate(errors) if e]
         if self.worker is not None:
@@ -309,6 +309,17 @@ class AsyncRolloutSource(RolloutSource):
 
     def paused(self):
         return self.exchange.paused()
+
+    def check_before_save(self) -> None:
+        """A worker that died since the last batch cut took its claimed chunk with it (claimed, never pooled): a
+        checkpoint now would record the claim, and the resumed run would wait forever for a round that position
+        can never fill. Every rank learns of it here, with its workers paused (no error can arrive meanwhile)."""
+        if self.split:  # training ranks have no worker; the generators' errors reach them at the next cut
+            return
+        w = self.worker
+        failed = dist.all_gather(torch.tensor([[float(w is not None and w.error is not None)]]), group=dist.EVERYONE)
+        if failed.any():
+            self.exchange.raise_worker_error()
 
     def state_dict(self) -> dict:
         state = self.exchange.state_dict()

@@ -115,6 +115,9 @@ class RolloutSource:
         """Hold the engine and the source's state still (evaluation, checkpoints)."""
         yield
 
+    def check_before_save(self) -> None:
+        """Collective, with the source paused: raise instead of letting a checkpoint record lost work."""
+
     def state_dict(self) -> dict:
         return {}
 

@@ -1,11 +1,12 @@
 """One run of the async chaos tests, under `torchrun --nproc_per_node 2`.
 
     async_fault_run.py OUTPUT_DIR PLACEMENT [FAULT]     PLACEMENT: colocate | split
-                                                        FAULT: worker@N:R | kill@N:R
+                                                        FAULT: worker@N:R | worker@vV:R[:save] | kill@N:R
 
 AsyncGRPOTrainer, on-policy (max_staleness=0), 6 rounds, a checkpoint every 2, resuming from the latest one when
 there is one. worker@N:R: the N-th reward call on rank R raises inside its rollout worker, mid-chunk (claimed and
-generated, not yet pooled). kill@N:R: rank R SIGKILLs itself at that point (split placement: a generating rank).
+generated, not yet pooled); worker@vV:R: the first one on policy version V or later; with :save rank R holds the
+next checkpoint until its worker has died (a worker lost between a weight sync and a save). kill@N:R: rank R SIGKILLs itself at that point (split placement: a generating rank).
 Each training rank appends what it trained (per round, the prompt positions of the trained groups) and how the run
 ended to OUTPUT_DIR/attempts-<rank>.jsonl.
 """
@@ -29,13 +30,22 @@ OUT, PLACEMENT = sys.argv[1], sys.argv[2]
 FAULT = sys.argv[3] if len(sys.argv) > 3 else ""
 kind, _, where = FAULT.partition("@")
 call_no, _, target = where.partition(":")
+target, _, hold = target.partition(":")  # worker@vV:R:save — rank R's main thread waits for the fault before saving
 calls = {"n": 0}
+
+
+def fault_due() -> bool:
+    """worker@vV: the first reward call on a policy version >= V (on-policy: round V or later), whichever groups
+    rank R happened to claim before; load balancing makes "the N-th call" land in different rounds run to run."""
+    if call_no.startswith("v"):
+        return trainer.source.worker.version >= int(call_no[1:])
+    return calls["n"] == int(call_no)
 
 
 def reward(prompts, completions, **kwargs):
     calls["n"] += 1
-    if FAULT and dist.rank(dist.EVERYONE) == int(target) and calls["n"] == int(call_no):
-        print(f"FAULT rank {target} {kind} at reward call {call_no} t={time.time():.3f}", file=sys.stderr, flush=True)
+    if FAULT and dist.rank(dist.EVERYONE) == int(target) and fault_due():
+        print(f"FAULT rank {target} {kind} at reward call {calls['n']} t={time.time():.3f}", file=sys.stderr, flush=True)
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise ZeroDivisionError("the rollout worker dies mid-chunk, on purpose")
@@ -50,6 +60,15 @@ args = GRPOConfig(output_dir=OUT, max_steps=6, save_steps=2, per_device_train_ba
 data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
 trainer = AsyncGRPOTrainer(tiny_model("qwen2"), reward, args=args, train_dataset=data)
 rounds = []
+if hold == "save" and dist.rank(dist.EVERYONE) == int(target):
+    original_check = trainer.source.check_before_save
+
+    def check_before_save():  # the worker dies between the weight sync and the checkpoint, every time
+        deadline = time.time() + 60
+        while trainer.source.worker.error is None and time.time() < deadline:
+            time.sleep(0.05)
+        return original_check()
+    trainer.source.check_before_save = check_before_save
 if trainer.trains:
     original = trainer.source.next_batch
 
