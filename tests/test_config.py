@@ -210,3 +210,27 @@ def test_a_best_metric_no_evaluation_logs_is_refused_naming_the_ones_it_does():
     checkpoint.check_best_metric(args, metric_names(args, [""], ["f"]))  # eval_pass@4 is logged
     assert metric_names(args, [""], ["f"]) == ["eval_reward", "eval_rewards/f/mean", "eval_pass@1", "eval_pass@4",
                                                "eval_avg@8"]
+
+
+def test_a_checkpoint_continues_on_another_world_size_only_with_its_rounds_kept():
+    from types import SimpleNamespace
+
+    from dsgrpo import checkpoint
+    from dsgrpo.errors import CheckpointError
+    model = SimpleNamespace(model_type="qwen2", vocab_size=1024, hidden_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, tie_word_embeddings=False)
+    two = checkpoint.run_identity(GRPOConfig(per_device_train_batch_size=4, num_generations=2), 2, model)
+    assert (two["prompts_per_round"], two["steps_per_round"]) == (4, 1)
+    # 1 rank × 8, or 1 rank × 4 with accumulation 2: the same round (4 prompts, one optimizer step)
+    for kw in ({"per_device_train_batch_size": 8}, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}):
+        checkpoint.check_can_continue(two, checkpoint.run_identity(GRPOConfig(num_generations=2, **kw), 1, model), "ck")
+    one = checkpoint.run_identity(GRPOConfig(per_device_train_batch_size=4, num_generations=2), 1, model)
+    with pytest.raises(CheckpointError, match=r"prompts_per_round: checkpoint 4, this run 2.*on 1 rank\(s\) set "
+                                              r"per_device_train_batch_size × gradient_accumulation_steps = 8"):
+        checkpoint.check_can_continue(two, one, "ck")
+    # a checkpoint of an older dsgrpo (no round in its identity) keeps its world size and geometry
+    legacy = {k: v for k, v in two.items() if k not in ("prompts_per_round", "steps_per_round", "num_iterations")}
+    with pytest.raises(CheckpointError, match=r"world_size: checkpoint 2, this run 1.*kept the world size"):
+        checkpoint.check_can_continue(legacy, checkpoint.run_identity(
+            GRPOConfig(per_device_train_batch_size=8, num_generations=2), 1, model), "ck")
+    checkpoint.check_can_continue(legacy, two, "ck")
