@@ -185,6 +185,7 @@ def time_parts(trainer, a, reps: int = 2):
 
     from dsgrpo import dist
     from dsgrpo.rollout import sync_weights
+    from dsgrpo.trainer import generation_batch_rows
 
     trainer.state.max_steps = trainer.state.global_step + 2 * reps  # room for the updates timed below
     source = trainer.train_prompts
@@ -196,11 +197,13 @@ def time_parts(trainer, a, reps: int = 2):
     for _ in range(reps):
         rollout = trainer.generator.generate(ids, share.counts, trainer.sampling)
     out["generate"] = (time.perf_counter() - t) / reps
-    batch = trainer._sample(source, 0, a.num_generations)
+    batch = trainer.source.next_batch(trainer.state.generation_round)  # the trainer's own round (collective)
     adv = torch.randn(len(batch.rollout))
+    rows = generation_batch_rows(batch)
     t = time.perf_counter()
     for _ in range(reps):
-        trainer._update(batch, adv, None, None)
+        trainer.update.run(batch.micro, batch.rollout.truncated, adv, None, None,
+                           micro_step=lambda: trainer.training_step(trainer.model, rows))
     out["update"] = (time.perf_counter() - t) / reps
     t = time.perf_counter()
     for _ in range(reps):
