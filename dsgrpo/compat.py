@@ -121,6 +121,17 @@ PINS: Tuple[Pin, ...] = (
         params=("attn", "batch_size", "attn_head_count", "attn_head_size", "kv_head_count", "num_hidden_layers",
                 "process_group", "seq_length_is_variable"),
         source_has=("kwargs[\"position_ids\"] = torch.cat(position_ids_list, dim=1)",)),
+    Pin("transformers.models.qwen3_moe.modeling_qwen3_moe:Qwen3MoeTopKRouter.forward", "transformers 5.19",
+        "moe_routers(): the router returns (logits, scores, top-k indices) and nothing else picks experts, so a "
+        "forward hook can record the routes and replace them (routing replay, engines/routing.py)",
+        source_has=("torch.topk(router_probs, self.top_k", "return router_logits, router_scores, router_indices")),
+    Pin("transformers.models.qwen3_moe.modeling_qwen3_moe:Qwen3MoeSparseMoeBlock.forward", "transformers 5.19",
+        "the block routes with what its gate returns", source_has=("= self.gate(", "self.experts(")),
+    Pin("transformers.models.qwen2_moe.modeling_qwen2_moe:Qwen2MoeTopKRouter.forward", "transformers 5.19",
+        "as Qwen3MoeTopKRouter.forward",
+        source_has=("torch.topk(router_probs, self.top_k", "return router_logits, router_scores, router_indices")),
+    Pin("transformers.models.qwen2_moe.modeling_qwen2_moe:Qwen2MoeSparseMoeBlock.forward", "transformers 5.19",
+        "the block routes with what its gate returns", source_has=("= self.gate(", "self.experts(")),
     Pin("transformers.generation.utils:GenerationMixin.generate", "transformers 5.19",
         "use_vllm=None: transformers' own generate lives in this module; replaced (patched, mocked), it is the user's"),
     # ---- vLLM
@@ -513,6 +524,16 @@ def ulysses_attention(core, config, group):
                                 kv_head_count=getattr(text, "num_key_value_heads", None) or heads,
                                 num_hidden_layers=text.num_hidden_layers, process_group=group,
                                 seq_length_is_variable=True)
+
+
+MOE_ROUTER_TYPES = ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter")  # transformers 5.19's top-k routers (PINS)
+
+
+def moe_routers(model) -> list:
+    """The top-k routers of a transformers MoE model, in layer order ([] for a dense model or another family).
+    Each is a module whose forward maps hidden states [N, H] to (router logits [N, E], gate weights [N, k],
+    expert indices [N, k]) and has top_k and norm_topk_prob (transformers 5.19's Qwen2-MoE / Qwen3-MoE)."""
+    return [m for m in model.modules() if type(m).__name__ in MOE_ROUTER_TYPES]
 
 
 def transformers_generate_replaced() -> bool:
