@@ -191,18 +191,26 @@ def check_can_continue(saved: Dict[str, Any], current: Dict[str, Any], path: str
     if legacy:
         hint = " (this checkpoint was written by a dsgrpo that kept the world size and per-device geometry fixed)"
     elif ({"prompts_per_round", "steps_per_round"} & {d.split(":")[0] for d in diffs}) and saved["world_size"]:
-        per_step = saved["prompts_per_round"] * saved["num_generations"] / saved["steps_per_round"]
-        per_rank = per_step / current["world_size"]
-        hint = (f". A round must keep its {saved['prompts_per_round']} prompts and {saved['steps_per_round']:g} "
-                f"optimizer step(s), i.e. {per_step:g} completions per optimizer step: on {current['world_size']} "
-                f"rank(s) set per_device_train_batch_size × gradient_accumulation_steps = {per_rank:g} (e.g. "
-                f"per_device_train_batch_size={saved['per_device_train_batch_size']}, gradient_accumulation_steps="
-                f"{per_rank / saved['per_device_train_batch_size']:g}; the checkpoint's ranks had "
-                f"per_device_train_batch_size={saved['per_device_train_batch_size']}, gradient_accumulation_steps="
-                f"{saved['gradient_accumulation_steps']}), and leave generation_batch_size / steps_per_generation "
-                "unset or equal to the checkpoint's")
+        hint = _round_hint(saved, current["world_size"])
     raise CheckpointError(f"Cannot continue {path} under this config: " + "; ".join(diffs) + hint + ". Use the "
                           "checkpoint's settings, or start a new output_dir.")
+
+
+def _round_hint(saved: Dict[str, Any], world: int) -> str:
+    """How `world` ranks keep the checkpoint's round: its completions per optimizer step, split over the ranks."""
+    per_step = saved["prompts_per_round"] * saved["num_generations"] / saved["steps_per_round"]
+    head = (f". A round must keep its {saved['prompts_per_round']} prompts and {saved['steps_per_round']:g} optimizer "
+            f"step(s), i.e. {per_step:g} completions per optimizer step")
+    if per_step % world:
+        return head + f", which {world} rank(s) cannot share evenly: resume on a number of ranks that divides {per_step:g}"
+    per_rank = int(per_step // world)
+    device = saved["per_device_train_batch_size"]
+    if per_rank % device:  # the checkpoint's micro-batch does not fit: one micro-batch of the whole share
+        device = per_rank
+    return (head + f": on {world} rank(s) set per_device_train_batch_size × gradient_accumulation_steps = {per_rank} "
+            f"(e.g. per_device_train_batch_size={device}, gradient_accumulation_steps={per_rank // device}; the "
+            f"checkpoint's ranks had {saved['per_device_train_batch_size']} and {saved['gradient_accumulation_steps']}), "
+            "and leave generation_batch_size / steps_per_generation unset or equal to the checkpoint's")
 
 
 # ------------------------------------------------------------------------------------------------ another world size

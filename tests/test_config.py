@@ -228,6 +228,14 @@ def test_a_checkpoint_continues_on_another_world_size_only_with_its_rounds_kept(
     with pytest.raises(CheckpointError, match=r"prompts_per_round: checkpoint 4, this run 2.*on 1 rank\(s\) set "
                                               r"per_device_train_batch_size × gradient_accumulation_steps = 8"):
         checkpoint.check_can_continue(two, one, "ck")
+    eight = checkpoint.run_identity(GRPOConfig(per_device_train_batch_size=8, num_generations=2), 1, model)
+    with pytest.raises(CheckpointError, match=r"on 2 rank\(s\) set .* = 4 \(e.g. per_device_train_batch_size=4, "
+                                              r"gradient_accumulation_steps=1;"):
+        checkpoint.check_can_continue(eight, checkpoint.run_identity(
+            GRPOConfig(per_device_train_batch_size=8, num_generations=2), 2, model), "ck")
+    with pytest.raises(CheckpointError, match=r"8 completions per optimizer step, which 3 rank\(s\) cannot share"):
+        checkpoint.check_can_continue(eight, checkpoint.run_identity(
+            GRPOConfig(per_device_train_batch_size=8, num_generations=2), 3, model), "ck")
     # a checkpoint of an older dsgrpo (no round in its identity) keeps its world size and geometry
     legacy = {k: v for k, v in two.items() if k not in ("prompts_per_round", "steps_per_round", "num_iterations")}
     with pytest.raises(CheckpointError, match=r"world_size: checkpoint 2, this run 1.*kept the world size"):
