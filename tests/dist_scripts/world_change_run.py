@@ -41,7 +41,7 @@ ds_config = dict(SHARDED_ZERO3)
 if opts.variant == "offload":
     ds_config["zero_optimization"] = {**SHARDED_ZERO3["zero_optimization"],
                                       "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
-if opts.variant == "auto":  # what the memory plan picks: ZeRO-2 with whole weights for this tiny model
+if opts.variant in ("auto", "lora"):  # what the memory plan picks: ZeRO-2 with whole weights for this tiny model
     ds_config = "auto"
 trainer_cls = AsyncGRPOTrainer if opts.variant == "async" else GRPOTrainer
 args = GRPOConfig(output_dir=opts.out, max_steps=6, per_device_train_batch_size=opts.per_device or 8 // world, num_generations=2,
