@@ -3,7 +3,7 @@
     async_fault_run.py OUTPUT_DIR PLACEMENT [FAULT]     PLACEMENT: colocate | split
                                                         FAULT: worker@N:R | worker@vV:R[:save] | kill@N:R
 
-AsyncGRPOTrainer, on-policy (max_staleness=0), 6 rounds, a checkpoint every 2, resuming from the latest one when
+AsyncGRPOTrainer, on-policy (max_staleness=0; 1 with :save), 6 rounds, a checkpoint every 2, resuming from the latest one when
 there is one. worker@N:R: the N-th reward call on rank R raises inside its rollout worker, mid-chunk (claimed and
 generated, not yet pooled); worker@vV:R: the first one on policy version V or later; with :save rank R holds the
 next checkpoint until its worker has died (a worker lost between a weight sync and a save). kill@N:R: rank R SIGKILLs itself at that point (split placement: a generating rank).
@@ -55,20 +55,23 @@ def reward(prompts, completions, **kwargs):
 args = GRPOConfig(output_dir=OUT, max_steps=6, save_steps=2, per_device_train_batch_size=8 if PLACEMENT == "colocate"
                   else 16, num_generations=4, max_completion_length=8, learning_rate=2e-3, logging_steps=1,
                   gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=32 * 2**20,
-                  async_placement=PLACEMENT, max_staleness=0, async_chunk_groups=1, resume_from_checkpoint="latest",
+                  async_placement=PLACEMENT, max_staleness=1 if hold else 0,  # :save: room for rank 1 to claim
+                  async_chunk_groups=1, resume_from_checkpoint="latest",
                   ddp_timeout=60)
 data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
 trainer = AsyncGRPOTrainer(tiny_model("qwen2"), reward, args=args, train_dataset=data)
 rounds = []
 if hold == "save" and dist.rank(dist.EVERYONE) == int(target):
-    original_check = trainer.source.check_before_save
+    original_save = trainer.save_checkpoint
 
-    def check_before_save():  # the worker dies between the weight sync and the checkpoint, every time
+    def save_checkpoint():
+        # the worker dies between the weight sync and the checkpoint, every time: this rank waits before the save
+        # pauses its worker (a paused worker claims nothing), while the other rank's save waits for it
         deadline = time.time() + 60
         while trainer.source.worker.error is None and time.time() < deadline:
             time.sleep(0.05)
-        return original_check()
-    trainer.source.check_before_save = check_before_save
+        return original_save()
+    trainer.save_checkpoint = save_checkpoint
 if trainer.trains:
     original = trainer.source.next_batch
 
