@@ -277,10 +277,8 @@ def _convert(path: str, folder: str) -> None:
     started = time.perf_counter()
     try:
         compat.convert_to_universal(engine, partial)
-        digests = {f: {"size": os.path.getsize(os.path.join(partial, f)), "sha256": sha256(os.path.join(partial, f))}
-                   for f in checkpoint_files(partial)}
         with open(os.path.join(partial, CHECKSUMS), "w") as fh:
-            json.dump(digests, fh, indent=0)
+            json.dump(dict(sorted(_digest_share(partial, 0, 1).items())), fh, indent=0)  # one process: every file
         os.rename(partial, folder)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
