@@ -71,6 +71,7 @@ class Sequence:
     ids: torch.Tensor           # [L] prompt + completion tokens
     prompt_len: int
     completion_len: int         # tokens scored (the completion's real tokens)
+    routes: Optional[torch.Tensor] = None  # [L, layers, k]: a MoE sampler's experts per token (engines/routing.py)
 
     @property
     def length(self) -> int:
@@ -90,7 +91,8 @@ def sequences_of(micro: List[dict], which: Optional[Seq[int]] = None) -> List[Se
             real = attention[b].bool()
             c = int(attention[b, P:].sum())
             if c:
-                out.append(Sequence(j, b, ids[b][real], int(attention[b, :P].sum()), c))
+                routes = mb["routes"][b][real] if "routes" in mb else None
+                out.append(Sequence(j, b, ids[b][real], int(attention[b, :P].sum()), c, routes))
     return out
 
 
@@ -104,6 +106,7 @@ class PackedStep:
     score_at: torch.Tensor                          # [n] flat index (r * N + i) of the state predicting each token
     targets: torch.Tensor                           # [n] the scored tokens
     widths: List[int] = field(default_factory=list)  # each sequence's logical width T (its micro-batch's)
+    routes: Optional[torch.Tensor] = None            # [R, N, layers, k] the sequences' routes (-1 at padding)
 
     @property
     def empty(self) -> bool:
@@ -219,8 +222,16 @@ def _step(rows: List[List[Sequence]], pad_id: int, widths: List[int]) -> PackedS
             at += s.length
         if at < N:  # padding: a sequence of its own (positions restart), so no real token attends to it
             position_ids[r, at:] = torch.arange(N - at)
+    routes = None
+    if order[0].routes is not None:
+        routes = torch.full((len(rows), N, *order[0].routes.shape[1:]), -1, dtype=order[0].routes.dtype)
+        for r, row in enumerate(rows):
+            at = 0
+            for s in row:
+                routes[r, at:at + s.length] = s.routes
+                at += s.length
     return PackedStep(input_ids, position_ids, order, torch.cat(score_at), torch.cat(targets),
-                      [widths[s.micro] for s in order])
+                      [widths[s.micro] for s in order], routes)
 
 
 def packed_logprobs(forward: Callable[[PackedStep, Optional[int]], torch.Tensor], micro: List[dict],

@@ -28,7 +28,7 @@ from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
 from .data import PromptSource, load_dataset_spec, make_prompt_source
 from .engines import ModelLoader, build_inference_engine, build_policy_engine, completion_logprobs, is_zero3, resolve
-from .engines import lora
+from .engines import lora, routing
 from .engines.builder import prepare_model
 from .engines.forward import packed_forward, packing_leak
 from .engines.weights import named_full_parameters
@@ -118,6 +118,7 @@ class GRPOTrainer:
         self.sp_size = sequence_parallel.requested_size(args, self.ds_config)
         self.ds_config.pop("sequence_parallel_size", None)  # data parallelism stays the world's (sequence_parallel.py)
         sequence_parallel.check(self.sp_size, args, self.world, model_config, split=dist.is_split())
+        routing.check_replay(args, model_config, self.sp_size, tools=bool(tools), rollout_func=rollout_func is not None)
         if self.ds_config.get("gradient_accumulation_steps", args.gradient_accumulation_steps) != args.gradient_accumulation_steps:
             raise ValueError(f"deepspeed config sets gradient_accumulation_steps={self.ds_config['gradient_accumulation_steps']} "
                              f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
@@ -321,6 +322,10 @@ class GRPOTrainer:
             reference = ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
             prepare_model(reference, args)
             self.reference = build_inference_engine(reference, self.ref_ds_config)
+        # MoE: the sampler's routes (when the generator captures them) are replayed or compared in every forward
+        for engine in (self.policy, self.reference):
+            if engine is not None:
+                routing.attach(engine, replace=args.routing_replay == "rollout")
         self.rewards.load_models(args=args, ds_spec=self.frozen_ds_spec, dtype=self.dtype, world_size=self.world)
         if args.use_vllm and args.vllm_mode == "colocate":  # a server checks its own (ServerGenerator.attach)
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
@@ -588,7 +593,8 @@ class GRPOTrainer:
                 batch.micro, self.budget)
         return [completion_logprobs(engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"].shape[1],
                                     self.args.temperature, truncation=truncation,
-                                    chunk_tokens=self.args.logprob_chunk_tokens)[0] for mb in batch.micro]
+                                    chunk_tokens=self.args.logprob_chunk_tokens, routes=mb.get("routes"))[0]
+                for mb in batch.micro]
 
     def _reference_logprobs(self, batch: Batch) -> List[torch.Tensor]:
         if self.lora_policy:  # the reference is the base model: the same engine with its adapters switched off

@@ -101,6 +101,10 @@ class PolicyUpdate:
         accumulation carries on into the next round. `micro_step()` is called once per micro-step and must run
         `next_micro_step()` (the trainer passes its TRL-named `training_step` hook); None: run them directly."""
         args, B = self.args, self.args.per_device_train_batch_size
+        if args.routing_replay == "rollout" and any("routes" not in mb for mb in micro):
+            raise RuntimeError("routing_replay='rollout', but this round's completions came without the sampler's "
+                               "routes (a generator that does not capture them, or a rollout made without one). Set "
+                               "routing_replay='off'.")
         masks = [self._loss_mask(mb, truncated[j * B:(j + 1) * B]) for j, mb in enumerate(micro)]
         step_tokens = self._step_tokens(masks)  # one collective
         acc = self._acc_of_round = MetricAccumulator()
@@ -144,7 +148,7 @@ class PolicyUpdate:
         policy loss)."""
         args = self.args
         forward = policy_forward(self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1], args.temperature,
-                                 **self._forward_options())
+                                 routes=mb.get("routes"), **self._forward_options())
         keep = None
         if args.top_entropy_quantile < 1.0:
             keep = self._high_entropy(forward.entropy, mask)
@@ -243,6 +247,8 @@ class PolicyUpdate:
             return self._stand_in(forward)
         forward.logps, forward.entropy, forward.full_logps = (step.rows(v) for v in (
             forward.logps, forward.entropy, forward.full_logps))
+        if forward.routes_agreed is not None:
+            forward.routes_agreed = step.rows(forward.routes_agreed.float()) > 0.5
         g = step.gather
         rows = Rows(g(logical["masks"]), g(logical["completion"]), g(logical["advantages"]), g(logical["old"]),
                     g(logical["ref"]), g(logical["sampler"]), None if keep is None else g(keep), None,
@@ -286,11 +292,14 @@ class PolicyUpdate:
         entropy_window += torch.stack([(entropy.detach() * effective).sum(), effective.sum()]).double()
         # how far the generator's log-probs are from the trainer's for the same tokens (TRL's names): a weight
         # sync that went wrong shows up here first
-        gap = ((logps.detach() if rows.old is None else rows.old) - rows.sampler).abs()[rows.completion.bool()]
-        gap = gap[~torch.isnan(gap)]  # tokens whose sampler log-prob is unknown (a generate that returns no scores)
+        per_token_gap = ((logps.detach() if rows.old is None else rows.old) - rows.sampler).abs()
+        scored = rows.completion.bool() & ~torch.isnan(per_token_gap)  # NaN: a generate that returns no scores
+        gap = per_token_gap[scored]
         if gap.numel():
             acc.add("sampling/sampling_logp_difference/mean", gap.mean(), gap.numel())
             acc.add("sampling/sampling_logp_difference/max", gap.max())
+        if forward.route_counts is not None:
+            moe_route_metrics(acc, forward.route_counts, forward.routes_agreed, per_token_gap, scored)
         policy_share = float(metrics.pop("policy_loss", loss.detach()))
         for name, value in metrics.items():
             acc.add(name, value, float(mask.sum()))
@@ -355,6 +364,28 @@ def learning_alarm(metrics: Dict[str, float]) -> Optional[str]:
     return ("; ".join(parts) + ": the policy is barely learning. Causes: a sampling setting the trainer does not "
             "reproduce (repetition_penalty, a logits processor in generation_kwargs), a weight sync that failed, or "
             "bf16 numerics (vllm_importance_sampling_mode='token_truncate' bounds the damage).")
+
+
+def moe_route_metrics(acc: MetricAccumulator, counts: tuple, agreed: torch.Tensor, gap: torch.Tensor,
+                      scored: torch.Tensor) -> None:
+    """A MoE forward that had the sampler's routes (engines/routing.py): the fraction of (token, layer) routes whose
+    experts the forward used were the sampler's (`moe/router_agreement`: 1 with routing_replay), the fraction the
+    trainer's router chose on its own as the sampler did (`moe/router_own_agreement`, the same without replay), and
+    the sampler gap of the tokens whose predicting state the router routed as the sampler did in every layer, next
+    to the rest's."""
+    own, used, compared = counts
+    if compared:
+        acc.add("moe/router_agreement", used / compared, compared)
+        acc.add("moe/router_own_agreement", own / compared, compared)
+    scored_agreed = scored & agreed.to(scored.device)
+    scored_other = scored & ~agreed.to(scored.device)
+    n_agreed, n_other = int(scored_agreed.sum()), int(scored_other.sum())
+    if n_agreed + n_other:
+        acc.add("moe/tokens_routed_as_sampled", n_agreed / (n_agreed + n_other), n_agreed + n_other)
+    if n_agreed:
+        acc.add("moe/sampling_logp_difference/routes_agreed", gap[scored_agreed].mean(), n_agreed)
+    if n_other:
+        acc.add("moe/sampling_logp_difference/routes_differed", gap[scored_other].mean(), n_other)
 
 
 def router_aux_coef(args, config) -> float:

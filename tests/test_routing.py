@@ -108,3 +108,111 @@ def test_a_dense_model_has_no_routers_and_bad_routes_are_refused():
     with pytest.raises(ValueError, match="not laid out as this forward's tokens"):
         with torch.no_grad(), tap.replay(torch.zeros(5, 2, 2, dtype=torch.long)):
             router(torch.zeros(16, router.hidden_dim))  # 16 tokens routed, 5 given
+
+
+# ------------------------------------------------------------------ routes carried with the rollout and laid out
+def test_generate_captures_the_routes_a_full_forward_then_takes_exactly():
+    """HFGenerator records each token's experts during generate (a prefill, then one decode call per fed token);
+    laid out as the update's padded micro-batch, a full fp32 forward's own routing agrees with them at every known
+    (token, layer), while the same routes one position off do not: the capture is aligned with the tokens."""
+    import types
+
+    from transformers import AutoTokenizer
+
+    from dsgrpo.engines import routing
+    from dsgrpo.rollout.base import Rollout, SamplingConfig
+    from dsgrpo.rollout.hf_generate import HFGenerator
+
+    model = load("qwen3-moe")
+    engine = types.SimpleNamespace(module=model)
+    tap = routing.attach(engine, replace=False)
+    assert routing.tap_of(engine) is tap and routing.attach(types.SimpleNamespace(module=torch.nn.Linear(2, 2)),
+                                                            replace=False) is None
+    tok = AutoTokenizer.from_pretrained(tiny_model("qwen3-moe"))
+    rollout = HFGenerator(engine, tok, zero3=False).generate([[5, 6, 7], [9, 10, 11, 12, 13]], [2, 2],
+                                                             SamplingConfig(max_tokens=6), seeds=[1])
+    layers, k = model.config.num_hidden_layers, model.config.num_experts_per_tok
+    for p, c, r in zip(rollout.prompt_ids, rollout.completion_ids, rollout.routes):
+        assert r.shape == (len(p) + len(c), layers, k)
+        assert (r[:-1] >= 0).all() and (r[-1] == -1).all()  # the last token is never fed back: unknown
+    known = sum(len(p) + len(c) - 1 for p, c in zip(rollout.prompt_ids, rollout.completion_ids)) * layers
+
+    def own_agreement(routes):
+        mb = Rollout.concat([rollout]).tensors(tok.pad_token_id)
+        mb_routes = routes(mb)
+        with torch.no_grad(), routing.routed(model, mb_routes):
+            model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                  position_ids=(mb["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+        return tap.pop_counts()
+
+    own, used, compared = own_agreement(lambda mb: mb["routes"])
+    assert own == used == compared == known
+    shifted = own_agreement(lambda mb: torch.roll(mb["routes"], 1, dims=1))
+    assert shifted[0] < 0.8 * shifted[2]
+
+
+def test_a_rollouts_routes_follow_its_rows_through_tensors_slices_and_json():
+    from dsgrpo.rollout.base import ROUTE_DTYPE, Rollout
+
+    def rollout(offset):
+        r = Rollout([[1, 2], [3, 4, 5]], [[6], [7, 8]], [[-0.1], [-0.2, -0.3]], [False, True])
+        r.routes = [torch.arange(n * 2 * 2, dtype=ROUTE_DTYPE).view(n, 2, 2) + offset for n in (3, 5)]
+        return r
+
+    a = rollout(0)
+    t = a.tensors(pad_id=0)
+    assert t["routes"].shape == (2, 3 + 2, 2, 2)  # P = 3, T = 2, laid out as input_ids
+    assert (t["routes"][0, 0] == -1).all() and (t["routes"][0, 4] == -1).all()  # left prompt pad, right completion pad
+    assert torch.equal(t["routes"][0, 1:4], a.routes[0]) and torch.equal(t["routes"][1], a.routes[1])
+    both = Rollout.concat([a, rollout(100)])
+    assert len(both.routes) == 4 and torch.equal(both.rows(slice(2, 3)).routes[0], rollout(100).routes[0])
+    back = Rollout.from_json(__import__("json").loads(__import__("json").dumps(both.to_json())))
+    assert all(torch.equal(x, y) and x.dtype == ROUTE_DTYPE for x, y in zip(back.routes, both.routes))
+    assert Rollout.from_json({**a.to_json(), "routes": None}).routes is None
+    assert "routes" not in Rollout.concat([a, Rollout([[1]], [[2]], [[0.0]], [False])]).tensors(0)
+
+
+def test_packed_rows_carry_each_sequences_routes_end_to_end():
+    from dsgrpo import layout
+    from dsgrpo.rollout.base import ROUTE_DTYPE, Rollout
+
+    r = Rollout([[1, 2], [3, 4, 5], [6]], [[7], [8, 9], [10, 11, 12]], [[0.0], [0.0] * 2, [0.0] * 3], [False] * 3)
+    r.routes = [torch.full((n, 2, 1), i, dtype=ROUTE_DTYPE) for i, n in enumerate((3, 5, 4))]
+    micro = [r.tensors(pad_id=0)]
+    steps, = layout.plan_steps([layout.sequences_of(micro)], budget=64, hidden=8, pad_id=0, widths=[3])
+    for step in steps:
+        if step.empty:
+            continue
+        routes = step.routes[..., 0, 0]  # [R, N]: the sequence index at each token, -1 at padding
+        for row in range(step.input_ids.shape[0]):
+            seen = [int(v) for v in routes[row] if v >= 0]
+            assert sum(a != b for a, b in zip(seen, seen[1:])) == len(set(seen)) - 1  # each sequence in one piece
+        for i in range(3):  # each sequence's routes sit exactly at its tokens
+            assert step.input_ids[routes == i].tolist() == r.prompt_ids[i] + r.completion_ids[i]
+
+
+def test_routing_replay_is_refused_where_it_cannot_replay():
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from dsgrpo import GRPOConfig
+    from dsgrpo.engines.routing import check_replay
+
+    on = SimpleNamespace(routing_replay="rollout")
+    with pytest.raises(ValueError, match="a dense model"):
+        check_replay(on, AutoConfig.from_pretrained(tiny_model("qwen2")))
+    mixtral = SimpleNamespace(model_type="mixtral", num_experts_per_tok=2)
+    with pytest.raises(ValueError, match="does not hook yet"):
+        check_replay(on, mixtral)
+    moe = AutoConfig.from_pretrained(tiny_model("qwen3-moe"))
+    check_replay(on, moe)
+    check_replay(SimpleNamespace(routing_replay="off"), AutoConfig.from_pretrained(tiny_model("qwen2")))
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        check_replay(on, moe, sequence_parallel_size=2)
+    with pytest.raises(ValueError, match="tools"):
+        check_replay(on, moe, tools=True)
+    with pytest.raises(ValueError, match="use_vllm=False"):
+        GRPOConfig(output_dir="/tmp/unused", routing_replay="rollout")
+    with pytest.raises(ValueError, match="routing_replay='always' is not one of"):
+        GRPOConfig(output_dir="/tmp/unused", routing_replay="always", use_vllm=False)

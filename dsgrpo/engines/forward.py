@@ -16,6 +16,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..algorithms import Truncation, entropy_from_logits, truncate_logits
+from . import routing
 
 # fp32 bytes of one chunk's logits (auto chunking): 256 MiB is 441 tokens of a 151,936-token vocabulary
 CHUNK_LOGIT_BYTES = 256 * 2**20
@@ -27,6 +28,10 @@ class Forward:
     entropy: Optional[torch.Tensor]       # [B, T], when asked
     full_logps: Optional[torch.Tensor]    # [B, T] untruncated log-probs, when asked (the KL term's)
     aux_loss: Optional[torch.Tensor]      # a MoE router's load-balancing loss, when asked
+    # MoE with the sampler's routes: per scored token (as logps), whether the state predicting it was routed as the
+    # sampler routed it in every layer; and RoutingTap.pop_counts() of the whole forward
+    routes_agreed: Optional[torch.Tensor] = None
+    route_counts: Optional[tuple] = None
 
 
 def chunk_tokens_for(vocab_size: int, chunk_tokens: int = 0) -> int:
@@ -37,7 +42,7 @@ def chunk_tokens_for(vocab_size: int, chunk_tokens: int = 0) -> int:
 def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
                    temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
                    truncation: Optional[Truncation] = None, with_full: bool = False,
-                   router_aux: bool = False, chunk_tokens: int = 0) -> Forward:
+                   router_aux: bool = False, chunk_tokens: int = 0, routes: Optional[torch.Tensor] = None) -> Forward:
     """One forward of `model` over prompt + completion, scored on the last `completion_len` tokens of each row.
 
     input_ids / attention_mask: [B, P+T] with left-padded prompts followed by right-padded completions. Logits are
@@ -45,11 +50,13 @@ def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     min_p), so the log-probs are of the distribution the sampler drew from (vLLM's processed logprobs).
     `entropy_grad`: the entropies keep their graph (an entropy bonus in the loss). `router_aux`: a MoE model also
     returns its router's load-balancing loss. Padding positions of the completions score 0 (they are not computed).
-    `chunk_tokens`: completion tokens per head chunk (0: chunk_tokens_for's budget)."""
+    `chunk_tokens`: completion tokens per head chunk (0: chunk_tokens_for's budget). `routes` [B, P+T, layers, k]:
+    a MoE model's sampler routes, replayed or compared (engines/routing.py)."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     T = completion_len
     # logits_to_keep: the head's input is the T+1 positions that predict the completion (and its end)
-    states, head, softcap, aux = _final_states(model, input_ids, attention_mask, position_ids, T + 1, router_aux)
+    states, head, softcap, aux, agreed = _final_states(model, input_ids, attention_mask, position_ids, T + 1,
+                                                       router_aux, routes)
     states = states[:, -T - 1:-1, :]                                     # [B, T, H]: the states predicting them
     targets = input_ids[:, -T:]
     real = attention_mask[:, -T:].bool()                                 # completion tokens, not padding
@@ -60,7 +67,9 @@ def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     logps, entropy, full = (None if p is None else p.new_zeros(real.shape).masked_scatter(real, p) for p in parts)
     if with_full and full is None:
         full = logps
-    return Forward(logps, entropy, full, aux)
+    if agreed is not None:
+        agreed = (agreed[0].view(input_ids.shape)[:, -T - 1:-1] & real, agreed[1])
+    return Forward(logps, entropy, full, aux, *(agreed or (None, None)))
 
 
 def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
@@ -77,7 +86,8 @@ def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = F
     if sp is not None:
         return _sharded_packed_forward(model, step, sp, owner, temperature, with_entropy, entropy_grad, truncation,
                                        with_full, router_aux, chunk_tokens)
-    states, head, softcap, aux = _final_states(model, step.input_ids, None, step.position_ids, 0, router_aux)
+    states, head, softcap, aux, agreed = _final_states(model, step.input_ids, None, step.position_ids, 0, router_aux,
+                                                       getattr(step, "routes", None))
     flat = states.reshape(-1, states.shape[-1])
     at, targets = (step.score_at, step.targets) if not step.empty else (torch.zeros(1, dtype=torch.long),
                                                                         step.input_ids.reshape(-1)[:1])
@@ -87,7 +97,9 @@ def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = F
                                      chunk_tokens_for(head.out_features, chunk_tokens))
     if with_full and full is None:
         full = logps
-    return Forward(logps, entropy, full, aux)
+    if agreed is not None:
+        agreed = (agreed[0][at], agreed[1])
+    return Forward(logps, entropy, full, aux, *(agreed or (None, None)))
 
 
 def _sharded_packed_forward(model, step, sp, owner, temperature, with_entropy, entropy_grad, truncation, with_full,
@@ -95,8 +107,8 @@ def _sharded_packed_forward(model, step, sp, owner, temperature, with_entropy, e
     from .. import dist, sequence_parallel
 
     piece = sequence_parallel.shard(step, sp)
-    with sequence_parallel.sharded_forward():
-        states, head, softcap, aux = _final_states(model, piece.input_ids, None, piece.position_ids, 0, router_aux)
+    with sequence_parallel.sharded_forward():  # routing replay is refused with sequence parallelism (config.py)
+        states, head, softcap, aux, _ = _final_states(model, piece.input_ids, None, piece.position_ids, 0, router_aux)
     flat = states.reshape(-1, states.shape[-1])
     # this shard's scored tokens, then a keep-alive (its first position) that ToOwner neither sends nor weighs
     at = torch.cat([piece.score_at, torch.zeros(1, dtype=torch.long)])
@@ -138,26 +150,32 @@ def packing_leak(model, vocab_size: int) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-6))
 
 
-def _final_states(model, input_ids, attention_mask, position_ids, logits_to_keep: int, router_aux: bool):
+def _final_states(model, input_ids, attention_mask, position_ids, logits_to_keep: int, router_aux: bool,
+                  routes: Optional[torch.Tensor] = None):
     """The model's last hidden states (of its last `logits_to_keep` positions; 0: all), its head, the head's soft
-    cap and (router_aux) the router's load-balancing loss. The head itself runs on one position only."""
+    cap, (router_aux) the router's load-balancing loss, and with `routes` (laid out as input_ids, then layers and
+    k) ([tokens] whether every layer agreed with them, (agreed, compared)). The head runs on one position only."""
     extra = {"output_router_logits": True} if router_aux else {}
     head, hidden, softcap = _head_and_hidden(model)
     device = next(iter(head.parameters())).device
-    with hidden:
+    with hidden, routing.routed(model, routes) as tap:
         out = model(input_ids=input_ids.to(device), attention_mask=None if attention_mask is None else
                     attention_mask.to(device), position_ids=position_ids.to(device), logits_to_keep=logits_to_keep,
                     use_cache=False, **extra)
     _check_plain_head(model, head, softcap, hidden.states[:, -1:, :], out.logits)
-    return hidden.states, head, softcap, getattr(out, "aux_loss", None) if router_aux else None
+    agreed = None
+    if tap is not None and tap.token_agreed is not None:
+        agreed = (tap.token_agreed.cpu(), tap.pop_counts())
+    return hidden.states, head, softcap, getattr(out, "aux_loss", None) if router_aux else None, agreed
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
                         temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                        truncation: Optional[Truncation] = None, chunk_tokens: int = 0):
+                        truncation: Optional[Truncation] = None, chunk_tokens: int = 0,
+                        routes: Optional[torch.Tensor] = None):
     """(log-probs [B, T], entropies [B, T] or None): policy_forward's two usual results."""
     f = policy_forward(model, input_ids, attention_mask, completion_len, temperature, with_entropy, entropy_grad,
-                       truncation, chunk_tokens=chunk_tokens)
+                       truncation, chunk_tokens=chunk_tokens, routes=routes)
     return f.logps, f.entropy
 
 

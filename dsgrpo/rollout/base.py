@@ -48,6 +48,8 @@ class SamplingConfig:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
+ROUTE_DTYPE = torch.int16  # expert indices (-1: not reported); models have at most a few hundred experts
+
 ROLLOUT_LISTS = ("prompt_ids", "completion_ids", "sampler_logprobs", "truncated")
 ROLLOUT_OPTIONAL = ("tool_mask", "messages", "tool_counts")
 
@@ -69,6 +71,9 @@ class Rollout:
     tool_counts: Optional[List[List[int]]] = None
     # extra per-row columns for the reward functions (what a rollout_func returns beside the tokens)
     columns: Optional[Dict[str, list]] = None
+    # MoE policies: the experts the sampler routed each token to, per row an int tensor [prompt + completion tokens,
+    # layers, top_k] (-1: not reported, the trainer's router chooses). engines/routing.py replays or compares them.
+    routes: Optional[List[torch.Tensor]] = None
 
     def rows(self, rows: slice) -> "Rollout":
         """The rows `rows` as a Rollout of their own (optional fields kept)."""
@@ -78,6 +83,8 @@ class Rollout:
                 setattr(out, k, getattr(self, k)[rows])
         if self.columns is not None:
             out.columns = {c: v[rows] for c, v in self.columns.items()}
+        if self.routes is not None:
+            out.routes = self.routes[rows]
         return out
 
     @staticmethod
@@ -96,23 +103,31 @@ class Rollout:
                 setattr(out, k, [x for p in parts for x in getattr(p, k)])
         if parts and all(p.columns is not None for p in parts):
             out.columns = {c: [v for p in parts for v in p.columns[c]] for c in parts[0].columns}
+        if parts and all(p.routes is not None for p in parts):
+            out.routes = [r for p in parts for r in p.routes]
         return out
 
     def to_json(self) -> dict:
         """Plain lists and dicts (a checkpoint's pool, a split-placement exchange). `columns` must be JSON-able."""
-        return {k: getattr(self, k) for k in ROLLOUT_LISTS + ROLLOUT_OPTIONAL + ("columns",)}
+        out = {k: getattr(self, k) for k in ROLLOUT_LISTS + ROLLOUT_OPTIONAL + ("columns",)}
+        out["routes"] = None if self.routes is None else [r.tolist() for r in self.routes]
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Rollout":
         # .get: pools checkpointed before a field existed lack its key (None: the field's default)
-        return cls(*(d[k] for k in ROLLOUT_LISTS), **{k: d.get(k) for k in ROLLOUT_OPTIONAL + ("columns",)})
+        out = cls(*(d[k] for k in ROLLOUT_LISTS), **{k: d.get(k) for k in ROLLOUT_OPTIONAL + ("columns",)})
+        if d.get("routes") is not None:
+            out.routes = [torch.tensor(r, dtype=ROUTE_DTYPE) for r in d["routes"]]
+        return out
 
     def __len__(self) -> int:
         return len(self.completion_ids)
 
     def tensors(self, pad_id: int, rows: Optional[slice] = None, pad_to_multiple_of: Optional[int] = None) -> dict:
         """Padded tensors for rows: input_ids [B, P+T] (prompts left-padded, completions right-padded),
-        attention_mask [B, P+T], completion_mask [B, T] (0 at padding and tool-result tokens), sampler_logps [B, T].
+        attention_mask [B, P+T], completion_mask [B, T] (0 at padding and tool-result tokens), sampler_logps [B, T],
+        and with routes, routes [B, P+T, layers, top_k] laid out as input_ids (-1 at padding).
         With `pad_to_multiple_of`, P and T are rounded up to a multiple of it (fewer distinct shapes)."""
         idx = range(len(self))[rows or slice(None)]
         P = max(len(self.prompt_ids[i]) for i in idx)
@@ -134,8 +149,16 @@ class Rollout:
                 if self.tool_mask is not None:
                     sampled[row, :len(c)] = torch.tensor(self.tool_mask[i], dtype=torch.float32)
         completion_mask = attention[:, P:].float() * sampled
-        return {"input_ids": input_ids, "attention_mask": attention, "completion_mask": completion_mask,
-                "sampler_logps": sampler}
+        out = {"input_ids": input_ids, "attention_mask": attention, "completion_mask": completion_mask,
+               "sampler_logps": sampler}
+        if self.routes is not None:
+            layers, k = self.routes[idx[0]].shape[1:]
+            routes = torch.full((B, P + T, layers, k), -1, dtype=ROUTE_DTYPE)
+            for row, i in enumerate(idx):
+                p, c = len(self.prompt_ids[i]), len(self.completion_ids[i])
+                routes[row, P - p:P + c] = self.routes[i]
+            out["routes"] = routes
+        return out
 
     def lengths(self) -> torch.Tensor:
         return torch.tensor([len(c) for c in self.completion_ids], dtype=torch.float32)

@@ -13,7 +13,8 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 
 from .. import compat, dist
-from .base import Rollout, SamplingConfig
+from ..engines import routing
+from .base import ROUTE_DTYPE, Rollout, SamplingConfig
 
 
 class HFGenerator:
@@ -63,7 +64,10 @@ class HFGenerator:
             input_ids[i, P - len(r):] = torch.tensor(r)
             attention[i, P - len(r):] = 1
         device = next(model.parameters()).device
-        with self._gathered():
+        tap = routing.tap_of(self.engine)  # a MoE policy: the experts of every token are kept (routing replay)
+        if tap is not None:
+            tap.use(None)
+        with self._gathered(), (tap.record() if tap is not None else contextlib.nullcontext()) as recorded:
             out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
                                  do_sample=sampling.temperature > 0,  # temperature 0: greedy, as vLLM reads it
                                  max_new_tokens=sampling.max_tokens, temperature=sampling.temperature or None,
@@ -81,7 +85,10 @@ class HFGenerator:
             new = out.sequences[:, P:].cpu()                                           # [B, T']
             scores = torch.stack(out.scores, dim=1).float().cpu()                      # [B, T', V] processed
             logps = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        rollout = Rollout([], [], [], [])
+        routes = None
+        if recorded is not None and all(recorded):
+            routes = routing.routes_of_generation(recorded, len(rows), P, new.shape[1]).to(ROUTE_DTYPE)
+        rollout = Rollout([], [], [], [], routes=[] if routes is not None else None)
         for i, r in enumerate(rows):
             tokens = new[i].tolist()
             stop = tokens.index(eos) + 1 if eos in tokens else len(tokens)
@@ -89,6 +96,8 @@ class HFGenerator:
             rollout.completion_ids.append(tokens[:stop])
             rollout.sampler_logprobs.append(logps[i, :stop].tolist())
             rollout.truncated.append(eos not in tokens[:stop])
+            if routes is not None:
+                rollout.routes.append(routes[i, P - len(r):P + stop].clone())
         return rollout
 
 
