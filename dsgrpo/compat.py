@@ -159,6 +159,13 @@ PINS: Tuple[Pin, ...] = (
         "the live model the MoE workaround walks"),
     Pin("vllm:SamplingParams.__struct_fields__", "vllm 0.32.0",
         "generation_kwargs are filtered to the fields SamplingParams takes (keys only HF generate knows stay out)"),
+    Pin("vllm.engine.arg_utils:EngineArgs.enable_return_routed_experts", "vllm 0.32.0",
+        "routing_replay with vLLM (GPU: its Model Runner V2 captures each token's experts; vLLM-CPU cannot)"),
+    Pin("vllm.outputs:CompletionOutput.routed_experts", "vllm 0.32.0",
+        "vllm_routes(): [tokens, layers, top_k] from the first prompt token (routed_experts_prompt_start = 0)"),
+    Pin("vllm.distributed.aux_output_connector.connector:AuxOutputSchedulerConnector.take_output", "vllm 0.32.0",
+        "vllm_routes(): the rows end before the last token (never fed back), as the HF capture's",
+        source_has=("token_end = request.num_tokens - 1",)),
     Pin("vllm.sampling_params:StructuredOutputsParams", "vllm 0.32.0", "vllm_structured_outputs_regex",
         params=("regex",)),
     Pin("vllm.model_executor.model_loader.reload.layerwise:logger", "vllm 0.32.0",
@@ -534,6 +541,25 @@ def moe_routers(model) -> list:
     Each is a module whose forward maps hidden states [N, H] to (router logits [N, E], gate weights [N, k],
     expert indices [N, k]) and has top_k and norm_topk_prob (transformers 5.19's Qwen2-MoE / Qwen3-MoE)."""
     return [m for m in model.modules() if type(m).__name__ in MOE_ROUTER_TYPES]
+
+
+def vllm_routes(completion_output, prompt_len: int):
+    """A vLLM completion's routed experts (enable_return_routed_experts) as [prompt + completion tokens, layers,
+    top_k] int16, -1 where vLLM reports none (the last token), or None when it reported nothing. Written for vLLM
+    0.32 (PINS), whose rows start at the first prompt token and end before the last one. Not run on CPU: vLLM-CPU
+    0.32 cannot capture them (its Model Runner V2 needs Triton)."""
+    import numpy as np
+    import torch
+
+    rows = getattr(completion_output, "routed_experts", None)
+    if rows is None:
+        return None
+    rows = torch.as_tensor(np.asarray(rows)).to(torch.int16)
+    total = prompt_len + len(completion_output.token_ids)
+    out = torch.full((total, *rows.shape[1:]), -1, dtype=torch.int16)
+    n = min(len(rows), total)
+    out[:n] = rows[:n]
+    return out
 
 
 def transformers_generate_replaced() -> bool:

@@ -226,7 +226,7 @@ class GRPOConfig:
     num_threads: Optional[int] = field(default=None, metadata=_help("CPU threads per rank (None: cores / local ranks)."))
     memory_check: str = field(default="warn", metadata=_help("The memory planner at start-up: 'warn' logs the plan and warns when it does not fit, 'error' stops before loading a model, 'off' skips the check.", choices=("warn", "error", "off")))
     token_budget: Optional[int] = field(default=None, metadata=_help("The most tokens one rank forwards in one training micro-step (TRL's AsyncGRPOConfig name): whole sequences are packed padding-free into rows under it, every forward of a step pays only for real tokens, and each loss type keeps its normaliser. None (the default): one padded micro-batch's worth (per_device_train_batch_size x (longest prompt + max_completion_length)), or padded micro-batches when the model's attention does not keep packed sequences apart; <= 0: padded micro-batches of per_device_train_batch_size rows."))
-    routing_replay: str = field(default="off", metadata=_help("Mixture-of-experts policies (Qwen2-MoE, Qwen3-MoE): 'rollout' makes every training forward (policy, old-policy and reference log-probs) use the experts the sampler routed each token to (rollout routing replay, R3), with gate weights from the trainer's router renormalised over them so the router keeps learning; 'off' (the default) lets the trainer route on its own. Either way moe/router_agreement reports how often the trainer's router chose the sampler's experts. Routes are captured by the policy's own generate (use_vllm=False).", choices=("off", "rollout")))
+    routing_replay: str = field(default="off", metadata=_help("Mixture-of-experts policies (Qwen2-MoE, Qwen3-MoE): 'rollout' makes every training forward (policy, old-policy and reference log-probs) use the experts the sampler routed each token to (rollout routing replay, R3), with gate weights from the trainer's router renormalised over them so the router keeps learning; 'off' (the default) lets the trainer route on its own. Either way moe/router_agreement reports how often the trainer's router chose the sampler's experts. Routes come from the policy's own generate (use_vllm=False, always captured for MoE policies) or, on a GPU, from colocated vLLM (enable_return_routed_experts; vLLM-CPU cannot capture them).", choices=("off", "rollout")))
     logprob_chunk_tokens: int = field(default=0, metadata=_help("Completion tokens whose logits are computed at once for log-probs and entropy (0: as many as fit 256 MiB of fp32 logits, 441 for a 151,936-token vocabulary). The full [B, T, V] logits never exist."))
 
     # ------------------------------------------------------------------ AsyncGRPOTrainer only
@@ -444,11 +444,6 @@ class GRPOConfig:
             raise ValueError(f"optim={self.optim!r}: dsgrpo's optimizer is DeepSpeed's AdamW, which the AdamW family "
                              f"{list(ADAMW_OPTIMS)} all map to. For another optimizer pass it to the trainer: "
                              "GRPOTrainer(..., optimizers=(torch.optim.SGD(model.parameters(), lr=...), None)).")
-        if self.routing_replay == "rollout" and self.use_vllm:
-            raise ValueError("routing_replay='rollout' needs each token's experts from the sampler; dsgrpo captures them "
-                             "in the policy's own generate, and does not read vLLM's yet (vLLM-CPU 0.32 cannot return "
-                             "them: enable_return_routed_experts needs its Triton model runner). Set use_vllm=False, "
-                             "or routing_replay='off'.")
         if self.num_generations < 2:
             raise ValueError(
                 f"num_generations={self.num_generations}: GRPO needs at least 2 completions per prompt to compute "

