@@ -79,3 +79,11 @@ def test_what_cannot_replay_is_refused_before_loading(results):
     for rank in part(results, "refusals"):
         assert "a dense model" in rank["dense"] and "Set routing_replay='off'" in rank["dense"]
         assert "use_vllm=False" in rank["vllm"]
+
+
+def test_a_resumed_run_replays_what_the_whole_run_replayed(results):
+    for rank in part(results, "resume"):
+        whole, resumed = rank["whole"], rank["resumed"]
+        assert resumed["checked"] > 0 and resumed["differed"] == 0, resumed
+        assert [h["grad_norm"] for h in resumed["history"][-2:]] == [h["grad_norm"] for h in whole["history"][-2:]]
+        assert max(abs(a - b) for a, b in zip(rank["final_whole"], rank["final_resumed"])) < 1e-6

@@ -20,7 +20,7 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines import routing  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, digit_fraction, recorder, training_rows  # noqa: E402
+from recorder import SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows  # noqa: E402
 
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
@@ -115,6 +115,19 @@ def _():
     return {mode: run(f"bf16_{mode}", bf16=True, deepspeed=bf16, routing_replay=mode, token_budget=0, max_steps=3,
                       per_device_train_batch_size=16, max_completion_length=24)
             for mode in ("off", "rollout")}
+
+
+# ------------------------------------------------------------------ resume with replay on
+@check("resume")
+def _():
+    """A: 4 steps with a checkpoint at 2; B: resumed from it to 4. Each round's routes come from that round's
+    sampling, so B replays what A replayed and ends with A's weights."""
+    whole = run("resume_whole", max_steps=4, save_steps=2)
+    final_whole = policy_logps(KEEP[-1].policy)
+    ckpt = os.path.join(OUT, "resume_whole", "checkpoint-2")
+    resumed = run("resume_tail", max_steps=4, save_steps=2, resume_from_checkpoint=ckpt)
+    final_resumed = policy_logps(KEEP[-1].policy)
+    return {"whole": whole, "resumed": resumed, "final_whole": final_whole, "final_resumed": final_resumed}
 
 
 # ------------------------------------------------------------------ refusals before any model loads
