@@ -242,3 +242,15 @@ def test_a_checkpoint_continues_on_another_world_size_only_with_its_rounds_kept(
         checkpoint.check_can_continue(legacy, checkpoint.run_identity(
             GRPOConfig(per_device_train_batch_size=8, num_generations=2), 1, model), "ck")
     checkpoint.check_can_continue(legacy, two, "ck")
+
+
+def test_bf16_reaches_a_deepspeed_config_without_a_bf16_section():
+    """bf16=True loads the engines in bf16; a user's DeepSpeed dict without a bf16 section must not leave DeepSpeed
+    running them in fp32 (it did, silently). An explicit section wins; fp32 runs get none."""
+    from dsgrpo.engines.builder import fill_auto_values
+
+    plain = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
+    on = GRPOConfig(output_dir="/tmp/unused", bf16=True)
+    assert fill_auto_values(plain, on, hidden_size=None)["bf16"] == {"enabled": True}
+    assert fill_auto_values({**plain, "bf16": {"enabled": False}}, on, hidden_size=None)["bf16"] == {"enabled": False}
+    assert "bf16" not in fill_auto_values(plain, GRPOConfig(output_dir="/tmp/unused", bf16=False), hidden_size=None)

@@ -50,6 +50,10 @@ def fill_auto_values(ds_config: dict, args: GRPOConfig, *, hidden_size: Optional
             node[path[-1]] = value
     if args.fp16 and "fp16" not in cfg:
         cfg["fp16"] = {"enabled": True}
+    if bf16 and "bf16" not in cfg and "fp16" not in cfg:
+        # the engines load bf16 weights (device.train_dtype); a config without a bf16 section would have DeepSpeed
+        # run them in fp32, silently (a bf16=True run measured fp32's 2e-7 sampler gap instead of bf16's 5e-4)
+        cfg["bf16"] = {"enabled": True}
     if cfg.get("train_batch_size") == "auto":
         del cfg["train_batch_size"]  # DeepSpeed derives it from micro batch × accumulation × world
     leftovers = [k for k, v in _walk(cfg) if v == "auto"]
