@@ -2,7 +2,7 @@
 seed under this CPU's own instruction set and under a forced lower one, and prints per run the mean reward of the
 first and last 5 generation rounds (the trainer's summary line), their ratio and the wall time.
 
-    .venv/bin/python bench/demo_robustness.py [--seeds 0,1,2] [--isa native,forced] [--out outputs/demo_robustness]
+    .venv/bin/python bench/demo_robustness.py [--seeds 0,1,2] [--isa native,forced] [--warmup-steps N] [--out DIR] [-- overrides]
 
 Goal (issue 32): every run ends with last-5 ≥ 0.5 and ≥ 3× the first 5, in 2–3 minutes on 2 cores.
 
@@ -70,14 +70,16 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--isa", default="native,forced", help="native, forced, or both (comma-separated)")
     parser.add_argument("--out", default=os.path.join(REPO, "outputs", "demo_robustness"))
+    parser.add_argument("--warmup-steps", type=int, default=None, help="format warm-up steps (default: make demo's)")
     parser.add_argument("extra", nargs="*", help="more overrides for the demo config, after --")
     args = parser.parse_args()
     unknown = set(args.isa.split(",")) - {"native", "forced"}
     if unknown:
         parser.error(f"--isa {args.isa}: {sorted(unknown)} unknown; use native, forced or native,forced")
     os.makedirs(args.out, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "dsgrpo.tasks", "warmup", "--out", os.path.join(args.out, "init_model")],
-                   cwd=REPO, check=True)
+    warmup = ["--steps", str(args.warmup_steps)] if args.warmup_steps is not None else []
+    subprocess.run([sys.executable, "-m", "dsgrpo.tasks", "warmup", "--out", os.path.join(args.out, "init_model"),
+                    *warmup], cwd=REPO, check=True)
     rows = []
     for isa in args.isa.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
