@@ -18,7 +18,7 @@ import torch
 from . import device, dist, layout, sequence_parallel
 from .algorithms import (AdaptiveEntropyCoef, LossHyperparams, Truncation, aggregation_weights, entropy_bonus_weights,
                          entropy_mask, entropy_threshold, policy_loss)
-from .engines import policy_forward
+from .engines import policy_forward, routing
 from .engines.forward import packed_forward
 from .metrics import MetricAccumulator
 
@@ -307,6 +307,7 @@ class PolicyUpdate:
 
     def _backward_and_step(self, loss: torch.Tensor) -> None:
         self.policy.backward(loss, scale_wrt_gas=False)  # the loss already carries its share of the step
+        routing.release(self.policy)                     # MoE: the routes the backward's recomputation needed
         if self.policy.is_gradient_accumulation_boundary():
             # CPU: the step's fp32 copies (16-bit gradients as fp32, AdamW's denominator) would otherwise stack on
             # the backward's freed heap (Qwen2.5-0.5B shape, 2 ranks: 10.5 -> 9.05 GiB; W1 3.49 -> 3.23). Re-faulting

@@ -236,3 +236,40 @@ def test_vllms_routed_experts_become_a_rollouts_routes():
     assert routes.shape == (7, 2, 2) and routes.dtype == torch.int16
     assert torch.equal(routes[:6], torch.as_tensor(rows, dtype=torch.int16)) and (routes[6] == -1).all()
     assert compat.vllm_routes(SimpleNamespace(routed_experts=None, token_ids=[1]), prompt_len=1) is None
+
+
+def test_routes_stay_for_the_backwards_recomputation_and_no_longer():
+    """Given routes stay set after a forward with grad (a checkpointed layer's recomputation in the backward routes
+    as the forward did) until released; a no-grad forward releases them at once. Either way a later forward of
+    other tokens routes on its own instead of failing on their shape."""
+    from torch.utils.checkpoint import checkpoint
+
+    from dsgrpo.engines import routing
+
+    model = load("qwen3-moe")
+    tap = routing.attach(model, replace=True)
+    with torch.no_grad(), tap.record() as recorded:
+        model(ids())
+    other = (routes_of(recorded) + 1) % model.config.num_experts
+    seen, handles = experts_used(model)
+    layer = model.model.layers[0]
+    with routing.routed(model, other.view(2, 8, *other.shape[1:])):
+        model(ids())  # the given routes are what this forward used
+    recompute = len(seen)
+    hidden = model.model.embed_tokens(ids())
+    position = model.model.rotary_emb(hidden, torch.arange(8)[None].expand(2, 8))
+    def first_layer(h):
+        out = layer(h, position_embeddings=position)
+        return out[0] if isinstance(out, tuple) else out
+
+    checkpoint(first_layer, hidden, use_reentrant=False).sum().backward()  # recomputes layer 0, routes still set
+    assert len(seen) == recompute + 2  # the checkpointed forward and its recomputation
+    assert all(torch.equal(index, other[:, 0]) for index, _ in seen[recompute:])
+    routing.release(model)
+    with torch.no_grad():
+        model(ids()[:, :5])  # 10 tokens: routes on its own
+        with routing.routed(model, other.view(2, 8, *other.shape[1:])):
+            model(ids())
+        model(ids()[:, :5])  # released on leaving the no-grad forward
+    for h in handles:
+        h.remove()

@@ -192,14 +192,27 @@ def tap_of(model) -> Optional[RoutingTap]:
 def routed(model, routes: Optional[torch.Tensor]):
     """One forward of `model` over tokens laid out as `routes` [..., layers, k] (flattened to [N, layers, k]): the
     given routes replayed or compared (and counted) when the model has a tap; yields the tap (None: nothing to do).
-    A forward without routes clears the previous ones."""
+    With grad enabled the routes stay for the backward's recomputation until `release` (the update calls it after
+    the backward); a no-grad forward releases them on exit."""
     tap = tap_of(model)
     if tap is None:
         yield None
         return
     tap.use(None if routes is None else routes.reshape(-1, *routes.shape[-2:]))
-    with tap.counting():
-        yield tap if routes is not None else None
+    try:
+        with tap.counting():
+            yield tap if routes is not None else None
+    finally:
+        if not torch.is_grad_enabled():
+            tap.use(None)
+
+
+def release(model) -> None:
+    """Forget the last forward's routes (its backward is done): a later forward of other tokens, such as a
+    callback's, routes on its own."""
+    tap = tap_of(model)
+    if tap is not None:
+        tap.use(None)
 
 
 def routes_of(recorded: List[List[torch.Tensor]]) -> torch.Tensor:
