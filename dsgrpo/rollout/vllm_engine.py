@@ -46,6 +46,8 @@ def enforce_eager(args, total_steps: Optional[int]) -> bool:
 
 
 class VLLMGenerator:
+    routes = False  # routing_replay='rollout': vLLM returns each token's experts (set in __init__)
+
     def __init__(self, model_path: str, args, *, dtype: torch.dtype, total_steps: Optional[int] = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")       # its INFO lines would print every sync
