@@ -209,12 +209,16 @@ def _step(rows: List[List[Sequence]], pad_id: int, widths: List[int]) -> PackedS
     N = max(sum(s.length for s in r) for r in rows)
     input_ids = torch.full((len(rows), N), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(rows), N), dtype=torch.long)
+    given = rows[0][0].routes  # a MoE sampler's routes travel with their tokens (-1 at padding)
+    routes = None if given is None else torch.full((len(rows), N, *given.shape[1:]), -1, dtype=given.dtype)
     order, score_at, targets = [], [], []
     for r, row in enumerate(rows):
         at = 0
         for s in row:
             input_ids[r, at:at + s.length] = s.ids
             position_ids[r, at:at + s.length] = torch.arange(s.length)
+            if routes is not None:
+                routes[r, at:at + s.length] = s.routes
             first = at + s.prompt_len  # the first completion token; the state before it predicts it
             score_at.append(r * N + torch.arange(first - 1, first - 1 + s.completion_len))
             targets.append(s.ids[s.prompt_len:s.prompt_len + s.completion_len])
@@ -222,14 +226,6 @@ def _step(rows: List[List[Sequence]], pad_id: int, widths: List[int]) -> PackedS
             at += s.length
         if at < N:  # padding: a sequence of its own (positions restart), so no real token attends to it
             position_ids[r, at:] = torch.arange(N - at)
-    routes = None
-    if order[0].routes is not None:
-        routes = torch.full((len(rows), N, *order[0].routes.shape[1:]), -1, dtype=order[0].routes.dtype)
-        for r, row in enumerate(rows):
-            at = 0
-            for s in row:
-                routes[r, at:at + s.length] = s.routes
-                at += s.length
     return PackedStep(input_ids, position_ids, order, torch.cat(score_at), torch.cat(targets),
                       [widths[s.micro] for s in order], routes)
 

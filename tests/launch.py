@@ -32,3 +32,21 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600, env: d
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def rank_results(out, nproc: int = 2) -> list:
+    """What each rank of a checks script wrote: OUT/result-<rank>.json, in rank order."""
+    import json
+    return [json.load(open(os.path.join(str(out), f"result-{r}.json"))) for r in range(nproc)]
+
+
+def part(results: list, name: str) -> list:
+    """Check `name`'s record on every rank; fails the test with the rank's traceback when the check raised."""
+    import pytest
+    ranks = []
+    for r, res in enumerate(results):
+        if isinstance(res.get(name), dict) and "error" in res[name]:
+            pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
+        ranks.append(res[name])
+    return ranks
+

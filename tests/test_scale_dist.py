@@ -2,11 +2,9 @@
 vLLM engine sharded over both ranks. One launch of tests/dist_scripts/scale_checks.py records numbers; each test
 asserts on one part of them."""
 
-import json
-
 import pytest
 
-from launch import torchrun
+from launch import part, rank_results, torchrun
 
 pytestmark = pytest.mark.dist
 
@@ -15,16 +13,7 @@ pytestmark = pytest.mark.dist
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("scale_checks")
     torchrun("tests/dist_scripts/scale_checks.py", str(out), timeout=900)
-    return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
-
-
-def part(results, name):
-    ranks = []
-    for r, res in enumerate(results):
-        if isinstance(res.get(name), dict) and "error" in res[name]:
-            pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
-        ranks.append(res[name])
-    return ranks
+    return rank_results(out)
 
 
 def test_one_engine_is_sharded_over_both_ranks(results):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dsgrpo.testing import ServerProcess, _free_port, tiny_model
-from launch import torchrun
+from launch import part, rank_results, torchrun
 
 pytestmark = pytest.mark.dist
 TOKEN = "test-token-5d1f"
@@ -26,16 +26,7 @@ def results(tmp_path_factory):
                  str(group_port), timeout=1200, env={"DSGRPO_VLLM_TOKEN": TOKEN})
     finally:
         ServerProcess.from_state(str(out / "server.json")).kill()  # the one running now (checks restart it)
-    return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
-
-
-def part(results, name):
-    ranks = []
-    for r, res in enumerate(results):
-        if isinstance(res.get(name), dict) and "error" in res[name]:
-            pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
-        ranks.append(res[name])
-    return ranks
+    return rank_results(out)
 
 
 def assert_in_step(syncs, count):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from launch import torchrun
+from launch import part, rank_results, torchrun
 
 pytestmark = pytest.mark.dist
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.dist
 def launch(tmp_path_factory, checks):
     out = tmp_path_factory.mktemp("usage_checks")
     proc = torchrun("tests/dist_scripts/usage_checks.py", str(out), checks, timeout=900)
-    per_rank = [json.load(open(out / f"result-{r}.json")) for r in range(2)]
+    per_rank = rank_results(out)
     per_rank[0]["_stdout"] = proc.stdout
     return per_rank
 
@@ -28,15 +28,6 @@ def moe_results(tmp_path_factory):
     """MoE policies in a launch of their own: vLLM builds its expert-parallel group with the first engine of a
     process, so a MoE engine cannot follow a dense one in the same process (one engine per process in real runs)."""
     return launch(tmp_path_factory, "moe")
-
-
-def part(results, name):
-    ranks = []
-    for r, res in enumerate(results):
-        if isinstance(res.get(name), dict) and "error" in res[name]:
-            pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
-        ranks.append(res[name])
-    return ranks
 
 
 @pytest.mark.parametrize("setting", ["top_p", "top_k", "min_p"])

@@ -160,7 +160,8 @@ def check_replay(args, model_config, sequence_parallel_size: int = 1, tools: boo
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     kind = getattr(text, "model_type", None)
     if kind not in REPLAYABLE_MODEL_TYPES:
-        what = "a dense model (no router)" if not hasattr(text, "num_experts_per_tok") else "a MoE family whose router dsgrpo does not hook yet"
+        what = ("a dense model (no router)" if not hasattr(text, "num_experts_per_tok")
+                else "a MoE family whose router dsgrpo does not hook yet")
         raise ValueError(f"routing_replay='rollout': the model is {kind!r}, {what}; routing replay works on "
                          f"{list(REPLAYABLE_MODEL_TYPES)}. Set routing_replay='off'.")
     if sequence_parallel_size > 1:
@@ -222,7 +223,8 @@ def routes_of(recorded: List[List[torch.Tensor]]) -> torch.Tensor:
     return torch.stack([calls[0] for calls in recorded], dim=1)
 
 
-def routes_of_generation(recorded: List[List[torch.Tensor]], batch: int, prompt_len: int, new_tokens: int) -> torch.Tensor:
+def routes_of_generation(recorded: List[List[torch.Tensor]], batch: int, prompt_len: int,
+                         new_tokens: int) -> torch.Tensor:
     """[batch, prompt_len + new_tokens, layers, k] from a `record()` of one `generate` call with a KV cache: the
     first router call of each layer is the prefill ([batch * prompt_len, k], prompts left-padded), then one decode
     call per fed token ([batch, k]); decode call j feeds generated token j - 1. The last generated token is never

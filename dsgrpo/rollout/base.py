@@ -139,10 +139,14 @@ class Rollout:
         attention = torch.zeros((B, P + T), dtype=torch.long)
         sampler = torch.zeros((B, T), dtype=torch.float32)
         sampled = torch.ones((B, T), dtype=torch.float32)
+        routes = None if self.routes is None else torch.full(
+            (B, P + T, *self.routes[idx[0]].shape[1:]), -1, dtype=ROUTE_DTYPE)  # laid out as input_ids
         for row, i in enumerate(idx):
             p, c = self.prompt_ids[i], self.completion_ids[i]
             input_ids[row, P - len(p):P] = torch.tensor(p)
             attention[row, P - len(p):P + len(c)] = 1
+            if routes is not None:
+                routes[row, P - len(p):P + len(c)] = self.routes[i]
             if c:
                 input_ids[row, P:P + len(c)] = torch.tensor(c)
                 sampler[row, :len(c)] = torch.tensor(self.sampler_logprobs[i], dtype=torch.float32)
@@ -151,12 +155,7 @@ class Rollout:
         completion_mask = attention[:, P:].float() * sampled
         out = {"input_ids": input_ids, "attention_mask": attention, "completion_mask": completion_mask,
                "sampler_logps": sampler}
-        if self.routes is not None:
-            layers, k = self.routes[idx[0]].shape[1:]
-            routes = torch.full((B, P + T, layers, k), -1, dtype=ROUTE_DTYPE)
-            for row, i in enumerate(idx):
-                p, c = len(self.prompt_ids[i]), len(self.completion_ids[i])
-                routes[row, P - p:P + c] = self.routes[i]
+        if routes is not None:
             out["routes"] = routes
         return out
 

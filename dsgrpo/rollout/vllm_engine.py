@@ -109,7 +109,8 @@ class VLLMGenerator:
                     routes = compat.vllm_routes(out, len(ids))
                     if routes is None:
                         raise RuntimeError("routing_replay='rollout': vLLM returned no routed experts for a "
-                                           "completion (enable_return_routed_experts is set); set routing_replay='off'.")
+                                           "completion (enable_return_routed_experts is set); set "
+                                           "routing_replay='off'.")
                     rollout.routes.append(routes)
                 tokens = list(out.token_ids)
                 rollout.prompt_ids.append(list(ids))
