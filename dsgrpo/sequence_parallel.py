@@ -187,26 +187,33 @@ class Shard:
     score_at: torch.Tensor      # [k] positions in the shard whose states predict scored tokens
     targets: torch.Tensor       # [k]
     counts: List[int]           # every member's k, in member order (the owner's [n] is their concatenation)
+    routes: Optional[torch.Tensor] = None  # [1, S, layers, k]: a MoE sampler's routes of the shard's tokens (-1: pad)
 
 
 def shard(step, sp: SequenceParallel) -> Shard:
     """The step's rows end to end, padded to a multiple of N (the padding a sequence of its own), and this rank's
     N-th of it. Scored positions ascend along the row, so each rank's are a contiguous run of the step's score
-    order and the owner's values are the members' runs concatenated."""
+    order and the owner's values are the members' runs concatenated. A MoE step's routes are cut with its tokens."""
     ids, pos = step.input_ids.reshape(-1), step.position_ids.reshape(-1)
+    routes = getattr(step, "routes", None)
     n, N = ids.numel(), sp.size
     S = -(-n // N)
     pad = S * N - n
+    if routes is not None:
+        routes = routes.reshape(n, *routes.shape[-2:])
     if pad:
         ids = torch.cat([ids, torch.full((pad,), sp.pad_id, dtype=ids.dtype)])
         pos = torch.cat([pos, torch.arange(pad, dtype=pos.dtype)])
+        if routes is not None:  # the padding routes on its own
+            routes = torch.cat([routes, routes.new_full((pad, *routes.shape[1:]), -1)])
     at = step.score_at if not step.empty else torch.zeros(0, dtype=torch.long)
     targets = step.targets if not step.empty else torch.zeros(0, dtype=torch.long)
     bounds = torch.arange(N + 1) * S
     counts = [int(((at >= bounds[r]) & (at < bounds[r + 1])).sum()) for r in range(N)]
     lo, hi = int(bounds[sp.rank]), int(bounds[sp.rank + 1])
     mine = (at >= lo) & (at < hi)
-    return Shard(ids[lo:hi].unsqueeze(0), pos[lo:hi].unsqueeze(0), at[mine] - lo, targets[mine], counts)
+    return Shard(ids[lo:hi].unsqueeze(0), pos[lo:hi].unsqueeze(0), at[mine] - lo, targets[mine], counts,
+                 None if routes is None else routes[lo:hi].unsqueeze(0))
 
 
 class ToOwner(torch.autograd.Function):

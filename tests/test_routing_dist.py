@@ -16,18 +16,21 @@ def results(tmp_path_factory):
     return rank_results(out)
 
 
-@pytest.mark.parametrize("run", ["padded", "packed_qwen2", "lora"])
+@pytest.mark.parametrize("run", ["padded", "packed_qwen2", "lora", "sp"])
 def test_every_training_forward_uses_the_samplers_experts(results, run):
     """Watched from the experts modules: every (token, layer) route the sampler reported is the one the policy's
-    forwards used — update, old-policy and reference passes, and the backward's recomputation (padded run)."""
+    forwards used — update, old-policy and reference passes, and the backward's recomputation (padded run); with
+    sequence parallelism, each rank's shards of both ranks' packed steps."""
     for rank in part(results, "fp32"):
         r = rank[run]
         assert r["replace"] and r["checked"] > 0 and r["differed"] == 0, r
         for h in r["history"]:
             assert h["moe/router_agreement"] == 1.0, h
             assert h["sampling/sampling_logp_difference/max"] < 1e-5, h  # fp32: the sampler's own distribution
-        if run == "padded":  # beta > 0 and num_iterations 2: the reference's forward replayed too
+        if run in ("padded", "sp"):  # beta > 0: the reference's forward replayed too
             assert r["ref_checked"] > 0 and r["ref_differed"] == 0, r
+        assert r["sp"] == (2 if run == "sp" else None), r
+        if run == "padded":
             assert r["budget"] is None
         else:
             assert r["budget"] is not None  # packed rows

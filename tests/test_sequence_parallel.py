@@ -29,6 +29,21 @@ def test_shards_cover_the_step_and_each_scores_its_own_run(size):
     at = torch.cat([p.score_at + r * S for r, p in enumerate(pieces)])
     assert torch.equal(at, step.score_at) and torch.equal(torch.cat([p.targets for p in pieces]), step.targets)
     assert [p.score_at.numel() for p in pieces] == pieces[0].counts
+    assert all(p.routes is None for p in pieces)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_moe_steps_routes_are_cut_with_its_tokens(size):
+    """Routing replay: each shard's routes are those of its tokens, in the same order; the padding that makes the
+    row a multiple of N has none (-1: routed by the trainer)."""
+    step = plan(micro_batches(LONG_TAILED), 10_000)[0][0]
+    R, L = step.input_ids.shape
+    # a route that names its token: expert ids from the token's place in the row
+    step.routes = torch.arange(R * L * 3 * 2).view(R, L, 3, 2)
+    pieces = [shard(step, SequenceParallel(size, r, None, pad_id=7)) for r in range(size)]
+    assert all(p.routes.shape == (1, p.input_ids.shape[1], 3, 2) for p in pieces)
+    whole = torch.cat([p.routes[0] for p in pieces])
+    assert torch.equal(whole[:R * L], step.routes.reshape(R * L, 3, 2)) and (whole[R * L:] == -1).all()
 
 
 def test_the_core_attention_keeps_packed_sequences_apart():

@@ -107,8 +107,9 @@ def _sharded_packed_forward(model, step, sp, owner, temperature, with_entropy, e
     from .. import dist, sequence_parallel
 
     piece = sequence_parallel.shard(step, sp)
-    with sequence_parallel.sharded_forward():  # routing replay is refused with sequence parallelism (config.py)
-        states, head, softcap, aux, _ = _final_states(model, piece.input_ids, None, piece.position_ids, 0, router_aux)
+    with sequence_parallel.sharded_forward():  # a MoE step's routes are cut with its tokens: each shard replays its own
+        states, head, softcap, aux, agreed = _final_states(model, piece.input_ids, None, piece.position_ids, 0,
+                                                           router_aux, piece.routes)
     flat = states.reshape(-1, states.shape[-1])
     # this shard's scored tokens, then a keep-alive (its first position) that ToOwner neither sends nor weighs
     at = torch.cat([piece.score_at, torch.zeros(1, dtype=torch.long)])
@@ -118,13 +119,18 @@ def _sharded_packed_forward(model, step, sp, owner, temperature, with_entropy, e
     parts = score.all(flat[at.to(flat.device)], targets.to(flat.device),
                       chunk_tokens_for(head.out_features, chunk_tokens))
     present = [p for p in parts if p is not None]
+    if agreed is not None:  # whether each scored token's state was routed as sampled travels to the owner with it
+        present.append(agreed[0][at].to(present[0].device, present[0].dtype))
     values = sequence_parallel.ToOwner.apply(torch.stack(present, dim=1), piece.counts, sp.rank, owner,
                                              dist.sequence_parallel_rank_of(0))
     columns = iter(values.unbind(1))
     logps, entropy, full = (next(columns) if p is not None else None for p in parts)
     if with_full and full is None:
         full = logps
-    return Forward(logps, entropy, full, aux)
+    if agreed is not None:  # the step's route counts are its shards' (the same collective on every member)
+        counts = dist.all_reduce_sum(torch.tensor(agreed[1], dtype=torch.long), group=dist.SP)
+        agreed = (next(columns).detach() > 0.5, tuple(int(c) for c in counts))
+    return Forward(logps, entropy, full, aux, *(agreed or (None, None)))
 
 
 @torch.no_grad()

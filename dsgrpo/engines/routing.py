@@ -145,8 +145,7 @@ class RoutingTap:
 REPLAYABLE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")  # whose routers compat.moe_routers knows
 
 
-def check_replay(args, model_config, sequence_parallel_size: int = 1, tools: bool = False,
-                 rollout_func: bool = False, on_gpu: bool = False) -> None:
+def check_replay(args, model_config, tools: bool = False, rollout_func: bool = False, on_gpu: bool = False) -> None:
     """routing_replay='rollout' on what it cannot replay is refused before any model loads, naming the fix."""
     if getattr(args, "routing_replay", "off") != "rollout":
         return
@@ -164,10 +163,6 @@ def check_replay(args, model_config, sequence_parallel_size: int = 1, tools: boo
                 else "a MoE family whose router dsgrpo does not hook yet")
         raise ValueError(f"routing_replay='rollout': the model is {kind!r}, {what}; routing replay works on "
                          f"{list(REPLAYABLE_MODEL_TYPES)}. Set routing_replay='off'.")
-    if sequence_parallel_size > 1:
-        raise ValueError(f"routing_replay='rollout' with sequence parallelism ({sequence_parallel_size}) is not "
-                         "supported yet: the routes are not sharded with the rows. Set routing_replay='off' or "
-                         "sequence_parallel_size=1.")
     if tools or rollout_func:
         raise ValueError(f"routing_replay='rollout' with {'tools' if tools else 'a rollout_func'}: their completions "
                          "are assembled from several generations (or by your function) without the sampler's routes. "

@@ -92,7 +92,8 @@ def run(name, model="qwen3-moe", **overrides):
             "ref_checked": ref_watch.checked if ref_watch else None,
             "ref_differed": ref_watch.differed if ref_watch else None,
             "router_moved": {n: float((after[n] - before[n]).abs().max()) for n in before},
-            "budget": None if t.budget is None else t.budget.tokens, "replace": routing.tap_of(t.policy).replace}
+            "budget": None if t.budget is None else t.budget.tokens, "replace": routing.tap_of(t.policy).replace,
+            "sp": None if t.budget is None or t.budget.sp is None else t.budget.sp.size}
 
 
 # ------------------------------------------------------------------ replay on padded and packed rows, fp32
@@ -105,6 +106,9 @@ def _():
         "padded": run("padded", token_budget=0, beta=0.05, num_iterations=2, gradient_checkpointing=True),
         "packed_qwen2": run("packed_qwen2", model="qwen2-moe"),                  # packed rows (token_budget auto)
         "lora": run("lora", peft=lora, learning_rate=5e-2),
+        # sequence parallelism: both ranks run each packed step on two shards, each replaying its tokens' routes;
+        # beta > 0, so the reference's sharded pass too
+        "sp": run("sp", beta=0.05, parallelism_config={"sp_backend": "deepspeed", "sp_size": 2}),
     }
 
 
