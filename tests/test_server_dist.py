@@ -117,6 +117,7 @@ def test_a_two_rank_server_follows_every_push(tmp_path, layout):
     run = part([json.load(open(tmp_path / "result-0.json"))], "parallel_server")[0]
     assert (run["health"]["tensor_parallel_size"], run["health"]["data_parallel_size"]) == (
         (2, 1) if layout[0] == "--tensor-parallel-size" else (1, 2))
+    assert run["health"]["routes"] is False  # started without --routing-replay: a replaying trainer is refused
     assert len(run["syncs"]) == 3  # start-up push, after steps 1 and 2
     for s in run["syncs"]:
         assert max(abs(a - b) for a, b in zip(s["server"], s["policy"])) <= 1e-4, s

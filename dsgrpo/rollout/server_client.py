@@ -23,7 +23,7 @@ import torch
 
 from .. import dist
 from ..http import HTTPError, request_json
-from .base import Rollout, SamplingConfig
+from .base import Rollout, SamplingConfig, decode_routes
 from .weight_sync import expected_checkpoint_shapes, send_weights, sync_weights
 
 TOKEN_ENV = "DSGRPO_VLLM_TOKEN"
@@ -84,6 +84,7 @@ def check_server_context(max_model_len: Optional[int], args, url: str) -> None:
 
 class ServerGenerator:
     """A Generator whose engine is a `dsgrpo vllm-serve` server (one per run; every training rank holds one)."""
+    routes = False  # routing_replay='rollout': the server returns each token's experts (checked in __init__)
 
     def __init__(self, args):
         """Reach the server (every training rank), before any model is loaded: a missing server or a refused token
@@ -98,6 +99,11 @@ class ServerGenerator:
         self.health = wait_for_server(self.url, self.token, self.timeout_s, say)
         self._request("/get_world_size")  # /health answers anyone; this needs the token where one is set
         check_server_context(self.health.get("max_model_len"), args, self.url)
+        self.routes = getattr(args, "routing_replay", "off") == "rollout"
+        if self.routes and not self.health.get("routes"):
+            raise ValueError(f"routing_replay='rollout' with vllm_mode='server': the server at {self.url} does not "
+                             "return each token's experts. Start it with `dsgrpo vllm-serve ... --routing-replay "
+                             "rollout` (a GPU server), or set routing_replay='off'.")
         self.run_id = dist.broadcast_object(uuid.uuid4().hex[:12] if self.sending else None, src=0)
         self.pushes = 0
         self.server_id: Optional[str] = None
@@ -147,7 +153,15 @@ class ServerGenerator:
         if reply["weight_version"] != self.version:
             raise RuntimeError(self._stale_reason(reply["weight_version"]))
         rows = [list(ids) for ids, n in zip(prompt_ids, counts) for _ in range(n)]
-        return Rollout(rows, reply["completion_ids"], reply["logprobs"], reply["truncated"])
+        rollout = Rollout(rows, reply["completion_ids"], reply["logprobs"], reply["truncated"])
+        if self.routes:  # checked against the rows here: a server that sends other routes fails now, not mid-forward
+            if reply.get("routes") is None:
+                raise RuntimeError(f"routing_replay='rollout': the vLLM server at {self.url} sent no routes (was it "
+                                   "restarted without --routing-replay rollout?)")
+            rollout.routes = decode_routes(reply["routes"], [len(p) + len(c) for p, c in
+                                                             zip(rows, rollout.completion_ids)],
+                                           source=f"the routes from the vLLM server at {self.url}")
+        return rollout
 
     def _stale_reason(self, served: str) -> str:
         try:
