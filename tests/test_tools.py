@@ -326,6 +326,58 @@ def test_iteration_limit_leaves_later_calls_unanswered(tok):
         assert len(gen.calls) == limit + 1 and all(c["seeds"] is None for c in gen.calls)
 
 
+class RoutedScriptedGenerator(ScriptedGenerator):
+    """ScriptedGenerator that also reports routes as a MoE generate does: every position of prompt + completion
+    but the last (never fed back), each route naming its call and position; the last is -1."""
+
+    def generate(self, prompt_ids, counts, sampling, seeds=None):
+        out = super().generate(prompt_ids, counts, sampling, seeds)
+        call = len(self.calls)
+        out.routes = []
+        for p, c in zip(out.prompt_ids, out.completion_ids):
+            n = len(p) + len(c)
+            r = torch.stack([torch.full((n,), call), torch.arange(n)], dim=-1).view(n, 1, 2).to(torch.int16)
+            r[-1] = -1
+            out.routes.append(r)
+        return out
+
+
+def test_a_tool_completions_routes_are_those_each_token_was_sampled_with(tok):
+    """Routing replay with tools: positions the first call fed keep its routes (they made the log-probs of the tokens
+    it sampled); the continuation's prefill supplies the tool turn's and the first turn's last token's."""
+    call = call_text("calculator", {"expression": "2 + 3"})
+    gen = RoutedScriptedGenerator(tok, lambda text, k: "The answer is 5." if "<tool_response>" in text else
+                                  (call if k == 0 else "It is 5."))
+    prompt = chat_prompt(tok, "What is 2 + 3?", [calculator])
+    rollout, _ = run_tool_turns(gen, tok, [prompt], [2], SamplingConfig(max_tokens=200), [11],
+                                ToolRunner([calculator], timeout_s=1), max_tool_calling_iterations=3)
+    P, first = len(prompt), len(ids(tok, call)) + 1                       # the first turn: call + eos
+    total = P + len(rollout.completion_ids[0])
+    routes = rollout.routes[0][:, 0]
+    assert routes.shape == (total, 2) and len(rollout.routes[1]) == P + len(rollout.completion_ids[1])
+    fed_by_first = P + first - 1
+    assert routes[:fed_by_first, 0].eq(1).all() and torch.equal(routes[:fed_by_first, 1].long(),
+                                                                 torch.arange(fed_by_first))
+    assert routes[fed_by_first:total - 1, 0].eq(2).all()                    # the continuation's call
+    assert torch.equal(routes[fed_by_first:total - 1, 1].long(), torch.arange(fed_by_first, total - 1))
+    assert routes[-1].eq(-1).all()                                          # the last token: never fed
+    assert torch.equal(rollout.routes[1][:, 0, 0], torch.tensor([1] * (len(rollout.routes[1]) - 1) + [-1],
+                                                                dtype=torch.int16))
+    # the tool turn cut at max_tokens: no call read it, so the trainer routes it (-1); the first turn's last token
+    # was never fed either
+    limit = first + 3
+    gen = RoutedScriptedGenerator(tok, gen.script)
+    rollout, _ = run_tool_turns(gen, tok, [prompt], [1], SamplingConfig(max_tokens=limit), [11],
+                                ToolRunner([calculator], timeout_s=1), max_tool_calling_iterations=3)
+    routes = rollout.routes[0][:, 0]
+    assert len(rollout.completion_ids[0]) == limit and routes.shape[0] == P + limit and len(gen.calls) == 1
+    assert routes[:fed_by_first, 0].eq(1).all() and routes[fed_by_first:].eq(-1).all()
+    # a generator without routes: none
+    rollout, _ = run_tool_turns(ScriptedGenerator(tok, gen.script), tok, [prompt], [1],
+                                SamplingConfig(max_tokens=200), [11], ToolRunner([calculator], timeout_s=1), 3)
+    assert rollout.routes is None
+
+
 def test_truncation_at_max_tokens(tok):
     eos = tok.eos_token_id
     short = call_text("calculator", {"expression": "2 + 3"})

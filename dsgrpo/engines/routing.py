@@ -149,7 +149,7 @@ class RoutingTap:
 REPLAYABLE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")  # whose routers compat.moe_routers knows
 
 
-def check_replay(args, model_config, tools: bool = False, rollout_func: bool = False, on_gpu: bool = False) -> None:
+def check_replay(args, model_config, rollout_func: bool = False, on_gpu: bool = False) -> None:
     """routing_replay='rollout' on what it cannot replay is refused before any model loads, naming the fix."""
     if getattr(args, "routing_replay", "off") != "rollout":
         return
@@ -165,10 +165,9 @@ def check_replay(args, model_config, tools: bool = False, rollout_func: bool = F
                 else "a MoE family whose router dsgrpo does not hook yet")
         raise ValueError(f"routing_replay='rollout': the model is {kind!r}, {what}; routing replay works on "
                          f"{list(REPLAYABLE_MODEL_TYPES)}. Set routing_replay='off'.")
-    if tools or rollout_func:
-        raise ValueError(f"routing_replay='rollout' with {'tools' if tools else 'a rollout_func'}: their completions "
-                         "are assembled from several generations (or by your function) without the sampler's routes. "
-                         "Set routing_replay='off'.")
+    if rollout_func:
+        raise ValueError("routing_replay='rollout' with a rollout_func: its completions come from your function, "
+                         "without the sampler's routes. Set routing_replay='off'.")
 
 
 def attach(engine, replace: bool) -> Optional[RoutingTap]:

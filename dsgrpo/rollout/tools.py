@@ -220,6 +220,7 @@ class _Row:
     calls: int = 0
     failures: int = 0
     messages: List[dict] = field(default_factory=list)  # the conversation so far, for the reward functions
+    routes: Any = None    # a MoE sampler's experts of prompt + ids so far ([tokens, layers, k]; see take_routes)
 
     def append(self, ids: List[int], logprobs: Optional[List[float]] = None) -> None:
         """Sampled tokens with their log-probs, or (logprobs None) inserted tokens outside the loss."""
@@ -230,9 +231,34 @@ class _Row:
     def cut(self, n: int) -> None:
         del self.ids[n:], self.logprobs[n:], self.mask[n:]
 
+    def take_routes(self, routes) -> None:
+        """The routes of a generate call over prompt + ids so far (and its new tokens). A position keeps the route
+        of the first call that reported one: that call's routing produced the log-probs of the tokens it sampled,
+        and a continuation re-reads earlier positions in its prefill. The continuation adds the tool turn's
+        positions and the last sampled token's, which its own call never fed back."""
+        if routes is None or self.routes is None:
+            self.routes = routes if self.routes is None and not self.ids else None
+            return
+        merged = routes.clone()
+        old = self.routes[:len(merged)]
+        known = (old >= 0).all(dim=-1)
+        merged[:len(old)][known] = old[known]
+        self.routes = merged
+
     def close_turn(self, tokenizer) -> None:
         """The latest sampled segment becomes an assistant message of the conversation."""
         self.messages.append(assistant_message(tokenizer.decode(self.ids[self.turn_start:], skip_special_tokens=True)))
+
+
+def _routes_of(row: _Row):
+    """A finished row's routes, one per token kept: cut at a row's room, and -1 (the trainer routes) for a tool turn
+    that was cut at max_tokens, which no call ever read."""
+    n = len(row.prompt) + len(row.ids)
+    routes = row.routes[:n]
+    if len(routes) < n:
+        routes = routes.new_full((n, *routes.shape[1:]), -1)
+        routes[:len(row.routes)] = row.routes
+    return routes
 
 
 def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]], counts: List[int],
@@ -254,7 +280,8 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
                          "for no limit.")
     first = generator.generate(prompt_ids, counts, sampling, seeds=seeds)
     rows = [_Row(list(first.prompt_ids[i]), [], [], [], first.truncated[i]) for i in range(len(first))]
-    for row, ids, logprobs in zip(rows, first.completion_ids, first.sampler_logprobs):
+    for i, (row, ids, logprobs) in enumerate(zip(rows, first.completion_ids, first.sampler_logprobs)):
+        row.take_routes(None if first.routes is None else first.routes[i])
         row.append(list(ids), list(logprobs))
     # (prompt, position in its group) of each row, for the continuation seeds
     origin = [(j, k) for j, n in enumerate(counts) for k in range(n)]
@@ -302,6 +329,7 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
                                   replace(sampling, max_tokens=max(room)), seeds=cont_seeds)
         for n, i in enumerate(continuing):
             row, ids, logprobs = rows[i], list(more.completion_ids[n]), list(more.sampler_logprobs[n])
+            row.take_routes(None if more.routes is None else more.routes[n])
             row.turn_start = len(row.ids)
             row.truncated = more.truncated[n] or len(ids) > room[n]
             row.append(ids[:room[n]], logprobs[:room[n]])
@@ -312,4 +340,6 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
     rollout = Rollout([r.prompt for r in rows], [r.ids for r in rows], [r.logprobs for r in rows],
                       [r.truncated for r in rows], tool_mask=[r.mask for r in rows], messages=[r.messages for r in rows],
                       tool_counts=[[r.calls, r.failures] for r in rows])
+    if rows and all(r.routes is not None for r in rows):
+        rollout.routes = [_routes_of(r) for r in rows]
     return rollout, ToolStats.of(rollout)
