@@ -62,7 +62,7 @@ def encode_routes(routes: List[torch.Tensor]) -> dict:
     shape = list(routes[0].shape[1:]) if routes else []
     if any(list(r.shape[1:]) != shape for r in routes):
         raise ValueError(f"routes of different [layers, top_k]: {sorted({tuple(r.shape[1:]) for r in routes})}")
-    data = b"".join(r.to(ROUTE_DTYPE).contiguous().numpy().astype("<i2").tobytes() for r in routes)
+    data = b"".join(r.to("cpu", ROUTE_DTYPE).contiguous().numpy().astype("<i2").tobytes() for r in routes)
     return {"format": ROUTES_FORMAT, "tokens": [int(r.shape[0]) for r in routes], "shape": shape,
             "data": base64.b64encode(data).decode("ascii")}
 
