@@ -55,8 +55,9 @@ lock-gpu: setup
 	$(PY) requirements/gpu_lock.py lock
 
 # The whole suite: fast unit tests, then the multi-process tests (each launch has its own hard timeout).
+# --durations: every run (CI's included) names its slowest tests, where the 40-minute budget goes
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not dist and not slow" tests
