@@ -104,12 +104,15 @@ def return_freed_memory() -> None:
 
 
 def prepare_process(local_world_size: int, num_threads=None) -> int:
-    """Pin the CPU thread budget before torch/vLLM spin up pools: vLLM replaces torch.set_num_threads with a
-    no-op once its engine exists, and DeepSpeed's launcher does not set OMP_NUM_THREADS. Returns the count."""
+    """Set the CPU thread budget before torch/vLLM spin up pools: vLLM replaces torch.set_num_threads with a no-op
+    once its engine exists, and DeepSpeed's launcher does not set OMP_NUM_THREADS. By default the machine's cores
+    are shared among the node's ranks, and a rank never gets more threads than the cores it may run on (a Slurm task's
+    or a container's cpuset: os.cpu_count() is the whole machine's). Returns the count."""
     os.environ.setdefault("DS_ACCELERATOR", accelerator_name())
     if on_gpu():
         return torch.get_num_threads()
-    n = num_threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    share = max(1, min(len(os.sched_getaffinity(0)), (os.cpu_count() or 1) // max(1, local_world_size)))
+    n = num_threads or int(os.environ.get("OMP_NUM_THREADS", 0)) or share
     os.environ["OMP_NUM_THREADS"] = str(n)
     torch.set_num_threads(n)
     return n
