@@ -24,12 +24,9 @@ PY = sys.executable
 TORCHRUN = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
 
 WORKLOADS = {
-    "W1": dict(model="m32", make="--hidden 512 --layers 8 --heads 8 --vocab 1000",
-               run="--num-generations 8 --max-completion-length 128 --batch-size 32", stop=0),
-    "W2": dict(model="m_w2", make="--hidden 256 --layers 4 --heads 4",
-               run="--num-generations 8 --max-completion-length 512 --batch-size 16", stop=0),
-    "LT": dict(model="m_w2", make="--hidden 256 --layers 4 --heads 4",
-               run="--num-generations 8 --max-completion-length 512 --batch-size 16", stop=13),
+    "W1": dict(model="m32", make="--hidden 512 --layers 8 --heads 8 --vocab 1000", length=128, batch=32, stop=0),
+    "W2": dict(model="m_w2", make="--hidden 256 --layers 4 --heads 4", length=512, batch=16, stop=0),
+    "LT": dict(model="m_w2", make="--hidden 256 --layers 4 --heads 4", length=512, batch=16, stop=13),
 }
 PHASES = ("generate", "reward", "train", "sync")
 
@@ -39,14 +36,17 @@ def run(cmd, timeout: int) -> str:
     start = time.perf_counter()
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     text = out.stdout + out.stderr
-    if out.returncode != 0 or "RESULT" not in text:
+    if out.returncode != 0:
         raise RuntimeError(f"failed (exit {out.returncode}) after {time.perf_counter() - start:.0f} s:\n{text[-3000:]}")
     return text
 
 
 def parse(text: str) -> dict:
     """The RESULT line's figures, the phases' mean seconds and the mean completion length of a bench run's output."""
-    line = [ln for ln in text.splitlines() if ln.startswith("RESULT")][-1]
+    results = [ln for ln in text.splitlines() if ln.startswith("RESULT")]
+    if not results:
+        raise RuntimeError(f"no RESULT line in the run's output:\n{text[-3000:]}")
+    line = results[-1]
     values = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)}
     for phase in PHASES:
         m = re.search(rf"time/{phase}\s+([\d.]+)", text)
@@ -73,10 +73,11 @@ def main() -> int:
         model = os.path.join(a.models, w["model"])
         if not os.path.exists(os.path.join(model, "config.json")):
             run([PY, "-m", "dsgrpo.testing", "make", *w["make"].split(), "--out", model], a.timeout)
-        args = ["--model", model, "--steps", str(a.steps), *w["run"].split()]
+        batch = w["batch"]
+        args = ["--model", model, "--steps", str(a.steps), "--num-generations", "8",
+                "--max-completion-length", str(w["length"]), "--batch-size", str(batch)]
         if w["stop"]:
             args += ["--stop-ids", str(w["stop"])]
-        batch = int(w["run"].split("--batch-size ")[1].split()[0])
         configs = [] if a.skip_trl else [("TRL", 1, []), ("TRL", 2, [])]
         configs += [("dsgrpo", 1, []), ("dsgrpo", 2, [])]
         if w["stop"]:

@@ -127,7 +127,7 @@ HEAP_TRIM_THRESHOLD = 2**31 - 1               # mallopt takes an int
 def keep_freed_heap() -> bool:
     """CPU: glibc's defaults hand freed heap back to the OS on its own (its trim threshold, and a mmap threshold that
     starts at 128 KiB), so the next step's tensors fault their pages in again and the kernel zeroes each one: on W1
-    over 2 ranks `clear_page` was 14% of a rank's samples and the train phase 12.8 s, 10.8 s without (one process:
+    over 2 ranks `clear_page` was 14% of a rank's samples and the train phase 12.8 s, 11.3 s with this (one process:
     no change). Freed heap is kept instead; return_freed_memory still trims where the memory plan needs the room. A
     user's own glibc settings (GLIBC_TUNABLES glibc.malloc.*, MALLOC_*_ variables) are left as they are. Returns
     whether it set them."""
