@@ -4,7 +4,7 @@ The task is `add(a, b)` with three asserts; an honest wrong answer (`a - b`) pas
 may score more than 1/3. Standard library only: tests/test_sandbox.py runs the corpus in-process (as the
 user the suite runs as) and, when that is root, again as an unprivileged uid through this file's main:
 
-    python3 tests/sandbox_attacks.py SANDBOX_DIR   # prints one JSON line per attack
+    python3 tests/sandbox_attacks.py SANDBOX_PACKAGE_DIR WORK_DIR   # prints one JSON line per attack
 """
 
 from __future__ import annotations
@@ -252,11 +252,13 @@ def run_corpus(sandbox, workdir: str):
 
 
 def load_sandbox(directory: str):
+    """The sandbox package (dsgrpo/rewards/sandbox/, or a copy of it) loaded on its own, without dsgrpo."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("dsgrpo_sandbox", os.path.join(directory, "sandbox.py"))
+    spec = importlib.util.spec_from_file_location("copied_sandbox", os.path.join(directory, "__init__.py"),
+                                                  submodule_search_locations=[directory])
     module = importlib.util.module_from_spec(spec)
-    sys.modules["dsgrpo_sandbox"] = module
+    sys.modules["copied_sandbox"] = module
     spec.loader.exec_module(module)
     return module
 

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from dsgrpo.rewards import sandbox
-from dsgrpo.rewards import sandbox_runner as runner
+from dsgrpo.rewards.sandbox import protocol as runner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -93,7 +93,8 @@ def test_every_attack_as_an_unprivileged_user(tmp_path):
     if python is None:
         pytest.skip("no interpreter an unprivileged user may run (e.g. /usr/bin/python3)")
     code = _copy_for(tmp_path, UNPRIVILEGED)
-    out = subprocess.run([python, os.path.join(code, "sandbox_attacks.py"), code, str(tmp_path / "work")],
+    out = subprocess.run([python, os.path.join(code, "sandbox_attacks.py"), os.path.join(code, "sandbox"),
+                          str(tmp_path / "work")],
                          user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd=code, capture_output=True,
                          text=True, timeout=600, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-3000:]
@@ -112,7 +113,7 @@ def test_no_isolation_refuses_naming_what_is_missing(tmp_path):
         pytest.skip("no interpreter an unprivileged user may run")
     code = _copy_for(tmp_path, UNPRIVILEGED)
     probe = (f"import sys; sys.path.insert(0, {code!r}); import sandbox_attacks as a\n"
-             f"sb = a.load_sandbox({code!r})\n"
+             f"sb = a.load_sandbox({os.path.join(code, 'sandbox')!r})\n"
              "try:\n    sb.check_isolation()\n    print('ISOLATED')\nexcept sb.SandboxUnavailableError as e:\n"
              "    print('REFUSED', e)\n"
              "print('NONE', sb.run_tests('def add(a, b):\\n    return a + b', a.TESTS, isolation='none'))\n")
@@ -164,7 +165,7 @@ def _reachable(path: str) -> bool:
 
 
 def _copy_for(tmp_path, uid: int) -> str:
-    """sandbox.py, sandbox_runner.py and the corpus where `uid` can read them; a work folder it owns."""
+    """The sandbox package and the corpus where `uid` can read them; a work folder it owns."""
     os.chmod(tmp_path, 0o755)
     parent = str(tmp_path)
     while parent != "/":
@@ -172,11 +173,13 @@ def _copy_for(tmp_path, uid: int) -> str:
         parent = os.path.dirname(parent)
     code = tmp_path / "code"
     code.mkdir()
-    for src in (sandbox.__file__, runner.__file__, attacks.__file__):
-        shutil.copy(src, code)
-    for f in code.iterdir():
-        os.chmod(f, 0o644)
-    os.chmod(code, 0o755)
+    shutil.copy(attacks.__file__, code)
+    shutil.copytree(os.path.dirname(sandbox.__file__), code / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
+    for directory in (code, code / "sandbox"):
+        os.chmod(directory, 0o755)
+        for f in directory.iterdir():
+            if f.is_file():
+                os.chmod(f, 0o644)
     work = tmp_path / "work"
     work.mkdir()
     os.chown(work, uid, uid)
@@ -190,7 +193,9 @@ def test_correct_answers_score_and_output_at_exit_changes_nothing(isolation):
     at_exit = honest + "import atexit, sys\natexit.register(lambda: sys.stdout.write('\\n__RESULT__{oops'))\n" \
                        "print('noise', 'é', end='')\nsys.stdout.buffer.write(b'\\xff\\xfe')\n"
     assert sandbox.run_tests(at_exit, attacks.TESTS, FAST) == 1.0
-    # tests share one namespace, run in order, may define helpers and use the program's classes and objects
+    # each test starts from the program's names (its own definitions do not reach the next test: a test can run the
+    # program's code, so no test may change what another sees); tests may define helpers and use the program's
+    # classes and objects
     program = ("class Stack:\n    def __init__(self): self.items = []\n    def push(self, x): self.items.append(x)\n"
                "    def pop(self): return self.items.pop()\n    def __len__(self): return len(self.items)\n"
                "def squares(n):\n    for i in range(n):\n        yield i * i\n"
@@ -200,9 +205,9 @@ def test_correct_answers_score_and_output_at_exit_changes_nothing(isolation):
              "def check(candidate):\n    assert candidate(3) == [0, 1, 4]\ncheck(lambda n: list(squares(n)))",
              "try:\n    fail(1)\n    raise AssertionError\nexcept ValueError as e:\n    assert str(e) == 'no'",
              "assert TABLE == {'a': (1, 2)} and type(TABLE['a']) is tuple",
-             "assert s.items == [1]",
+             "assert s.items == [1]",    # `s` was the first test's: a NameError here
              "assert Stack() == Stack()"]  # two objects of the program are not equal by identity: fails
-    assert sandbox.run_tests(program, tests, FAST) == pytest.approx(6 / 7)
+    assert sandbox.run_tests(program, tests, FAST) == pytest.approx(5 / 7)
 
 
 @pytest.mark.parametrize("ending", [
@@ -272,7 +277,7 @@ def test_runs_cannot_see_or_touch_each_other(isolation):
 
 def test_scorer_memory_stays_bounded_under_a_flood(isolation):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result = sandbox._run("import os\nb = b'x' * (1 << 20)\nfor _ in range(1024):\n    os.write(1, b)\n" +
+    result = sandbox.judge._run("import os\nb = b'x' * (1 << 20)\nfor _ in range(1024):\n    os.write(1, b)\n" +
                           attacks.HONEST, attacks.TESTS, [], FAST, "isolated")
     assert result["asserts"]["passed"] == [False] * 3 and "output limit" in result["asserts"]["ended"]
     assert result["supervisor_maxrss_kib"] < 100 * 1024

@@ -1,0 +1,328 @@
+"""The supervisor (S): one process per scored completion, started by the judge (judge.py) as
+`python -I -S -c "...supervisor.main()"`. Standard library only.
+
+Who trusts whom:
+
+    judge (the trainer: holds the expected outputs of stdin/stdout cases; reads S's verdict on a pipe of its own)
+      └─ supervisor S (trusted: runs only this package's code; never a test, never an answer's decoding)
+           ├─ program cell P (containment.py): the completion's code; answers questions (program.py)
+           └─ checker cell C: the test snippets, one process per test, asking P (checker.py)
+
+S builds the run (its cgroups, both cells), feeds stdin and reads stdout for stdin/stdout cases, and for test
+snippets waits for C's verdicts while it counts P's output, the run's CPU time and both cells' memory (the
+kernel's count, in cgroups.py). The tests reach S only after P is running, so P was never forked with them in its
+memory. Any limit broken ends the run: it scores 0. Frames on every pipe: protocol.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+import time
+
+from . import checker, program
+from .cgroups import CgroupUnavailable, RunCgroups, where_runs_go
+from .containment import CHECKER_UID_OFFSET, UID_BASE, Cell, SetupError, enter_run_namespaces
+from .protocol import ProtocolError, frame, read_frame, write_all
+
+POLL_S = 0.02            # how often the run's CPU time and memory events are read
+VERDICT_BYTES = 1 << 20  # the checker's verdict frame at most
+
+
+class Supervisor:
+    def __init__(self, job: dict, mode: str):
+        self.job, self.mode, self.limits = job, mode, job["limits"]
+        self.runs = 0
+        self.devnull = os.open("/dev/null", os.O_RDWR)
+        self.where = None
+        if mode != "none":
+            try:
+                self.where = where_runs_go(job.get("cgroup_base"))
+            except CgroupUnavailable as exc:
+                raise SetupError(f"no cgroup for the runs' memory and CPU time: {exc.strerror or exc}") from None
+
+    # -------- the pieces of a run
+    def _cgroups(self):
+        if self.where is None:
+            return None
+        self.runs += 1
+        limits = self.limits
+        try:
+            return RunCgroups(self.where, f"dsgrpo-{os.getpid()}-{self.runs}", limits["memory_bytes"],
+                              limits["checker_memory_bytes"], limits["processes"])
+        except CgroupUnavailable as exc:
+            raise SetupError(f"no cgroup for the runs' memory and CPU time ({exc.strerror}); as root it is made "
+                             "under the trainer's own cgroup, otherwise set DSGRPO_SANDBOX_CGROUP to a cgroup "
+                             "delegated to this user") from None
+
+    def _rlimits(self, role: str) -> dict:
+        limits = self.limits
+        own_uid = self.mode == "root"  # RLIMIT_NPROC counts per uid: only where the uid is the cell's alone
+        if role == "program":
+            return {"cpu_s": limits["cpu_s"], "address_space": limits["memory_bytes"],
+                    "file_bytes": limits["file_bytes"], "processes": limits["processes"] if own_uid else 0}
+        return {"cpu_s": limits["cpu_s"], "address_space": max(limits["memory_bytes"], limits["checker_memory_bytes"]),
+                "file_bytes": limits["file_bytes"], "processes": 16 if own_uid else 0}
+
+    def _cell(self, role, cgroups, stdio, fds, body, reaper) -> Cell:
+        uid = UID_BASE + os.getpid() + (CHECKER_UID_OFFSET if role == "checker" else 0)
+        return Cell(self.job, self.mode, role, uid, cgroups, self._rlimits(role), stdio, fds, body, reaper)
+
+    # -------- a stdin/stdout case
+    def stdio_case(self, stdin_data: bytes) -> dict:
+        """The program as a script, fed one case's input; its stdout goes back to the judge, which alone holds the
+        expected output. A time-out fails the case; the output limit or a setup failure fails the completion."""
+        code = self.job["code"]
+        cgroups = self._cgroups()
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        watch = Watch(self.limits, self.mode, cgroups)
+        cell = None
+        try:
+            cell = self._cell("program", cgroups, (in_r, out_w, err_w), {}, lambda fds: program.run_script(code),
+                              reaper=True)
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+            if cell is None:
+                _close(in_w, out_r, err_r)
+                if cgroups is not None:
+                    cgroups.remove()
+        output, pending = bytearray(), memoryview(stdin_data)
+        if not pending:
+            os.close(in_w)
+            in_w = -1
+        readers = [out_r, err_r]
+        try:
+            while readers or in_w >= 0:  # until its stdout and stderr end (it and its children exited)
+                r, w, _ = select.select(readers, [in_w] if in_w >= 0 else [], [], watch.wait())
+                watch.check()
+                if w:
+                    try:
+                        n = os.write(in_w, pending[:65536])
+                    except BlockingIOError:
+                        n = 0
+                    except BrokenPipeError:  # it closed its stdin: the rest is not wanted
+                        n = len(pending)
+                    pending = pending[n:]
+                    if not pending:
+                        os.close(in_w)
+                        in_w = -1
+                for fd in r:
+                    data = os.read(fd, 1 << 16)
+                    if not data:
+                        readers.remove(fd)
+                        continue
+                    watch.output(len(data))
+                    if fd == out_r:
+                        output += data
+            while not cell.exited():  # it may still be running after closing its output
+                select.select([cell.z_exit], [], [], watch.wait())
+                watch.check()
+        except ProtocolError:
+            pass
+        finally:
+            cell.stop()
+            _close(in_w, out_r, err_r)
+            watch.finish()
+        ok = watch.broken is None and cell.exit_code == 0
+        fatal = watch.broken not in (None, "the time limit")
+        return {"stdout": bytes(output).hex() if ok else "", "ok": ok, "fatal": fatal,
+                "ended": watch.broken or (None if ok else f"exit code {cell.exit_code}"), **watch.figures()}
+
+    # -------- test snippets
+    def snippets(self) -> dict:
+        """The program serving answers, the checker asking and judging; the verdicts, or none when a limit broke."""
+        code, limits = self.job["code"], self.limits
+        cgroups = self._cgroups()
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        out_r, out_w = os.pipe()
+        watch = Watch(limits, self.mode, cgroups)
+        cells = []
+        try:
+            cells.append(self._cell("program", cgroups, (self.devnull, out_w, out_w),
+                                    {"requests": req_r, "replies": rep_w},
+                                    lambda fds: program.serve(code, fds["requests"], fds["replies"]), reaper=True))
+            _close(req_r, rep_w, out_w)
+            req_r = rep_w = out_w = -1
+            material = read_frame(0)  # only now: the program was forked without the tests in memory
+            n = len(material["tests"])
+            verdict_r, verdict_w = os.pipe()
+            contained = self.mode != "none"
+            try:
+                cells.append(self._cell("checker", cgroups, (self.devnull,) * 3,
+                                        {"requests": req_w, "replies": rep_r, "verdicts": verdict_w},
+                                        lambda fds: checker.run(material, limits, contained, fds), reaper=False))
+            finally:
+                _close(req_w, rep_r, verdict_w)
+                req_w = rep_r = -1
+            verdict = self._await_verdict(watch, out_r, verdict_r, cells[1])
+            os.close(verdict_r)
+        except BaseException:
+            for cell in cells:
+                cell.stop()
+            _close(req_r, req_w, rep_r, rep_w, out_r, out_w)
+            watch.finish()
+            raise
+        for cell in cells:
+            cell.stop()
+        os.close(out_r)
+        watch.finish()
+        if watch.broken:
+            return {"passed": [False] * n, "ended": f"the program broke {watch.broken}", **watch.figures()}
+        if verdict is None:
+            return {"passed": [False] * n, "ended": "the checker ended without a verdict", **watch.figures()}
+        passed, ended = verdict
+        if len(passed) != n:
+            return {"passed": [False] * n, "ended": "the checker's verdict is malformed", **watch.figures()}
+        return {"passed": passed, "ended": ended, **watch.figures()}
+
+    def _await_verdict(self, watch: "Watch", out_r: int, verdict_r: int, checker_cell: Cell):
+        received = bytearray()
+        readers = [out_r, verdict_r]
+        try:
+            while verdict_r in readers:
+                r, _, _ = select.select(readers, [], [], watch.wait())
+                watch.check()
+                for fd in r:
+                    data = os.read(fd, 1 << 16)
+                    if not data:
+                        readers.remove(fd)
+                    elif fd == out_r:
+                        watch.output(len(data))  # the program's prints: counted, not kept
+                    else:
+                        received += data
+                        if len(received) > VERDICT_BYTES:
+                            return None
+                if verdict_r in readers and checker_cell.exited() and not select.select([verdict_r], [], [], 0)[0]:
+                    break
+        except ProtocolError:
+            return None
+        return _parse_verdict(bytes(received))
+
+
+def _parse_verdict(data: bytes):
+    """(passed, ended) from the checker's frame, or None when it is not one."""
+    if len(data) < 4 or len(data) != 4 + int.from_bytes(data[:4], "big"):
+        return None
+    try:
+        verdict = json.loads(data[4:])
+    except ValueError:
+        return None
+    if type(verdict) is not dict or set(verdict) != {"passed", "ended"}:
+        return None
+    passed, ended = verdict["passed"], verdict["ended"]
+    if type(passed) is not list or not all(type(p) is bool for p in passed):
+        return None
+    if ended is not None and (type(ended) is not str or len(ended) > 1000):
+        return None
+    return passed, ended
+
+
+class Watch:
+    """A run's limits as S enforces them: CPU seconds of all the run's processes (its cgroup: a neighbour's load
+    does not count against it), a wall-clock backstop for a run that waits, both cells' memory (the kernel's OOM
+    count in each cgroup), and the program's output. Without containment (`none`), the wall clock alone."""
+
+    def __init__(self, limits: dict, mode: str, cgroups):
+        self.limits, self.cgroups = limits, cgroups
+        self.start = time.monotonic()
+        wall = limits["wall_timeout_s"] or 2 * limits["timeout_s"] + 1
+        self.deadline = self.start + (wall if cgroups is not None else limits["timeout_s"])
+        self.next_poll = self.start + POLL_S
+        self.output_bytes = 0
+        self.broken = None
+        self.cpu_s = 0.0
+        self.checker_peak = -1
+
+    def fail(self, what: str):
+        self.broken = self.broken or what
+        raise ProtocolError(self.broken)
+
+    def wait(self) -> float:
+        """How long a select may wait before the next check."""
+        return max(0.0, min(self.deadline, self.next_poll) - time.monotonic())
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now >= self.deadline:
+            self.fail("the time limit")
+        if self.cgroups is None or now < self.next_poll:
+            return
+        self.next_poll = now + POLL_S
+        self.cpu_s = self.cgroups.cpu_seconds()
+        if self.cpu_s > self.limits["timeout_s"]:
+            self.fail("the time limit")
+        if self.cgroups.oom_kills("program"):
+            self.fail("the memory limit")
+        if self.cgroups.oom_kills("checker"):
+            self.fail("the checker's memory limit")
+
+    def output(self, n: int) -> None:
+        self.output_bytes += n  # stdout and stderr together
+        if self.output_bytes > self.limits["output_bytes"]:
+            self.fail("the output limit")
+
+    def finish(self) -> None:
+        """After the run's processes are gone: last figures, and the cgroups removed."""
+        if self.cgroups is None:
+            return
+        self.cpu_s = self.cgroups.cpu_seconds()
+        self.checker_peak = self.cgroups.peak_bytes("checker")
+        if self.broken is None and self.cgroups.oom_kills("program"):
+            self.broken = "the memory limit"
+        self.cgroups.remove()
+
+    def figures(self) -> dict:
+        return {"cpu_s": round(self.cpu_s, 4), "checker_peak_bytes": self.checker_peak,
+                "wall_s": round(time.monotonic() - self.start, 4)}
+
+
+def _close(*fds) -> None:
+    for fd in fds:
+        if fd is not None and fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _peak_rss_kib() -> int:
+    """This process's own resident peak (VmHWM: getrusage's maxrss would include the image exec replaced)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return -1
+
+
+def main() -> int:
+    job = read_frame(0)
+    result: dict = {}
+    try:
+        mode = enter_run_namespaces(job["isolated"])
+        if mode == "none":
+            import tempfile
+            job["workdir"] = tempfile.mkdtemp(prefix="dsgrpo-sandbox-")
+        checker.helper_names()  # imported once here, not in every checker
+        supervisor = Supervisor(job, mode)
+        # stdin/stdout cases first: their programs fork before any test snippet is in this process
+        result["io"] = [supervisor.stdio_case(bytes.fromhex(data)) for data in job["inputs"]]
+        if job["n_tests"]:
+            result["asserts"] = supervisor.snippets()
+        if mode == "none":
+            import shutil
+            shutil.rmtree(job["workdir"], ignore_errors=True)
+    except SetupError as exc:
+        result = {"unavailable": str(exc)}
+    result["supervisor_maxrss_kib"] = _peak_rss_kib()
+    write_all(job["result_fd"], frame(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
