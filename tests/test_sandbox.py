@@ -3,6 +3,7 @@ more than an honest wrong answer, raises nothing, leaves no process and touches 
 the user the suite runs as and (when that is root) again as an unprivileged uid; the program never sees a
 test; runs cannot see each other; isolation that cannot be built refuses to score, naming what is missing."""
 
+import contextlib
 import json
 import os
 import resource
@@ -15,6 +16,7 @@ import threading
 import pytest
 
 from dsgrpo.rewards import sandbox
+from dsgrpo.rewards.sandbox import cgroups
 from dsgrpo.rewards.sandbox import protocol as runner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,15 +90,16 @@ def test_every_attack_as_this_user(isolation, tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="the suite runs unprivileged already: the corpus above covered it")
 def test_every_attack_as_an_unprivileged_user(tmp_path):
     """CI runs as root: the same corpus as uid 54321 (no passwd entry needed), under an interpreter that uid may
-    run, with only user namespaces to isolate it."""
+    run, with only user namespaces and a cgroup delegated to it (DSGRPO_SANDBOX_CGROUP) to isolate it."""
     python = _world_executable_python()
     if python is None:
         pytest.skip("no interpreter an unprivileged user may run (e.g. /usr/bin/python3)")
     code = _copy_for(tmp_path, UNPRIVILEGED)
-    out = subprocess.run([python, os.path.join(code, "sandbox_attacks.py"), os.path.join(code, "sandbox"),
-                          str(tmp_path / "work")],
-                         user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd=code, capture_output=True,
-                         text=True, timeout=600, env={"PATH": "/usr/bin:/bin"})
+    with delegated_cgroup(UNPRIVILEGED) as cgroup:
+        out = subprocess.run([python, os.path.join(code, "sandbox_attacks.py"), os.path.join(code, "sandbox"),
+                              str(tmp_path / "work")],
+                             user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd=code, capture_output=True,
+                             text=True, timeout=600, env={"PATH": "/usr/bin:/bin", "DSGRPO_SANDBOX_CGROUP": cgroup})
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(rows) > 40
@@ -142,6 +145,31 @@ for name in ("uid_map", "gid_map"):
 os.write(go_w, b"x")
 sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 '''
+
+
+@contextlib.contextmanager
+def delegated_cgroup(uid: int):
+    """A cgroup under ours in every hierarchy, handed to `uid` as a delegation would; yields its relative path."""
+    name = f"dsgrpo-test-delegated-{os.getpid()}"
+    where = cgroups.where_runs_go()
+    made = []
+    try:
+        for base in set(where["dirs"].values()):
+            path = os.path.join(base, name)
+            os.mkdir(path)
+            made.append(path)
+            os.chown(path, uid, uid)
+            for f in os.listdir(path):
+                if os.path.isfile(os.path.join(path, f)):
+                    os.chown(os.path.join(path, f), uid, uid)
+        yield name
+    finally:
+        for path in made:
+            for sub in sorted((d for d, _, _ in os.walk(path)), key=len, reverse=True):
+                try:
+                    os.rmdir(sub)
+                except OSError:
+                    pass
 
 
 def _world_executable_python():

@@ -31,7 +31,7 @@ import sys
 
 from .limits import install_seccomp
 from .program import LIBRARY_MODULES
-from .protocol import ProtocolError, decode, encode, frame, read_untrusted_frame, write_all
+from .protocol import ProtocolError, decode, encode, frame, read_frame, read_untrusted_frame, write_all
 
 
 class RemoteError(Exception):
@@ -255,12 +255,17 @@ def entry_points(tests: list, setup: str, declared: list) -> tuple:
     return (set.intersection(*using) if using else set()), free
 
 
-def build_namespace(link: Link, exported, tests: list, setup: str, declared: list) -> dict:
+def plan_names(tests: list, setup: str, declared: list) -> dict:
+    """What the checker needs to know of a row's tests before any runs: the names only (never the tests' text)."""
+    entries, free = entry_points(tests, setup, declared)
+    return {"entries": sorted(entries), "free": sorted(free), "n": len(tests)}
+
+
+def build_namespace(link: Link, exported, entries: set, free: set) -> dict:
     """The globals every test starts from (before the setup code runs in the test's own process)."""
     if type(exported) is not dict or not all(type(k) is str for k in exported):
         link.fail("a malformed answer")
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    entries, free = entry_points(tests, setup, declared)
     builtin_names = set(dir(builtins))
     stdlib = set(getattr(sys, "stdlib_module_names", ()))
     for name in free | entries:
@@ -311,14 +316,21 @@ def _real_library_object(module, name: str):
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def run(material: dict, limits: dict, contained: bool, fds: dict) -> None:
-    """C's whole life: read the program's names, build the namespace, one process per test, report the verdicts
-    on the verdict pipe (never stdout, which is /dev/null here), exit."""
+def run(limits: dict, contained: bool, fds: dict) -> None:
+    """C's whole life. It holds no test: the supervisor sends the names plan first (plan_names), then each test to
+    the one process that runs it, only once C asks for it (after the previous test's process has exited). C reads
+    the program's names, builds the namespace, and reports on the control pipe (never stdout, /dev/null here):
+    {"next": i} before test i, {"verdict": i, "passed": bool} after it, {"done": why or None} at the end."""
+    prctl_dumpable_off()  # no process of the same uid (a test's) may open this one's memory
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)  # PID 1 with no handler: its children's signals do not reach it
-    tests, setup, declared = material["tests"], material.get("setup") or "", material.get("entry_points") or []
+    plan = read_frame(fds["tests"])
     link = Link(fds["requests"], fds["replies"], limits["message_bytes"])
-    passed, ended = [False] * len(tests), None
+
+    def tell(message: dict) -> None:
+        write_all(fds["control"], frame(message))
+
+    ended = None
     try:
         ready = link.receive()
         if "ready" not in ready:
@@ -326,34 +338,48 @@ def run(material: dict, limits: dict, contained: bool, fds: dict) -> None:
         if ready["ready"] is None:
             ended = "the program raised or exited before the tests"
         else:
-            namespace = build_namespace(link, ready["ready"], tests, setup, declared)
-            for i, test in enumerate(tests):
-                outcome = _one_test(i, test, setup, namespace, link, contained, fds["verdicts"])
+            namespace = build_namespace(link, ready["ready"], set(plan["entries"]), set(plan["free"]))
+            for i in range(plan["n"]):
+                tell({"next": i})
+                outcome = _one_test(i, namespace, link, contained, fds)
                 if outcome == b"B":
                     link.fail("a malformed answer")
-                passed[i] = outcome == b"P"
+                if outcome == b"L":
+                    raise ProtocolError("a test's process that ended before reading its test")
+                tell({"verdict": i, "passed": outcome == b"P"})
             # the program must still be answering after the last test: one that dies on the way scores nothing
             link.ask("ping", None)
-    except ProtocolError:
-        passed, ended = [False] * len(tests), f"the program broke {link.broken or 'the protocol'}"
-    write_all(fds["verdicts"], frame({"passed": passed, "ended": ended}))
+    except ProtocolError as exc:
+        ended = f"the program broke {link.broken}" if link.broken else f"the checker lost {exc}"
+    tell({"done": ended})
     os._exit(0)
 
 
-def _one_test(i: int, test: str, setup: str, namespace: dict, link: Link, contained: bool, verdicts: int) -> bytes:
-    """Run one test in a fresh child: b'P' passed, b'F' failed, b'B' the program broke the protocol."""
+def prctl_dumpable_off() -> None:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0: /proc/<pid>/mem and ptrace need CAP_SYS_PTRACE
+
+
+def _one_test(i: int, namespace: dict, link: Link, contained: bool, fds: dict) -> bytes:
+    """Run test i in a fresh child that reads the test itself: b'P' passed, b'F' failed, b'B' the program broke the
+    protocol, b'L' the child ended before it had read its test (which would then be read by the next one)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         outcome = b"F"
         try:
             os.close(r)
-            os.close(verdicts)
+            os.close(fds["control"])
             if contained:
                 install_seccomp(new_processes=False)
-            if setup:
-                exec(compile(setup, "<setup>", "exec"), namespace)
-            exec(compile(test, f"<test {i}>", "exec"), namespace)
+            material = read_frame(fds["tests"])
+            os.write(w, b"R")
+            if material.get("index") != i:
+                raise ProtocolError("tests out of order")
+            if material["setup"]:
+                exec(compile(material["setup"], "<setup>", "exec"), namespace)
+            exec(compile(material["test"], f"<test {i}>", "exec"), namespace)
             outcome = b"P"
         except BaseException:
             outcome = b"F"
@@ -364,7 +390,14 @@ def _one_test(i: int, test: str, setup: str, namespace: dict, link: Link, contai
         finally:
             os._exit(0)
     os.close(w)
-    _, status = os.waitpid(pid, 0)
-    outcome = os.read(r, 1)
+    os.waitpid(pid, 0)
+    got = b""
+    while True:
+        chunk = os.read(r, 2)
+        if not chunk:
+            break
+        got += chunk
     os.close(r)
-    return outcome if status == 0 and outcome in (b"P", b"F", b"B") else b"F"
+    if not got.startswith(b"R"):
+        return b"L"
+    return got[1:2] if got[1:2] in (b"P", b"B") else b"F"

@@ -28,7 +28,7 @@ from .containment import CHECKER_UID_OFFSET, UID_BASE, Cell, SetupError, enter_r
 from .protocol import ProtocolError, frame, read_frame, write_all
 
 POLL_S = 0.02            # how often the run's CPU time and memory events are read
-VERDICT_BYTES = 1 << 20  # the checker's verdict frame at most
+VERDICT_BYTES = 1 << 20  # the checker's messages not yet read, at most
 
 
 class Supervisor:
@@ -135,59 +135,64 @@ class Supervisor:
 
     # -------- test snippets
     def snippets(self) -> dict:
-        """The program serving answers, the checker asking and judging; the verdicts, or none when a limit broke."""
+        """The program serving answers, the checker asking and judging. Both cells are forked before the tests are
+        read from the judge, so neither holds them; each test goes to the one process that runs it, when the
+        checker asks for it. The verdicts, or none when a limit broke."""
         code, limits = self.job["code"], self.limits
         cgroups = self._cgroups()
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         out_r, out_w = os.pipe()
+        tests_r, tests_w = os.pipe()
+        control_r, control_w = os.pipe()
         watch = Watch(limits, self.mode, cgroups)
-        cells = []
+        cells, ours = [], [out_r, tests_w, control_r]
         try:
-            cells.append(self._cell("program", cgroups, (self.devnull, out_w, out_w),
-                                    {"requests": req_r, "replies": rep_w},
-                                    lambda fds: program.serve(code, fds["requests"], fds["replies"]), reaper=True))
-            _close(req_r, rep_w, out_w)
-            req_r = rep_w = out_w = -1
-            material = read_frame(0)  # only now: the program was forked without the tests in memory
-            n = len(material["tests"])
-            verdict_r, verdict_w = os.pipe()
-            contained = self.mode != "none"
             try:
+                cells.append(self._cell("program", cgroups, (self.devnull, out_w, out_w),
+                                        {"requests": req_r, "replies": rep_w},
+                                        lambda fds: program.serve(code, fds["requests"], fds["replies"]),
+                                        reaper=True))
+                contained = self.mode != "none"
                 cells.append(self._cell("checker", cgroups, (self.devnull,) * 3,
-                                        {"requests": req_w, "replies": rep_r, "verdicts": verdict_w},
-                                        lambda fds: checker.run(material, limits, contained, fds), reaper=False))
+                                        {"requests": req_w, "replies": rep_r, "tests": tests_r, "control": control_w},
+                                        lambda fds: checker.run(limits, contained, fds), reaper=False))
             finally:
-                _close(req_w, rep_r, verdict_w)
-                req_w = rep_r = -1
-            verdict = self._await_verdict(watch, out_r, verdict_r, cells[1])
-            os.close(verdict_r)
-        except BaseException:
+                _close(req_r, req_w, rep_r, rep_w, out_w, tests_r, control_w)
+            material = read_frame(0)  # only now: both cells were forked without the tests in memory
+            tests, setup = material["tests"], material["setup"]
+            plan = checker.plan_names(tests, setup, material["entry_points"])
+            verdicts = self._converse(watch, out_r, tests_w, control_r, plan, tests, setup)
+        finally:
             for cell in cells:
                 cell.stop()
-            _close(req_r, req_w, rep_r, rep_w, out_r, out_w)
+            _close(*ours)
             watch.finish()
-            raise
-        for cell in cells:
-            cell.stop()
-        os.close(out_r)
-        watch.finish()
+        n = len(tests)
         if watch.broken:
             return {"passed": [False] * n, "ended": f"the program broke {watch.broken}", **watch.figures()}
-        if verdict is None:
+        if verdicts is None:
             return {"passed": [False] * n, "ended": "the checker ended without a verdict", **watch.figures()}
-        passed, ended = verdict
-        if len(passed) != n:
-            return {"passed": [False] * n, "ended": "the checker's verdict is malformed", **watch.figures()}
-        return {"passed": passed, "ended": ended, **watch.figures()}
+        passed, ended = verdicts
+        return {"passed": [False] * n if ended else passed, "ended": ended, **watch.figures()}
 
-    def _await_verdict(self, watch: "Watch", out_r: int, verdict_r: int, checker_cell: Cell):
+    def _converse(self, watch, out_r, tests_w, control_r, plan, tests, setup):
+        """Serve the checker: the names plan, then test i when it asks for it; collect its verdicts, count the
+        program's output. (passed, ended), or None when the checker broke off."""
+        pending = bytearray(frame(plan))
         received = bytearray()
-        readers = [out_r, verdict_r]
+        passed, asked = [False] * len(tests), -1
+        readers = [out_r, control_r]
+        os.set_blocking(tests_w, False)
         try:
-            while verdict_r in readers:
-                r, _, _ = select.select(readers, [], [], watch.wait())
+            while control_r in readers:
+                r, w, _ = select.select(readers, [tests_w] if pending else [], [], watch.wait())
                 watch.check()
+                if w:
+                    try:
+                        del pending[:os.write(tests_w, pending[:65536])]
+                    except BlockingIOError:
+                        pass
                 for fd in r:
                     data = os.read(fd, 1 << 16)
                     if not data:
@@ -196,31 +201,49 @@ class Supervisor:
                         watch.output(len(data))  # the program's prints: counted, not kept
                     else:
                         received += data
-                        if len(received) > VERDICT_BYTES:
+                while len(received) >= 4 and len(received) >= 4 + int.from_bytes(received[:4], "big"):
+                    size = int.from_bytes(received[:4], "big")
+                    message = _message(bytes(received[4:4 + size]))
+                    del received[:4 + size]
+                    if message is None:
+                        return None
+                    if "next" in message:  # the checker's next test process is waiting for its test
+                        if message["next"] != asked + 1 or message["next"] >= len(tests):
                             return None
-                if verdict_r in readers and checker_cell.exited() and not select.select([verdict_r], [], [], 0)[0]:
-                    break
+                        asked += 1
+                        pending += frame({"index": asked, "test": tests[asked], "setup": setup})
+                    elif "verdict" in message:
+                        if message["verdict"] != asked or type(message["passed"]) is not bool:
+                            return None
+                        passed[asked] = message["passed"]
+                    else:
+                        ended = message["done"]
+                        if ended is None and asked != len(tests) - 1:
+                            return None
+                        return passed, ended
+                if len(received) > VERDICT_BYTES:
+                    return None
         except ProtocolError:
             return None
-        return _parse_verdict(bytes(received))
-
-
-def _parse_verdict(data: bytes):
-    """(passed, ended) from the checker's frame, or None when it is not one."""
-    if len(data) < 4 or len(data) != 4 + int.from_bytes(data[:4], "big"):
         return None
+
+
+def _message(body: bytes):
+    """One message of the checker's, or None when it is not one."""
     try:
-        verdict = json.loads(data[4:])
+        message = json.loads(body)
     except ValueError:
         return None
-    if type(verdict) is not dict or set(verdict) != {"passed", "ended"}:
+    if type(message) is not dict:
         return None
-    passed, ended = verdict["passed"], verdict["ended"]
-    if type(passed) is not list or not all(type(p) is bool for p in passed):
-        return None
-    if ended is not None and (type(ended) is not str or len(ended) > 1000):
-        return None
-    return passed, ended
+    if set(message) == {"next"} and type(message["next"]) is int:
+        return message
+    if set(message) == {"verdict", "passed"} and type(message["verdict"]) is int:
+        return message
+    if set(message) == {"done"} and (message["done"] is None or (type(message["done"]) is str
+                                                               and len(message["done"]) <= 1000)):
+        return message
+    return None
 
 
 class Watch:
