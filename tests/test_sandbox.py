@@ -35,7 +35,17 @@ def check_row(row: dict) -> None:
     if name == "honest":
         assert row["score"] == 1.0 and abs(row["baseline"] - 1 / 3) < 1e-9
         return
+    if name.startswith("baseline"):
+        assert abs(row["score"] - row["expected"]) < 1e-9, f"{name}: {row['score']}"
+        return
     assert row["left"] == [], f"{name}: processes left behind: {row['left']}"
+    assert not row["kernel_objects_left"], f"{name}: left in the kernel: {row['kernel_objects_left']}"
+    assert not row["cgroups_left"], f"{name}: cgroups left: {row['cgroups_left']}"
+    assert not row["hung"], f"{name}: the supervisor hung"
+    # the run's CPU time (every process of it, the checker's included) and the checker's memory stay bounded
+    assert row["run_cpu_s"] <= row["timeout_s"] + 1.0, f"{name}: the run used {row['run_cpu_s']} s of CPU"
+    assert row["checker_peak_bytes"] <= row["checker_memory_bytes"], f"{name}: checker {row['checker_peak_bytes']}"
+    assert row["supervisor_maxrss_kib"] < 100 * 1024, f"{name}: supervisor {row['supervisor_maxrss_kib']} KiB"
     assert row["hits"] == 0, f"{name}: reached the network"
     assert row["victim_intact"], f"{name}: changed the trainer's file"
     assert abs(row["baseline"] - 1 / 3) < 1e-9, f"after {name}, an honest wrong answer scores {row['baseline']}"
@@ -95,6 +105,14 @@ def test_every_attack_as_an_unprivileged_user(tmp_path):
     if python is None:
         pytest.skip("no interpreter an unprivileged user may run (e.g. /usr/bin/python3)")
     code = _copy_for(tmp_path, UNPRIVILEGED)
+    # without a cgroup of its own the sandbox cannot count the run's memory and CPU: it refuses, naming it
+    probe = (f"import sys; sys.path.insert(0, {code!r}); import sandbox_attacks as a\n"
+             f"sb = a.load_sandbox({os.path.join(code, 'sandbox')!r})\n"
+             "try:\n    sb.check_isolation()\n    print('ISOLATED')\nexcept sb.SandboxUnavailableError as e:\n"
+             "    print('REFUSED', e)\n")
+    out = subprocess.run([python, "-c", probe], user=UNPRIVILEGED, group=UNPRIVILEGED, extra_groups=[], cwd=code,
+                         capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert "REFUSED" in out.stdout and "cgroup" in out.stdout and "DSGRPO_SANDBOX_CGROUP" in out.stdout, out
     with delegated_cgroup(UNPRIVILEGED) as cgroup:
         out = subprocess.run([python, os.path.join(code, "sandbox_attacks.py"), os.path.join(code, "sandbox"),
                               str(tmp_path / "work")],
@@ -320,3 +338,118 @@ def test_code_reward_scores_rows_in_parallel_and_conversational_completions(isol
     assert scores == pytest.approx([1.0, 1 / 3] * 4)
     assert reward([right], [attacks.TESTS[0]]) == [1.0]  # a row whose tests are one snippet
     assert reward([right], [[]]) == [0.0]               # a row without tests: nothing passed
+
+
+# ------------------------------------------------------------------------------------------------ issue 44
+WORK = "def work(n):\n    s = 0\n    for i in range(n):\n        s += i * i\n    return s\n"
+WORK_TESTS = [f"assert work(6_000_000) == {sum(i * i for i in range(6_000_000))}"] * 3  # ~0.8 s of CPU in all
+
+
+def test_an_honest_neighbour_keeps_its_score_beside_fourteen_spinning_processes(isolation):
+    """Two rows scored at once on 2 cores: one completion spins in 14 processes, the other needs ~0.8 s of CPU
+    under a 2 s limit. The limit counts the run's own CPU time and runs share the CPU by cgroup, so the honest row
+    scores as it does alone (with a wall-clock limit shared with the spinner it timed out: 0.0)."""
+    spinner = "import os\nfor _ in range(14):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
+    limits = sandbox.SandboxLimits(timeout_s=2.0, cpu_s=2)
+    alone: dict = {}
+    assert sandbox.run_tests(WORK, WORK_TESTS, limits, figures=alone) == 1.0
+    reward = sandbox.CodeReward(limits=limits, workers=2)
+    for _ in range(2):
+        scores = reward([f"```python\n{spinner}```", f"```python\n{WORK}```"], [WORK_TESTS, WORK_TESTS])
+        assert scores == [0.0, 1.0]
+    assert alone["runs"][0]["cpu_s"] > 0.3  # the honest row's work is real CPU time, counted
+
+
+def test_answers_of_standard_library_types_score_as_python_would(isolation):
+    program = ("import collections, fractions, decimal, math\nPoint = collections.namedtuple('Point', 'x y')\n"
+               "def counts(s):\n    return collections.Counter(s)\n"
+               "def groups(words):\n    d = collections.defaultdict(list)\n    for w in words:\n"
+               "        d[len(w)].append(w)\n    return d\n"
+               "def point(x, y):\n    return Point(x, y)\n"
+               "def half(n):\n    return fractions.Fraction(n, 2)\n"
+               "def fact(n):\n    return math.factorial(n)\n"
+               "def ordered(pairs):\n    return collections.OrderedDict(pairs)\n"
+               "def window(xs):\n    return collections.deque(xs, maxlen=2)\n"
+               "def money(s):\n    return decimal.Decimal(s)\n"
+               "def raw(n):\n    return bytearray(n)\n"
+               "def evens(n):\n    return range(0, n, 2)\n")
+    setup = "from collections import Counter, OrderedDict, defaultdict, deque, namedtuple\nimport math\n" \
+            "from fractions import Fraction\nfrom decimal import Decimal"
+    tests = ["assert counts('aab') == Counter({'a': 2, 'b': 1}) and type(counts('')) is Counter",
+             "assert groups(['a', 'bb', 'c']) == {1: ['a', 'c'], 2: ['bb']} and groups([])[3] == []",
+             "p = point(1, 2)\nassert p == (1, 2) and p.x == 1 and p.y == 2 and type(p).__name__ == 'Point'",
+             "assert half(3) == Fraction(3, 2) and half(4) == 2",
+             "assert fact(1500) == math.factorial(1500)",
+             "assert list(ordered([('b', 1), ('a', 2)])) == ['b', 'a']",
+             "assert window([1, 2, 3]) == deque([2, 3]) and window([]).maxlen == 2",
+             "assert money('1.10') + money('2.20') == Decimal('3.30')",
+             "assert raw(3) == bytearray(3)",
+             "assert evens(7) == range(0, 7, 2) and list(evens(5)) == [0, 2, 4]"]
+    assert sandbox.run_tests(program, tests, FAST, setup=setup) == 1.0
+    wrong = program.replace("math.factorial(n)", "math.factorial(n) + 1").replace("Fraction(n, 2)", "Fraction(n, 3)")
+    assert sandbox.run_tests(wrong, tests, FAST, setup=setup) == pytest.approx(8 / 10)
+
+
+def test_a_task_named_like_a_builtin_or_a_library_function(isolation):
+    """The tests' own names decide what the program answers for: `pow` alone is the task (an empty program fails
+    it: it scored 1.0 through the builtin), `abs` beside it stays Python's; `gcd` is the task when the tests use
+    nothing else; a row's entry_point settles the rest."""
+    tests = ["assert pow(2, 3) == 8", "assert pow(3, 2) == 9", "assert abs(pow(2, 2) - 4) < 1e-9"]
+    assert sandbox.run_tests("pass", tests, FAST) == 0.0
+    honest = "def pow(a, b):\n    r = 1\n    for _ in range(b):\n        r *= a\n    return r\n"
+    assert sandbox.run_tests(honest, tests, FAST) == 1.0
+    assert sandbox.run_tests("def pow(a, b):\n    return 0\ndef abs(x):\n    return 0\n", tests, FAST) == 0.0
+    gcd_tests = ["assert gcd(4, 6) == 2", "assert gcd(7, 5) == 1"]
+    assert sandbox.run_tests("from math import gcd", gcd_tests, FAST) == 1.0  # the real gcd is a right answer
+    assert sandbox.run_tests("pass", gcd_tests, FAST) == 0.0
+    assert sandbox.run_tests("def gcd(a, b):\n    return 1\n", gcd_tests, FAST) == 0.5
+    # two functions, one named like a library's: the row names its entry points
+    two = ["assert merge([1], [0]) == [0, 1]", "assert isclose(mean([1, 2]), 1.5)"]
+    program = "def merge(a, b):\n    return sorted(a + b)\ndef mean(xs):\n    return sum(xs) / len(xs)\n" \
+              "def isclose(a, b):\n    return True\n"
+    assert sandbox.run_tests(program, two, FAST, setup="from math import isclose") == 1.0
+    assert sandbox.run_tests(program.replace("/ len(xs)", "/ 3"), two, FAST, setup="from math import isclose") == 0.5
+    # HumanEval's shape: one check(candidate) snippet and its entry point
+    check = ["def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(0, 0) == 0\ncheck(add)"]
+    assert sandbox.run_tests(attacks.HONEST, check, FAST, entry_points=["add"]) == 1.0
+    assert sandbox.run_tests("pass", ["assert sorted([2, 1]) == [1, 2]"], FAST, entry_points=["sorted"]) == 0.0
+
+
+def test_which_names_the_program_answers_for():
+    """checker.entry_points is a pure function of the row: the tests, the setup code, the declared entry points."""
+    from dsgrpo.rewards.sandbox.checker import entry_points
+
+    assert entry_points(attacks.TESTS, "", [])[0] == {"add"}  # abs is Python's
+    assert entry_points(["assert isclose(f(1), 2)", "assert f(0) == 0"], "", [])[0] == {"f"}
+    assert entry_points(["assert pow(2, 3) == 8", "assert abs(pow(1, 1)) == 1"], "", [])[0] == {"pow"}
+    assert entry_points(["assert gcd(4, 6) == 2", "assert lcm(2, 3) == 6"], "", [])[0] == {"gcd", "lcm"}
+    assert entry_points(["import numpy as np", "assert np.allclose(f(), [1.0])"], "", [])[0] == {"f"}
+    assert entry_points(["s = Stack()\nassert s.pop() == 1", "def check(candidate):\n    assert candidate(1)\n"
+                         "check(solve)"], "", [])[0] == {"Stack", "solve"}
+    assert entry_points(["assert isclose(f(1), 2)"], "from math import isclose", [])[0] == {"f"}
+    assert entry_points(["assert sorted(x) == [1]"], "x = [1]", ["sorted"])[0] == {"sorted"}
+    assert entry_points(["assert f(("], "", [])[0] == set()  # a test that does not parse names nothing
+
+
+def test_stdin_stdout_integers_compare_exactly(isolation):
+    assert not sandbox.outputs_match(b"1000000001\n", "1000000000")  # within 1e-6 relative, and wrong
+    assert sandbox.outputs_match(b"+5 007\n", "5 7")                   # the same integers
+    assert not sandbox.outputs_match(b"3.0", "3")                      # an integer is expected
+    assert sandbox.outputs_match(b"3", "3.000000")                     # a decimal fraction: 1e-6
+    assert not sandbox.outputs_match(b"0.3334", "0.3333", float_tolerance=None)
+    off_by_one = "a, b = map(int, input().split())\nprint(a + b - 1)"
+    cases = [{"input": "999999999 2\n", "output": "1000000001"}, {"input": "500000000 500000000\n",
+                                                                  "output": "1000000000"}]
+    assert sandbox.run_tests(off_by_one, cases, FAST) == 0.0
+    assert sandbox.run_tests(off_by_one.replace(" - 1", ""), cases, FAST) == 1.0
+
+
+def test_printing_tests_score_as_python_would(isolation):
+    """A test's prints go nowhere near the verdicts (they broke the supervisor's result channel: every completion
+    scored 0)."""
+    tests = ["print(add(1, 2))\nassert add(1, 2) == 3", "print('\\x00\\x00\\x00\\x05{}', add(0, 0))",
+             "import sys\nsys.stdout.write('x' * 100000)\nassert add(2, 2) == 4"]
+    assert sandbox.run_tests(attacks.HONEST, tests, FAST) == 1.0
+    assert sandbox.run_tests(attacks.HONEST_WRONG, tests, FAST) == pytest.approx(1 / 3)
+
+

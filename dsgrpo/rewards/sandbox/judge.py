@@ -177,12 +177,14 @@ def _remove_stale_cgroups(base, pid: int) -> None:
 
 
 def run_tests(code: str, tests: Sequence, limits: Optional[SandboxLimits] = None, isolation: str = "isolated",
-              setup: str = "", entry_points: Sequence[str] = (), float_tolerance: Optional[float] = 1e-6) -> float:
+              setup: str = "", entry_points: Sequence[str] = (), float_tolerance: Optional[float] = 1e-6,
+              figures: Optional[dict] = None) -> float:
     """Fraction of `tests` the program passes: Python snippets (usually asserts), each run after the program (and
     after `setup`, the row's own setup code) in a fresh namespace, and stdin/stdout cases {'input': ...,
     'output': ...} (the program as a script, once per case). `entry_points`: the names the tests take from the
     program, where the row says (else they are inferred: checker.py). 0.0 when the program breaks a limit, exits
-    or raises before the snippets, or answers out of protocol."""
+    or raises before the snippets, or answers out of protocol. `figures`, when given, receives what each run cost
+    (CPU seconds of its processes, the checker's peak memory, wall seconds) and how it ended."""
     limits = limits or SandboxLimits()
     if isolation not in ISOLATION_MODES:
         raise ValueError(f"isolation={isolation!r}: expected one of {ISOLATION_MODES}.")
@@ -198,6 +200,10 @@ def run_tests(code: str, tests: Sequence, limits: Optional[SandboxLimits] = None
     if "unavailable" in result:
         raise SandboxUnavailableError(f"The code sandbox cannot be built here: {result['unavailable']}. "
                                       f"{OPT_OUT}")
+    if figures is not None:
+        figures.update(supervisor_maxrss_kib=result.get("supervisor_maxrss_kib"), hung=bool(result.get("hung")),
+                       runs=[{k: run.get(k) for k in ("cpu_s", "checker_peak_bytes", "wall_s", "ended")}
+                             for run in result.get("io", []) + ([result["asserts"]] if "asserts" in result else [])])
     if result.get("hung"):
         return 0.0
     passed = 0
