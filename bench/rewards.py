@@ -1,7 +1,7 @@
 """Rewards per second of the built-in rewards on real data, and of code_reward's sandbox.
 
     .venv/bin/python bench/rewards.py [--gsm8k ../shared/data/gsm8k/test.jsonl] [--repeat 3] [--code-rows 64]
-    .venv/bin/python bench/rewards.py --only code --sandbox /tmp/old_sandbox.py   # another sandbox.py, side by side
+    .venv/bin/python bench/rewards.py --only code --sandbox /tmp/old_sandbox/sandbox.py  # another one, side by side
 
 code_reward's workloads: `honest` (small MBPP-like functions, each row 3-4 asserts, half the rows wrong),
 `stdio` (the same as stdin/stdout programs, 3 cases a row) and `timeouts` (programs that never end, killed at a
@@ -59,7 +59,11 @@ def load_sandbox(path):
     if path is None:
         from dsgrpo.rewards import sandbox
         return sandbox
-    spec = importlib.util.spec_from_file_location("bench_sandbox", path)
+    if os.path.isdir(path):  # a copy of the sandbox package (dsgrpo/rewards/sandbox/)
+        spec = importlib.util.spec_from_file_location("bench_sandbox", os.path.join(path, "__init__.py"),
+                                                      submodule_search_locations=[path])
+    else:  # a single-file sandbox.py of before the package (its runner beside it)
+        spec = importlib.util.spec_from_file_location("bench_sandbox", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_sandbox"] = module
     spec.loader.exec_module(module)
@@ -102,7 +106,8 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--code-rows", type=int, default=64)
     p.add_argument("--only", choices=("math", "code"), default=None)
-    p.add_argument("--sandbox", default=None, help="a sandbox.py to time instead of dsgrpo's (e.g. an older one)")
+    p.add_argument("--sandbox", default=None,
+                   help="a sandbox package directory, or an older single-file sandbox.py, to time instead of dsgrpo's")
     a = p.parse_args()
     results = {}
     if a.only != "code":

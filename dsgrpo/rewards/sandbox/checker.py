@@ -9,14 +9,14 @@ the count, never anything outside the sandbox. The checker itself runs only this
 answers (protocol.py), never a test.
 
 Which names a test sees (the program must not answer for a name the test expects from elsewhere):
-- Python's builtins, the row's setup code (run before each test), and names the tests bind themselves;
+- Python's builtins, the row's setup code (run in each test's process), and names the tests bind themselves;
 - the program's *entry points*: the row's `entry_point` when it has one, plus every name the tests use that is
-  neither a builtin nor a standard-library module nor a public name of a common library module (`isclose`,
-  `Counter`, `pi`, ...). When the tests use no such name, the library names they use are the entry points
-  (a task named `gcd`), and failing those, the builtin names every test uses (a task named `pow`);
-- a name that is not an entry point and that the program bound anyway means Python's own object (a module the
-  program imported, `isclose` from math), never the program's: a program that defines `abs` or `isclose`
-  changes nothing. An entry point the program did not define is a NameError, even when a builtin has its name.
+  neither a builtin nor a standard-library module nor a helper name (a public name of HELPER_MODULES: `isclose`,
+  `Counter`, `pi`, ...; or `np` and the like). When the tests use no other name, the helper names they use are
+  the entry points (a task named `gcd`), and failing those, the builtin names every test uses (a task named `pow`);
+- any other name the program bound means Python's own object (a module it imported, `isclose` imported from math)
+  or nothing, never the program's: a program that defines `abs` or `isclose` changes nothing. An entry point the
+  program did not define is a NameError, even when a builtin has its name.
 Standard library only.
 """
 
