@@ -453,3 +453,23 @@ def test_printing_tests_score_as_python_would(isolation):
     assert sandbox.run_tests(attacks.HONEST_WRONG, tests, FAST) == pytest.approx(1 / 3)
 
 
+
+
+def test_where_the_runs_cgroups_go():
+    """cgroups.locate, a pure function of /proc/self/mountinfo and /proc/self/cgroup: v1 with one hierarchy per
+    controller or cpu and cpuacct mounted together, v2, a mount whose root is not the hierarchy's, the override."""
+    v1 = ("32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+          "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+          "39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"
+          "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n")
+    own = "4:memory:/job/7\n3:cpu,cpuacct:/\n2:pids:/job/7\n0::/\n"
+    where = cgroups.locate(v1, own)
+    assert where == {"version": 1, "dirs": {"memory": "/sys/fs/cgroup/memory/job/7", "cpu": "/sys/fs/cgroup/cpu,cpuacct",
+                                            "cpuacct": "/sys/fs/cgroup/cpu,cpuacct", "pids": "/sys/fs/cgroup/pids/job/7"}}
+    assert cgroups.locate(v1, own, "me")["dirs"]["memory"] == "/sys/fs/cgroup/memory/job/7/me"
+    assert cgroups.locate(v1, own, "/sandbox")["dirs"]["cpu"] == "/sys/fs/cgroup/cpu,cpuacct/sandbox"
+    v2 = "30 23 0:26 /job /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+    assert cgroups.locate(v2, "0::/job/step\n") == {"version": 2, "dirs": {"": "/sys/fs/cgroup/step"}}
+    assert cgroups.locate(v2, "0::/job/step\n", "/job/sandbox")["dirs"][""] == "/sys/fs/cgroup/sandbox"
+    with pytest.raises(cgroups.CgroupUnavailable):
+        cgroups.locate("1 0 0:1 / / rw - ext4 /dev/root rw\n", "0::/\n")
