@@ -187,6 +187,32 @@ PINS: Tuple[Pin, ...] = (
         "the engine config the generating ranks' engines resolve"),
     Pin("vllm.v1.engine.llm_engine:LLMEngine.__init__", "vllm 0.32.0",
         "the max_model_len the engine settled on (LLM.llm_engine.model_config)", source_has=("self.model_config",)),
+    Pin("vllm.distributed.weight_transfer.factory:WeightTransferEngineFactory.register_engine", "vllm 0.32.0",
+        "weight sync through vLLM's native weight-transfer API: dsgrpo's in-process backend is registered by class",
+        params=("name", "module_path_or_cls")),
+    Pin("vllm.distributed.weight_transfer.base:WeightTransferEngine", "vllm 0.32.0",
+        "the worker-side engine contract: start_weight_update / update_weights / receive_weights / "
+        "finish_weight_update, update_info parsed into update_info_cls",
+        source_has=("def start_weight_update", "def finish_weight_update", "def receive_weights",
+                    "self.parse_update_info(update_info)")),
+    Pin("vllm.v1.worker.gpu_worker:Worker.update_weights", "vllm 0.32.0",
+        "collective_rpc('update_weights', kwargs={'update_info': ...}) hands the dict to the engine unchanged "
+        "(in-process: the tensors by reference)", params=("update_info",),
+        source_has=("self.weight_transfer_engine.update_weights(local_update_info)",)),
+    Pin("vllm.v1.worker.gpu_worker:Worker.load_model", "vllm 0.32.0",
+        "the worker builds its weight-transfer engine from weight_transfer_config after the model loads",
+        source_has=("WeightTransferEngineFactory.create_engine",)),
+    Pin("vllm.model_executor.model_loader.reload:initialize_layerwise_reload", "vllm 0.32.0",
+        "a checkpoint-format update restores each layer's loadable parameters before load_weights"),
+    Pin("vllm.model_executor.model_loader.reload:finalize_layerwise_reload", "vllm 0.32.0",
+        "and processes them (the CPU backend's repack) after the last one"),
+    Pin("vllm.engine.arg_utils:EngineArgs.weight_transfer_config", "vllm 0.32.0",
+        "LLM(weight_transfer_config={'backend': ...}) builds the worker's engine"),
+    Pin("vllm.v1.engine.llm_engine:LLMEngine.set_weight_version", "vllm 0.32.0",
+        "every sync labels the engine's weights; each completion's tokens come back labelled",
+        params=("weight_version",)),
+    Pin("vllm.outputs:CompletionOutput.weight_versions", "vllm 0.32.0",
+        "spans (version, start, end) over a completion's tokens: the version each token was sampled with"),
     # ---- peft
     Pin("peft.tuners.lora:Linear.get_delta_weight", "peft 0.21.2",
         "merged weight sync: W + ΔW of one layer while it is gathered", params=("adapter",)),
@@ -710,7 +736,146 @@ def lora_layer_types():
     return LoraLayer, Linear
 
 
+@contextlib.contextmanager
+def params_holding(params, tensors):
+    """Each parameter's `.data` is the given full tensor for the duration (a ZeRO-3 parameter outside a gather holds
+    an empty placeholder there): PEFT's delta weight reads lora_A / lora_B through `.weight`, and the weight sync
+    gathers into buffers of its own, not into the parameters."""
+    saved = [p.data for p in params]
+    try:
+        for p, t in zip(params, tensors):
+            p.data = t
+        yield
+    finally:
+        for p, d in zip(params, saved):
+            p.data = d
+
+
 def lora_merged_weight(layer, weight, adapter: str):
     """W + ΔW of one LoRA layer (call while its base weight and adapter are gathered)."""
     return weight.data + layer.get_delta_weight(adapter).to(weight.dtype)
 
+
+
+# ---------------------------------------------------------------------------------------------- vLLM weight transfer
+INPROCESS_WEIGHT_BACKEND = "dsgrpo_inprocess"
+
+
+def register_inprocess_weight_engine() -> bool:
+    """vLLM 0.32's native weight-transfer API (start_weight_update → update_weights → finish_weight_update, each a
+    worker RPC) with a backend of dsgrpo's for an engine in the trainer's own process: update_weights hands the
+    tensors over by reference (no copy, no serialization) and the worker loads them as a checkpoint-format layerwise
+    update. Registered once per process, before the engine is built. False where vLLM has no such API (the reload
+    path serves)."""
+    try:
+        from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
+                                                           WeightTransferUpdateInfo)
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    except ImportError:
+        return False
+    if _registered.get("inprocess"):
+        return True
+    from dataclasses import dataclass as _dataclass, field as _field
+
+    @_dataclass
+    class InProcessInitInfo(WeightTransferInitInfo):
+        pass
+
+    @_dataclass
+    class InProcessUpdateInfo(WeightTransferUpdateInfo):
+        weights: list = _field(default_factory=list)   # [(checkpoint name, tensor)], by reference
+        checksum: bool = False                           # also record what arrived (verify_weight_sync)
+
+    class InProcessWeightEngine(WeightTransferEngine):
+        init_info_cls, update_info_cls = InProcessInitInfo, InProcessUpdateInfo
+        supports_draft_weight_update = False
+
+        def init_transfer_engine(self, init_info) -> None:
+            self.received = []
+
+        def start_weight_update(self) -> None:
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+            self.received = []
+            initialize_layerwise_reload(self.model)
+
+        def finish_weight_update(self) -> None:
+            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+            finalize_layerwise_reload(self.model, self.model_config)
+
+        def update_weights(self, update_info) -> None:
+            self.receive_weights(self.parse_update_info(update_info))  # in-process: nothing to synchronise
+
+        def receive_weights(self, update_info) -> None:
+            from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+            if update_info.checksum:  # taken as the tensors arrive, before loading: what the trainer sent
+                self.received.extend((n, tensor_checksum(t)) for n, t in update_info.weights)
+            with disable_mtp_completeness_check():
+                self.model.load_weights(update_info.weights)
+
+        def shutdown(self) -> None:
+            pass
+
+    try:
+        WeightTransferEngineFactory.register_engine(INPROCESS_WEIGHT_BACKEND, InProcessWeightEngine)
+    except ValueError:  # registered by an earlier import of this module (a reload in tests)
+        pass
+    _registered["inprocess"] = True
+    return True
+
+
+_registered: dict = {}
+
+
+def tensor_checksum(t) -> list:
+    """[sum, sum of squares, numel] in float64: the same for the same values whatever the order or place."""
+    import torch
+    x = t.detach().reshape(-1).to(torch.float64)
+    return [float(x.sum()), float((x * x).sum()), int(x.numel())]
+
+
+def vllm_native_weight_update(llm, groups, version: str, checksum: bool, on_group=None) -> list:
+    """One weight update through the native API: start, one update_weights per group of (name, tensor), finish,
+    then label the engine's weights `version`. `on_group(seconds)` after each group is loaded. Returns the
+    checksums the engine took of what it received (with `checksum`), per tensor."""
+    import time
+
+    if not _vllm_has_lm_head(llm):
+        groups = ([(n, t) for n, t in g if n != "lm_head.weight"] for g in groups)
+    llm.collective_rpc("start_weight_update")
+    try:
+        for group in groups:
+            start = time.perf_counter()
+            llm.collective_rpc("update_weights", kwargs={"update_info": {"weights": group, "checksum": checksum}})
+            if on_group is not None:
+                on_group(time.perf_counter() - start)
+    finally:
+        llm.collective_rpc("finish_weight_update")  # never leave the worker inside an update
+    llm.collective_rpc(_repack_cpu_moe_experts)
+    llm.llm_engine.set_weight_version(version)
+    return llm.collective_rpc(_received_checksums)[0] if checksum else []
+
+
+def _received_checksums(worker) -> list:
+    return list(getattr(worker.weight_transfer_engine, "received", []))
+
+
+def vllm_uses_inprocess_weight_engine(llm) -> bool:
+    return bool(llm.collective_rpc(_has_inprocess_engine)[0])
+
+
+def _has_inprocess_engine(worker) -> bool:
+    engine = getattr(worker, "weight_transfer_engine", None)
+    return type(engine).__name__ == "InProcessWeightEngine"
+
+
+def vllm_token_versions(completion, n_tokens: int):
+    """The weight version each of a completion's tokens was sampled with (vLLM's spans), or None when the engine
+    labelled none."""
+    spans = getattr(completion, "weight_versions", None)
+    if not spans:
+        return None
+    versions = [None] * n_tokens
+    for span in spans:
+        for i in range(max(0, span.start), min(n_tokens, span.end)):
+            versions[i] = span.version
+    return versions

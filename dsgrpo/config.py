@@ -221,7 +221,10 @@ class GRPOConfig:
     ref_deepspeed: Optional[Union[str, dict]] = field(default="auto", metadata=_help("Reference and reward models' DeepSpeed config (frozen engines). 'auto' (or None): with deepspeed's choice (plan.py): inference.json (no partitioning) where the weights fit, zero3_inference.json where they are sharded."))
     vllm_kv_cache_bytes: Optional[int] = field(default=None, metadata=_help("KV-cache size per vLLM engine in bytes (None: sized from the machine, at most 1 GiB per rank on CPU)."))
     vllm_enforce_eager: Optional[bool] = field(default=None, metadata=_help("Run vLLM's model eagerly: no torch.compile, no CUDA graphs. None: compiled on GPU (vLLM's default); on CPU compiled when the run decodes enough tokens to repay compiling (~20 s at start-up; then a decode step ~20% faster on small models), eager for short runs."))
-    weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket."))
+    weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket (streams to other processes), and the size of the shared buffer's second slot on one CPU host."))
+    weight_sync_timeout_s: float = field(default=600.0, metadata=_help("A weight sync that waits longer than this at one of its barriers fails the step, naming the phase and the ranks that did not arrive."))
+    weight_sync_prefetch: bool = field(default=True, metadata=_help("Gather the next decoder layer on a worker thread while the engine loads the current one."))
+    verify_weight_sync: str = field(default="off", metadata=_help("'checksum': after every sync, the engine's float64 checksums of each tensor it received are compared with the trainer's of what it sent (a full read of the weights on each side); 'off'.", choices=("off", "checksum")))
     save_merged_model: bool = field(default=False, metadata=_help("With `peft_config`: the final save writes the merged model (base + adapter, Hugging Face format) to output_dir/merged beside the adapter."))
     num_threads: Optional[int] = field(default=None, metadata=_help("CPU threads per rank (None: the machine's cores / local ranks, at most the cores the rank may run on: its cpuset)."))
     memory_check: str = field(default="warn", metadata=_help("The memory planner at start-up: 'warn' logs the plan and warns when it does not fit, 'error' stops before loading a model, 'off' skips the check.", choices=("warn", "error", "off")))
@@ -468,7 +471,7 @@ class GRPOConfig:
                                  "num_generations_eval.")
         for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_iterations",
                      "max_completion_length", "weight_sync_bucket_bytes", "per_device_eval_batch_size",
-                     "ref_model_sync_steps", "ddp_timeout"):
+                     "ref_model_sync_steps", "ddp_timeout", "weight_sync_timeout_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
         if self.generation_batch_size is not None and self.steps_per_generation is not None:

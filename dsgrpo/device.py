@@ -22,6 +22,12 @@ def torch_device(local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank) if on_gpu() else torch.device("cpu")
 
 
+def synchronize() -> None:
+    """Wait for the device's queued work (a no-op on CPU): timings of device work end here."""
+    if on_gpu():
+        torch.cuda.synchronize()
+
+
 def dist_backend() -> str:
     return "nccl" if on_gpu() else "gloo"
 

@@ -337,6 +337,35 @@ def sequence_parallel_rank_of(member: int) -> int:
     return int(_sp.get("first", 0)) + member
 
 
+# ---------------------------------------------------------------------------------------------- side groups
+def side_group(timeout_s: float):
+    """A gloo group over the training ranks with a timeout of its own, for a side thread's collectives (the weight
+    sync's prefetching worker): collectives of two threads must not share one group. Collective to create: every
+    rank of the world calls it, in the same order."""
+    if not is_initialized():
+        return None
+    ranks = list(range(num_trainers())) if is_split() else None
+    return dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def monitored_barrier(reason: str, group, timeout_s: float) -> None:
+    """A barrier that, when it times out, names the ranks that never arrived (gloo's monitored barrier): raised as
+    TimeoutError with `reason`."""
+    if group is None or dist.get_world_size(group) <= 1:
+        return
+    try:
+        dist.monitored_barrier(group=group, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+    except RuntimeError as exc:
+        raise TimeoutError(f"{reason}: {exc}") from None
+
+
+def one_host(group=None) -> bool:
+    """Whether every rank of the group runs on this host (they can share memory)."""
+    if not _many(group):
+        return True
+    return len(set(all_gather_object(socket.gethostname(), group))) == 1
+
+
 # ---------------------------------------------------------------------------------------------- shared counters
 def counter_store(prefix: str):
     """A key-value store shared by every rank (atomic `add`), or None without a process group: the rendezvous

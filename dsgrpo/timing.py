@@ -125,3 +125,20 @@ def proc_kib(path: str, key: str) -> Optional[int]:
     except OSError:
         pass
     return None
+
+
+def step_breakdown(times: Dict[str, float], tokens: int, devices: int, step_s: float) -> Dict[str, float]:
+    """A step's time in NeMo-RL's terms: step time = generation + log-probs (the old policy's and the reference's)
+    + training + refit (the weight sync), the rest being scoring and bookkeeping; and tokens/s/GPU, the step's
+    tokens (prompts and completions, every rank's) over the stage's time × the devices (ranks here) that ran it."""
+    stages = {"generation": "time/generate", "logprobs": "time/reference", "training": "time/train",
+              "refit": "time/sync", "reward": "time/reward"}
+    out = {"perf/step_time_s": step_s}
+    for stage, key in stages.items():
+        out[f"perf/{stage}_s"] = times.get(key, 0.0)
+    devices = max(1, devices)
+    out["perf/tokens_per_s_per_gpu"] = tokens / max(1e-9, step_s * devices)
+    for stage in ("generation", "training"):
+        if out[f"perf/{stage}_s"] > 0:
+            out[f"perf/tokens_per_s_per_gpu/{stage}"] = tokens / (out[f"perf/{stage}_s"] * devices)
+    return out

@@ -45,7 +45,7 @@ from .rollout.samplers import make_sampler
 from .rollout.sources import GenerationSource, RolloutSetup
 from .rollout.tools import ToolRunner
 from .schedule import Schedule
-from .timing import PhaseTimer, highest_peak, phase
+from .timing import PhaseTimer, highest_peak, phase, step_breakdown
 from .update import NonFiniteError, PolicyUpdate, learning_alarm, router_aux_coef
 
 __all__ = ["GRPOTrainer", "NonFiniteError", "save_hf_model"]
@@ -495,8 +495,11 @@ class GRPOTrainer:
                                      needed=step_before < state.global_step < state.max_steps)
         state.generation_round += 1
         times = self.timer.pop()
-        times["completion_tok_per_s"] = reward_metrics.pop("_completion_tokens") / max(1e-9, time.perf_counter() - step_start)
-        state.num_input_tokens_seen += int(reward_metrics.pop("_tokens"))
+        step_s = time.perf_counter() - step_start
+        times["completion_tok_per_s"] = reward_metrics.pop("_completion_tokens") / max(1e-9, step_s)
+        tokens = int(reward_metrics.pop("_tokens"))
+        state.num_input_tokens_seen += tokens
+        times.update(step_breakdown(times, tokens, dist.world_size(), step_s), **self.source.sync_metrics())
         return {**batch.metrics, **reward_metrics, **train_metrics, **times, "num_tokens": float(state.num_input_tokens_seen)}
 
     # ============================================================================================ the stages

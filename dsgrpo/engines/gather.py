@@ -90,3 +90,139 @@ def full_tensors(units: List[Unit], bucket_bytes: int) -> Iterator[Tuple[str, to
 def full_parameters(params: List[Tuple[str, torch.nn.Parameter]], bucket_bytes: int) -> Iterator[Tuple[str, torch.Tensor]]:
     """(name, full copy) of each given parameter, bucket by bucket."""
     return full_tensors(plain_units(params), bucket_bytes)
+
+
+# ---------------------------------------------------------------------------------------------- a layer at a time
+def layer_groups(names: List[str]) -> List[List[int]]:
+    """Indices of `names` partitioned one group per decoder layer: a name's layer is its first integer segment
+    (`model.layers.3.mlp.experts.7.w1` is layer 3's, its expert index aside). Names without one go to the group
+    before the first layer (embeddings) or, once a layer has been seen, after the last (final norm, lm_head).
+    Layers keep their first-seen order (a vision tower's blocks before the language model's, say)."""
+    pre: List[int] = []
+    post: List[int] = []
+    layers: dict = {}
+    for i, name in enumerate(names):
+        parts = name.split(".")
+        key = next(((".".join(parts[:j]), int(p)) for j, p in enumerate(parts) if p.isdigit()), None)
+        if key is None:
+            (post if layers else pre).append(i)
+        else:
+            layers.setdefault(key, []).append(i)
+    stacks: dict = {}
+    for prefix, index in layers:
+        stacks.setdefault(prefix, []).append(index)
+    ordered = [layers[(prefix, index)] for prefix, indices in stacks.items() for index in sorted(indices)]
+    return [g for g in [pre] + ordered + [post] if g]
+
+
+class GatheredGroup:
+    """The full tensors of one group's parameters (by id), valid until `release()`."""
+
+    def __init__(self, tensors: dict, release: Callable[[], None] = lambda: None, gathered_bytes: int = 0):
+        self.tensors, self._release, self.gathered_bytes = tensors, release, gathered_bytes
+
+    def release(self) -> None:
+        self._release()
+        self.tensors = {}
+
+
+def whole_tensors(params) -> dict:
+    """Parameters that need no gather: not ZeRO-3 (ZeRO-2, whole weights), or held whole right now. Their own
+    data is handed out, never a copy: a consumer that keeps it must copy it (vLLM's load does)."""
+    return {id(p): p.data for p in params if not compat.is_zero3_param(p) or compat.held_whole(p)}
+
+
+class DeepSpeedGather:
+    """A group's ZeRO-3 parameters gathered by DeepSpeed in one coalesced all-gather, copied out (the gathered
+    storage is released at once: a copy is what lets the next group be gathered while this one is loaded)."""
+    name = "deepspeed"
+
+    def group(self, params) -> GatheredGroup:
+        import deepspeed
+
+        tensors = whole_tensors(params)
+        sharded = [p for p in params if id(p) not in tensors]
+        if not sharded:
+            return GatheredGroup(tensors)
+        nbytes = sum(_nbytes(p) for p in sharded)
+        GatherStats.peak_bytes = max(GatherStats.peak_bytes, nbytes)
+        with deepspeed.zero.GatheredParameters(sharded, modifier_rank=None), torch.no_grad():
+            tensors.update({id(p): p.data.detach().clone() for p in sharded})
+        return GatheredGroup(tensors, gathered_bytes=nbytes)
+
+    def close(self) -> None:
+        pass
+
+
+class SharedMemoryGather:
+    """A group's ZeRO-3 partitions gathered through memory that every rank of one host maps: each rank copies its
+    partition of every parameter into the parameter's place in the buffer, a barrier, and every rank reads the full
+    tensors as views of it. One memcpy of this rank's share instead of gloo's socket all-gather (942 MB over 2 CPU
+    ranks: 0.18 s against 1.18 s), and no copy out: the views are what the engine loads from.
+
+    Two slots, one the size of the largest group and one of `bucket_bytes`, so that the next group can be written
+    while this one is read: at most one layer's full weights plus one bucket. A slot is written again only once
+    every rank has released what it held (`barrier` is collective over the ranks, on the thread that gathers)."""
+    name = "shared_memory"
+    ALIGN = 64
+
+    def __init__(self, group_bytes: List[int], bucket_bytes: int, rank: int, world: int, path: str, create: bool,
+                 barrier: Callable[[str], None]):
+        import os
+        import threading
+
+        big = max(group_bytes + [self.ALIGN])
+        small = min(bucket_bytes, big)
+        self.slots = [(0, big), (big, small)]
+        self.rank, self.world, self.barrier = rank, world, barrier
+        if create:
+            with open(path, "wb") as fh:
+                fh.truncate(big + small)
+        barrier("the shared weight buffer exists")
+        self.buffer = torch.from_file(path, shared=True, size=big + small, dtype=torch.uint8)
+        barrier("every rank has mapped the shared weight buffer")
+        if create:
+            os.unlink(path)  # the mappings keep it: nothing is left behind when a rank dies
+        self.free = [threading.Event(), threading.Event()]
+        for event in self.free:
+            event.set()
+        self.last_slot = 1
+
+    def layout(self, params) -> Tuple[int, List[int]]:
+        """Bytes a group's sharded parameters take in the buffer, and each one's offset."""
+        offsets, size = [], 0
+        for p in params:
+            offsets.append(size)
+            size += -(-_nbytes(p) // self.ALIGN) * self.ALIGN
+        return size, offsets
+
+    def group(self, params) -> GatheredGroup:
+        tensors = whole_tensors(params)
+        sharded = [p for p in params if id(p) not in tensors]
+        if not sharded:
+            return GatheredGroup(tensors)
+        size, offsets = self.layout(sharded)
+        slot = 1 if self.last_slot == 0 and size <= self.slots[1][1] else 0
+        base, capacity = self.slots[slot]
+        if size > capacity:
+            raise ValueError(f"a weight-sync group of {size} bytes does not fit the shared buffer's {capacity}")
+        self.free[slot].wait()          # this rank no longer reads what the slot held
+        self.barrier("every rank released the shared weight slot")
+        self.free[slot].clear()
+        self.last_slot = slot
+        with torch.no_grad():
+            for p, offset in zip(sharded, offsets):
+                numel, local = compat.full_numel(p), compat.local_partition(p)
+                share = local.numel()
+                full = self.buffer[base + offset: base + offset + _nbytes(p)].view(p.dtype)
+                start = self.rank * share
+                count = max(0, min(share, numel - start))
+                if count:
+                    full[start:start + count].copy_(local[:count])
+                tensors[id(p)] = full.view(compat.full_shape(p))
+        self.barrier("every rank wrote its partitions into the shared weight buffer")
+        GatherStats.peak_bytes = max(GatherStats.peak_bytes, sum(s for _, s in self.slots))
+        return GatheredGroup(tensors, release=self.free[slot].set, gathered_bytes=size)
+
+    def close(self) -> None:
+        self.buffer = None

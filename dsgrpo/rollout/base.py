@@ -110,7 +110,7 @@ def decode_routes(value, tokens: Optional[List[int]] = None, source: str = "rout
     return [row.reshape(n, *shape).clone() for row, n in zip(flat.split([n * per_token for n in counts]), counts)]
 
 ROLLOUT_LISTS = ("prompt_ids", "completion_ids", "sampler_logprobs", "truncated")
-ROLLOUT_OPTIONAL = ("tool_mask", "messages", "tool_counts")
+ROLLOUT_OPTIONAL = ("tool_mask", "messages", "tool_counts", "weight_versions")
 
 
 @dataclass
@@ -133,6 +133,9 @@ class Rollout:
     # MoE policies: the experts the sampler routed each token to, per row an int tensor [prompt + completion tokens,
     # layers, top_k] (-1: not reported, the trainer's router chooses). engines/routing.py replays or compares them.
     routes: Optional[List[torch.Tensor]] = None
+    # the policy version (weight syncs seen: 0 = the initial weights) each completion token was sampled with, as the
+    # engine labelled it; None where no one said (rollout sources fill it from the generator's version)
+    weight_versions: Optional[List[List[int]]] = None
 
     def rows(self, rows: slice) -> "Rollout":
         """The rows `rows` as a Rollout of their own (optional fields kept)."""
@@ -157,7 +160,7 @@ class Rollout:
         if any(p.tool_mask is not None for p in parts):
             out.tool_mask = [m for p in parts for m in (p.tool_mask if p.tool_mask is not None
                                                         else [[1] * len(c) for c in p.completion_ids])]
-        for k in ("messages", "tool_counts"):
+        for k in ("messages", "tool_counts", "weight_versions"):
             if parts and all(getattr(p, k) is not None for p in parts):
                 setattr(out, k, [x for p in parts for x in getattr(p, k)])
         if parts and all(p.columns is not None for p in parts):

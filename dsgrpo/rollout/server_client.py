@@ -85,6 +85,8 @@ def check_server_context(max_model_len: Optional[int], args, url: str) -> None:
 class ServerGenerator:
     """A Generator whose engine is a `dsgrpo vllm-serve` server (one per run; every training rank holds one)."""
     routes = False  # routing_replay='rollout': the server returns each token's experts (checked in __init__)
+    sends_weights = True  # the time a sync spends in load_weights is the wire's (sync/wire_s)
+    weight_version = 0
 
     def __init__(self, args):
         """Reach the server (every training rank), before any model is loaded: a missing server or a refused token

@@ -69,6 +69,7 @@ class RolloutSource:
     def __init__(self, setup: RolloutSetup):
         self.setup = setup
         self.args = setup.args
+        self.last_sync = None  # rollout/weight_sync.py SyncStats of the last sync
 
     # ---- before anything is built
     @staticmethod
@@ -105,7 +106,15 @@ class RolloutSource:
         discarded its weights (sleep mode) gets them anyway, so an evaluation or the next round can generate."""
         generator = self.setup.generator
         if generator is not None and (needed or generator.needs_weights()):
-            sync_weights(policy_module, self.setup.generator, self.args.weight_sync_bucket_bytes, self.setup.tied)
+            self.last_sync = sync_weights(policy_module, self.setup.generator, self.args.weight_sync_bucket_bytes,
+                                          self.setup.tied, version=str(round_index + 1), args=self.args)
+            if self.last_sync is not None and hasattr(generator, "weight_version"):
+                generator.weight_version = round_index + 1
+
+    def sync_metrics(self) -> dict:
+        """sync/* of the last weight sync (once: the next call returns {} until another sync ran)."""
+        stats, self.last_sync = self.last_sync, None
+        return stats.metrics() if stats is not None else {}
 
     def end_round(self, save: bool, stop: bool, preempted: bool) -> None:
         """Told after a round's logging and evaluation what follows (a checkpoint, the end of the run)."""
@@ -160,6 +169,7 @@ class RolloutSource:
             start = end
         rollout = parts[0] if len(parts) == 1 else Rollout.concat(parts) if parts else \
             self.setup.sampler.sample(prompts, [], [], [])
+        label_versions(rollout, getattr(self.setup.generator, "weight_version", 0))
         batch = self.setup.build_batch(prompts, share.indices, share.counts, rollout)
         batch.metrics.update(self._tool_metrics(batch))
         return batch
@@ -173,6 +183,23 @@ class RolloutSource:
         return dist.reduce_metrics(stats.metrics(), stats.weights())
 
 
+def label_versions(rollout: Rollout, version: int) -> None:
+    """Every completion token carries the policy version it was sampled with: the engine's labels where it gave them,
+    else the generator's current version."""
+    if rollout.weight_versions is None:
+        rollout.weight_versions = [[version] * len(c) for c in rollout.completion_ids]
+
+
+def check_on_policy(rollout: Rollout, version: int) -> None:
+    """A synchronous round samples from the weights of the last sync only: a token labelled otherwise means the engine
+    served other weights than the trainer synced (a reload that did not take), and training on it would be wrong."""
+    stale = sorted({v for row in rollout.weight_versions or [] for v in row if v != version})
+    if stale:
+        raise RuntimeError(f"the generation engine sampled tokens with weights of version(s) {stale[:5]}, but the "
+                           f"trainer synced version {version}: its weights are not the policy's. The weight sync "
+                           "did not take; rerun with verify_weight_sync='checksum' to find where.")
+
+
 class GenerationSource(RolloutSource):
     """GRPOTrainer's source: each round is generated when the loop asks for it, by every rank's own engine."""
 
@@ -182,4 +209,5 @@ class GenerationSource(RolloutSource):
                                                 args.shuffle_dataset)
         batch = self._sample(self.setup.prompts, rows, round_index, args.num_generations)
         self.setup.generator.end_generation()  # sleep mode: the engine's memory goes to training until the sync
+        check_on_policy(batch.rollout, getattr(self.setup.generator, "weight_version", 0))
         return batch

@@ -44,6 +44,17 @@ class TensorParallelGenerator:
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         self.engine.load_weights(named_tensors)
 
+    def load_weight_groups(self, groups, stats):
+        return self.engine.load_weight_groups(groups, stats)
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        self.engine.weight_version = version
+
     def end_generation(self) -> None:
         self.engine.end_generation()
 

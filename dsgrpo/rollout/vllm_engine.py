@@ -74,6 +74,10 @@ class VLLMGenerator:
         else:
             kwargs["kv_cache_memory_bytes"] = args.vllm_kv_cache_bytes or default_kv_cache_bytes()
         kwargs["enforce_eager"] = enforce_eager(args, total_steps)
+        # weight sync through vLLM's native weight-transfer API, with dsgrpo's in-process backend (compat)
+        native = compat.register_inprocess_weight_engine()
+        if native:
+            kwargs["weight_transfer_config"] = {"backend": compat.INPROCESS_WEIGHT_BACKEND}
         self.routes = args.routing_replay == "rollout"
         if self.routes:  # each token's experts come back with it (GPU only; refused on CPU: engines/routing.py)
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")  # vLLM 0.32's capture needs its V2 runner
@@ -81,6 +85,8 @@ class VLLMGenerator:
         self.llm = LLM(**kwargs)
         self.sleep = EngineSleep(self.llm, enabled=kwargs["enable_sleep_mode"])
         self.max_model_len = compat.vllm_max_model_len(self.llm)
+        self.native_weights = native and compat.vllm_uses_inprocess_weight_engine(self.llm)
+        self.weight_version = 0  # the policy version the engine holds (labelled on every token it samples)
 
     def needs_weight_sync(self) -> bool:
         return True
@@ -103,6 +109,7 @@ class VLLMGenerator:
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in todo], [p for _, p in todo],
                                     use_tqdm=False) if todo else []
         rollout = Rollout([], [], [], [], routes=[] if self.routes else None)
+        rollout.weight_versions = versions = []
         for (ids, _), request in zip(todo, outputs):
             for out in request.outputs:
                 if self.routes:
@@ -113,6 +120,9 @@ class VLLMGenerator:
                                            "routing_replay='off'.")
                     rollout.routes.append(routes)
                 tokens = list(out.token_ids)
+                labels = compat.vllm_token_versions(out, len(tokens))
+                versions.append([self.weight_version] * len(tokens) if labels is None else
+                                [int(v) if v is not None and str(v).isdigit() else self.weight_version for v in labels])
                 rollout.prompt_ids.append(list(ids))
                 rollout.completion_ids.append(tokens)
                 rollout.sampler_logprobs.append([step[tok].logprob for step, tok in zip(out.logprobs, tokens)])
@@ -131,6 +141,55 @@ class VLLMGenerator:
             compat.reload_vllm_weights(self.llm, named_tensors)
             self.llm.reset_prefix_cache()  # stale KV blocks from the old weights would be reused otherwise
         self.sleep.load(reload)
+
+    def load_weight_groups(self, groups, stats) -> Optional[list]:
+        """A sync's groups (rollout/weight_source.py PreparedGroup), one layer at a time: through vLLM's native
+        weight-transfer API (start, one update per group, finish, the version label) where the engine was built
+        with it, else its reload. Each group is released once loaded. Returns the engine's checksums of what it
+        received (verify_weight_sync, native path), or None."""
+        import time
+
+        from ..timing import phase
+
+        first = next(groups, None)
+        checksum = first is not None and bool(first.checksums)
+
+        def pairs():
+            for group in _chain(first, groups):
+                try:
+                    yield list(zip(group.names, group.tensors))
+                finally:
+                    group.release()
+
+        received = None
+
+        def load():
+            nonlocal received
+            with phase("sync/load"):
+                if self.native_weights:
+                    def loaded(seconds):
+                        stats.load_s += seconds
+                    received = compat.vllm_native_weight_update(self.llm, pairs(), stats.version, checksum,
+                                                                on_group=loaded)
+                    stats.path = "native"
+                else:
+                    start = time.perf_counter()
+                    compat.reload_vllm_weights(self.llm, (nt for pair in pairs() for nt in pair))
+                    stats.load_s += time.perf_counter() - start - stats.wait_s
+                    stats.path = "reload"
+                start = time.perf_counter()
+                self.llm.reset_prefix_cache()  # stale KV blocks from the old weights would be reused otherwise
+                stats.load_s += time.perf_counter() - start
+        self.sleep.load(load)
+        if str(stats.version).isdigit():
+            self.weight_version = int(stats.version)
+        return received if checksum else None
+
+
+def _chain(first, rest):
+    if first is not None:
+        yield first
+        yield from rest
 
 
 def vllm_sampling_kwargs(sampling: SamplingConfig) -> dict:
