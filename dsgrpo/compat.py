@@ -211,6 +211,13 @@ PINS: Tuple[Pin, ...] = (
     Pin("vllm.v1.engine.llm_engine:LLMEngine.set_weight_version", "vllm 0.32.0",
         "every sync labels the engine's weights; each completion's tokens come back labelled",
         params=("weight_version",)),
+    Pin("vllm.model_executor.model_loader.reload.layerwise:make_online_process_loader", "vllm 0.32.0",
+        "a layerwise update keeps a reference to each loaded tensor until its layer is complete (attention-like layers "
+        "and partly loaded ones: until finalize); detach_buffered_weights copies what is still held before the "
+        "weight sync reuses the buffer the tensor is a view of",
+        source_has=("info.loaded_weights.append((param_name, bound_args))",)),
+    Pin("vllm.model_executor.model_loader.reload.layerwise:LAYERWISE_INFO", "vllm 0.32.0",
+        "each layer's reloading info (its loaded_weights: (name, BoundArguments))"),
     Pin("vllm.outputs:CompletionOutput.weight_versions", "vllm 0.32.0",
         "spans (version, start, end) over a completion's tokens: the version each token was sampled with"),
     # ---- peft
@@ -811,6 +818,8 @@ def register_inprocess_weight_engine() -> bool:
                 self.received.extend((n, tensor_checksum(t)) for n, t in update_info.weights)
             with disable_mtp_completeness_check():
                 self.model.load_weights(update_info.weights)
+            # the trainer reuses the memory these tensors live in once this returns
+            detach_buffered_weights({id(t) for _, t in update_info.weights})
 
         def shutdown(self) -> None:
             pass
@@ -853,6 +862,22 @@ def vllm_native_weight_update(llm, groups, version: str, checksum: bool, on_grou
     llm.collective_rpc(_repack_cpu_moe_experts)
     llm.llm_engine.set_weight_version(version)
     return llm.collective_rpc(_received_checksums)[0] if checksum else []
+
+
+def detach_buffered_weights(ids) -> int:
+    """Copy the tensors (by id) a layerwise update still holds for layers it has not processed yet (attention-like
+    ones wait for finalize), so the caller may reuse their memory. Returns how many were copied."""
+    import torch
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    copied = 0
+    for info in list(LAYERWISE_INFO.values()):
+        for _, bound in getattr(info, "loaded_weights", ()):
+            for key, value in bound.arguments.items():
+                if isinstance(value, torch.Tensor) and id(value) in ids:
+                    bound.arguments[key] = value.clone()
+                    copied += 1
+    return copied
 
 
 def _received_checksums(worker) -> list:

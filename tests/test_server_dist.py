@@ -93,6 +93,9 @@ def test_refusals_name_the_fix(results):
         assert "DSGRPO_VLLM_TOKEN" in run["wrong_token_error"]
         assert "different model" in run["mismatch_error"] and "--model" in run["mismatch_error"]
         assert "vllm_server_timeout=2" in run["missing_error"] and "dsgrpo vllm-serve" in run["missing_error"]
+        # wire settings that disagree (the trainer's buckets exceed what the server takes): refused, nothing pushed
+        assert "--max-weight-bucket-bytes" in run["wire_error"] and "weight_sync_bucket_bytes" in run["wire_error"]
+        assert run["pushed_before_refusal"] is False
 
 
 @pytest.mark.parametrize("layout", [("--tensor-parallel-size", "2"), ("--data-parallel-size", "2")],

@@ -100,15 +100,15 @@ def source_with(gen, monkeypatch):
     """A GenerationSource around `gen` whose sampling is one generate call (the real samplers are tested elsewhere)."""
     import dsgrpo.rollout.sources as sources
 
-    monkeypatch.setattr(sources, "sync_weights", lambda module, g, bucket, tied: g.load_weights([("w", torch.zeros(1))]))
+    monkeypatch.setattr(sources, "sync_weights", lambda module, g, bucket, tied, **kw: g.load_weights([("w", torch.zeros(1))]))
     setup = SimpleNamespace(generator=gen, sampler=None, prompts=Prompts(), prompts_per_round=2, tied=False,
                             placement=SimpleNamespace(trainers=1))
     args = SimpleNamespace(order_seed=0, shuffle_dataset=False, num_generations=2, weight_sync_bucket_bytes=1 << 20,
                            per_device_eval_batch_size=4)
     src = GenerationSource.__new__(GenerationSource)
     src.setup, src.args = setup, args
-    src._sample = lambda prompts, rows, round_index, group, chunk=None: gen.generate(
-        [prompts.prompt_ids[r] for r in rows], [group] * len(rows), SAMPLING)
+    src._sample = lambda prompts, rows, round_index, group, chunk=None: SimpleNamespace(rollout=gen.generate(
+        [prompts.prompt_ids[r] for r in rows], [group] * len(rows), SAMPLING))
     return src
 
 

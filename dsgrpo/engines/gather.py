@@ -118,8 +118,10 @@ def layer_groups(names: List[str]) -> List[List[int]]:
 class GatheredGroup:
     """The full tensors of one group's parameters (by id), valid until `release()`."""
 
-    def __init__(self, tensors: dict, release: Callable[[], None] = lambda: None, gathered_bytes: int = 0):
+    def __init__(self, tensors: dict, release: Callable[[], None] = lambda: None, gathered_bytes: int = 0,
+                 reused: bool = False):
         self.tensors, self._release, self.gathered_bytes = tensors, release, gathered_bytes
+        self.reused = reused  # the tensors are views of memory that later groups overwrite
 
     def release(self) -> None:
         self._release()
@@ -222,7 +224,7 @@ class SharedMemoryGather:
                 tensors[id(p)] = full.view(compat.full_shape(p))
         self.barrier("every rank wrote its partitions into the shared weight buffer")
         GatherStats.peak_bytes = max(GatherStats.peak_bytes, sum(s for _, s in self.slots))
-        return GatheredGroup(tensors, release=self.free[slot].set, gathered_bytes=size)
+        return GatheredGroup(tensors, release=self.free[slot].set, gathered_bytes=size, reused=True)
 
     def close(self) -> None:
         self.buffer = None

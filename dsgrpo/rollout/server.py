@@ -13,7 +13,7 @@ POST /update_weights.
 
 HTTP (JSON):
     GET  /health            {status, server_id, weight_version, model, world_size, max_model_len, last_error,
-                             checkpoint: {name: shape}, routes}
+                             checkpoint: {name: shape}, routes, max_weight_bucket_bytes}
     GET  /get_world_size    {world_size}                                (the name TRL's client uses)
     POST /generate          {prompt_ids, counts, seeds, sampling} → {completion_ids, logprobs, truncated, weight_version,
                              routes (with --routing-replay rollout: each token's experts, rollout/base.encode_routes)}
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 import queue
 import sys
@@ -83,6 +84,10 @@ class EngineServer:
         self.communicator: Optional[dist.Communicator] = None
         self.store = None                       # (port, TCPStore): one for the server's life
         self.checkpoint = checkpoint_shapes(a.model)
+        # the largest weight bucket it accepts (a wire setting both sides must agree on: the trainer checks it
+        # before its first push, and every bucket is checked before a byte is allocated for it)
+        largest = max((math.prod(s) for s in self.checkpoint.values()), default=0)
+        self.max_bucket_bytes = a.max_weight_bucket_bytes or max(64 << 20, 4 * largest)
         self.jobs: "queue.Queue" = queue.Queue()
         self.host, self.group_port = a.host, a.group_port
 
@@ -163,7 +168,8 @@ class EngineServer:
         if self.communicator is None:
             raise RuntimeError("no communicator: POST /init_communicator first")
         self.version = "receiving"  # a push that breaks off leaves weights no one can name
-        self.engine.load_weights(received_weights(self.communicator, src=self.world))  # resets the prefix cache
+        self.engine.load_weights(received_weights(self.communicator, src=self.world,  # resets the prefix cache
+                                                  max_bytes=self.max_bucket_bytes))
         self.version, self.last_error = str(body["version"]), None
         return {"weight_version": self.version}
 
@@ -181,7 +187,7 @@ class EngineServer:
                          "model": self.model, "world_size": self.world, "checkpoint": self.checkpoint,
                          "max_model_len": self.engine.max_model_len, "tensor_parallel_size": self.tp,
                          "data_parallel_size": self.dp, "routes": bool(self.engine.routes),
-                         "last_error": self.last_error}
+                         "max_weight_bucket_bytes": self.max_bucket_bytes, "last_error": self.last_error}
 
         def run(command):
             def route(body):
@@ -231,6 +237,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", default="auto", choices=("auto", "true", "false"),
                    help="no torch.compile / CUDA graphs (auto: compiled on GPU, eager on CPU)")
     p.add_argument("--max-request-bytes", type=int, default=64 << 20)
+    p.add_argument("--max-weight-bucket-bytes", type=int, default=0,
+                   help="the largest weight bucket a push may send (default: 64 MiB or four bytes per element of the "
+                        "checkpoint's largest tensor, the larger); a trainer whose buckets can be larger is refused "
+                        "before its first push")
     p.add_argument("--routing-replay", default="off", choices=("off", "rollout"),
                    help="rollout: return each token's routed experts with its completion, for a trainer with "
                         "routing_replay='rollout' (MoE models; vLLM's enable_return_routed_experts, GPU only)")

@@ -24,7 +24,7 @@ import torch
 from .. import dist
 from ..http import HTTPError, request_json
 from .base import Rollout, SamplingConfig, decode_routes
-from .weight_sync import expected_checkpoint_shapes, send_weights, sync_weights
+from .weight_sync import expected_checkpoint_shapes, largest_bucket_bytes, send_weights, sync_weights
 
 TOKEN_ENV = "DSGRPO_VLLM_TOKEN"
 POLL_SECONDS = 1.0
@@ -70,6 +70,25 @@ def check_server_model(served: dict, expected: dict, url: str) -> None:
             f"the server has {missing[:3]} the policy lacks" if missing else "") if part)
         raise ValueError(f"vllm_mode='server': the server at {url} serves a different model than the policy "
                          f"({detail}). Start `dsgrpo vllm-serve --model` with the policy's checkpoint.")
+
+
+def check_wire_settings(health: dict, policy_module, tied: bool, bucket_bytes: int, url: str) -> None:
+    """Before the first push: the server must take the largest bucket this trainer can send (weight_sync_bucket_bytes,
+    or a tensor larger than that, sent alone), or the push would break off half-way."""
+    from .weight_source import ParamMeta
+    from ..engines.weights import checkpoint_layout
+
+    limit = health.get("max_weight_bucket_bytes")
+    if limit is None:
+        return  # a server of before the setting: it allocates what arrives
+    dtype = next(policy_module.parameters()).dtype
+    meta = [ParamMeta(n, dtype, tuple(s)) for entries in checkpoint_layout(policy_module).values() for n, s in entries]
+    need = largest_bucket_bytes(meta, bucket_bytes)
+    if need > int(limit):
+        raise ValueError(f"vllm_mode='server': this trainer's weight pushes send buckets of up to {need} bytes "
+                         f"(weight_sync_bucket_bytes={bucket_bytes}, or the largest tensor, sent alone), but the "
+                         f"server at {url} takes at most {limit}. Start `dsgrpo vllm-serve` with "
+                         f"--max-weight-bucket-bytes {need}, or lower weight_sync_bucket_bytes.")
 
 
 def check_server_context(max_model_len: Optional[int], args, url: str) -> None:
@@ -119,6 +138,7 @@ class ServerGenerator:
         gathers are collective), so round 0 samples them whatever the server loaded or served before."""
         check_server_model(self.health.get("checkpoint", {}), expected_checkpoint_shapes(policy_module, tied),
                            self.url)
+        check_wire_settings(self.health, policy_module, tied, self.bucket_bytes, self.url)
         sync_weights(policy_module, self, self.bucket_bytes, tied)
         return self
 

@@ -65,11 +65,11 @@ class RolloutSetup:
 class RolloutSource:
     """The synchronous defaults of every method; `next_batch` is each source's own."""
     generates_while_training = False  # the engine's memory is never free for training (sleep mode cannot apply)
+    last_sync = None  # rollout/weight_sync.py SyncStats of the last sync
 
     def __init__(self, setup: RolloutSetup):
         self.setup = setup
         self.args = setup.args
-        self.last_sync = None  # rollout/weight_sync.py SyncStats of the last sync
 
     # ---- before anything is built
     @staticmethod

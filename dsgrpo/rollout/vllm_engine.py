@@ -47,6 +47,8 @@ def enforce_eager(args, total_steps: Optional[int]) -> bool:
 
 class VLLMGenerator:
     routes = False  # routing_replay='rollout': vLLM returns each token's experts (set in __init__)
+    native_weights = False  # built with vLLM's native weight-transfer API (dsgrpo's in-process backend)
+    weight_version = 0      # the policy version the engine holds (labelled on every token it samples)
 
     def __init__(self, model_path: str, args, *, dtype: torch.dtype, total_steps: Optional[int] = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
@@ -86,7 +88,6 @@ class VLLMGenerator:
         self.sleep = EngineSleep(self.llm, enabled=kwargs["enable_sleep_mode"])
         self.max_model_len = compat.vllm_max_model_len(self.llm)
         self.native_weights = native and compat.vllm_uses_inprocess_weight_engine(self.llm)
-        self.weight_version = 0  # the policy version the engine holds (labelled on every token it samples)
 
     def needs_weight_sync(self) -> bool:
         return True
@@ -154,10 +155,11 @@ class VLLMGenerator:
         first = next(groups, None)
         checksum = first is not None and bool(first.checksums)
 
-        def pairs():
+        def pairs(copy_borrowed: bool):
             for group in _chain(first, groups):
-                try:
-                    yield list(zip(group.names, group.tensors))
+                try:  # vLLM's reload may hold a tensor until it finishes: a view of reused memory is copied first
+                    tensors = [t.clone() for t in group.tensors] if copy_borrowed and group.borrowed else group.tensors
+                    yield list(zip(group.names, tensors))
                 finally:
                     group.release()
 
@@ -169,12 +171,12 @@ class VLLMGenerator:
                 if self.native_weights:
                     def loaded(seconds):
                         stats.load_s += seconds
-                    received = compat.vllm_native_weight_update(self.llm, pairs(), stats.version, checksum,
+                    received = compat.vllm_native_weight_update(self.llm, pairs(False), stats.version, checksum,
                                                                 on_group=loaded)
                     stats.path = "native"
                 else:
                     start = time.perf_counter()
-                    compat.reload_vllm_weights(self.llm, (nt for pair in pairs() for nt in pair))
+                    compat.reload_vllm_weights(self.llm, (nt for pair in pairs(True) for nt in pair))
                     stats.load_s += time.perf_counter() - start - stats.wait_s
                     stats.path = "reload"
                 start = time.perf_counter()

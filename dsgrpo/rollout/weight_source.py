@@ -39,6 +39,9 @@ class PreparedGroup:
     gather_s: float = 0.0
     convert_s: float = 0.0
     checksums: List[list] = field(default_factory=list)
+    # views of memory the sync reuses (the shared buffer's slots): a consumer that keeps a tensor past its group
+    # must copy it
+    borrowed: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -143,7 +146,8 @@ class Zero3WeightSource:
             raise RuntimeError(f"weight sync: group {index} produced {names[:4]}..., its metadata says "
                                f"{self._names[index][:4]}...: the source's order is broken")
         checksums = [compat.tensor_checksum(t) for t in tensors] if self.checksum else []
-        return PreparedGroup(index, names, tensors, gathered, gather_s, time.perf_counter() - start, checksums)
+        return PreparedGroup(index, names, tensors, gathered, gather_s, time.perf_counter() - start, checksums,
+                             borrowed=gathered.reused)
 
 
 def prefetched(source: Zero3WeightSource, ahead: bool, on_error: Callable[[BaseException], None] = None

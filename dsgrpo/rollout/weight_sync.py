@@ -195,8 +195,8 @@ def _load_flat(generator, groups, stats: SyncStats):
     one that sends them on, its wire)."""
     def flat():
         for group in groups:
-            try:
-                yield from zip(group.names, group.tensors)
+            try:  # a consumer may keep a tensor past its group: views of reused memory are copied first
+                yield from zip(group.names, [t.clone() for t in group.tensors] if group.borrowed else group.tensors)
             finally:
                 group.release()
     start = time.perf_counter()
@@ -252,6 +252,12 @@ class _Defaults:
 
 
 # ------------------------------------------------------------------------------ weights to another process's engine
+def largest_bucket_bytes(source_meta, bucket_bytes: int) -> int:
+    """The largest bucket send_weights can make of these tensors: a tensor larger than a bucket is sent alone."""
+    sizes = [int(torch.Size(m.shape).numel()) * torch.empty((), dtype=m.dtype).element_size() for m in source_meta]
+    return max([bucket_bytes] + sizes)
+
+
 def send_weights(named_tensors, bucket_bytes: int, channel, src: int, sending: bool) -> None:
     """The sending side of a weight stream to engines in other processes (split placement's generators, a vLLM
     server). Every training rank iterates `named_tensors` (its ZeRO-3 gathers are collective over the training
@@ -286,14 +292,20 @@ def manifest_dtype(manifest) -> torch.dtype:
     return WEIGHT_DTYPES[manifest[0][2]]
 
 
-def received_weights(channel, src: int):
-    """The receiving side: yield (name, tensor) as buckets arrive, until the empty manifest."""
+def received_weights(channel, src: int, max_bytes: Optional[int] = None):
+    """The receiving side: yield (name, tensor) as buckets arrive, until the empty manifest. A bucket larger than
+    `max_bytes` is refused before anything is allocated for it."""
     while True:
         manifest = channel.broadcast_plain(None, src=src)
         if not manifest:
             return
         dtype = manifest_dtype(manifest)
-        flat = torch.empty(sum(int(torch.Size(shape).numel()) for _, shape, _ in manifest), dtype=dtype)
+        numel = sum(int(torch.Size(shape).numel()) for _, shape, _ in manifest)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if max_bytes is not None and nbytes > max_bytes:
+            raise ValueError(f"a weight bucket of {nbytes} bytes arrived; this engine takes at most {max_bytes} "
+                             "(--max-weight-bucket-bytes)")
+        flat = torch.empty(numel, dtype=dtype)
         channel.broadcast(flat, src=src)
         offset = 0
         for name, shape, _ in manifest:

@@ -193,6 +193,12 @@ def _():
         trainer_for("server_missing", vllm_server_port=1 + PORT, vllm_server_timeout=2)
     except TimeoutError as exc:
         out["missing_error"] = str(exc)
+    pushes = health()["weight_version"]
+    try:  # buckets larger than the server takes: refused before the first push (issue 45)
+        trainer_for("server_wire", weight_sync_bucket_bytes=health()["max_weight_bucket_bytes"] + 1)
+    except ValueError as exc:
+        out["wire_error"] = str(exc)
+    out["pushed_before_refusal"] = health()["weight_version"] != pushes
     return out
 
 
