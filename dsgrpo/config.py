@@ -224,7 +224,7 @@ class GRPOConfig:
     weight_sync_bucket_bytes: int = field(default=64 * 2**20, metadata=_help("Bytes of parameters gathered from ZeRO-3 per weight-sync bucket (streams to other processes), and the size of the shared buffer's second slot on one CPU host."))
     weight_sync_timeout_s: float = field(default=600.0, metadata=_help("A weight sync that waits longer than this at one of its barriers fails the step, naming the phase and the ranks that did not arrive."))
     weight_sync_prefetch: bool = field(default=True, metadata=_help("Gather the next decoder layer on a worker thread while the engine loads the current one."))
-    verify_weight_sync: str = field(default="off", metadata=_help("'checksum': after every sync, the engine's float64 checksums of each tensor it received are compared with the trainer's of what it sent (a full read of the weights on each side); 'off'.", choices=("off", "checksum")))
+    verify_weight_sync: Optional[str] = field(default=None, metadata=_help("'checksum': after every sync, the engine's float64 checksums of each tensor it received are compared with the trainer's of what it sent (a full read of the weights on each side); 'off'. None: $DSGRPO_VERIFY_WEIGHT_SYNC, else 'off' (the test suite sets 'checksum').", choices=(None, "off", "checksum")))
     save_merged_model: bool = field(default=False, metadata=_help("With `peft_config`: the final save writes the merged model (base + adapter, Hugging Face format) to output_dir/merged beside the adapter."))
     num_threads: Optional[int] = field(default=None, metadata=_help("CPU threads per rank (None: the machine's cores / local ranks, at most the cores the rank may run on: its cpuset)."))
     memory_check: str = field(default="warn", metadata=_help("The memory planner at start-up: 'warn' logs the plan and warns when it does not fit, 'error' stops before loading a model, 'off' skips the check.", choices=("warn", "error", "off")))
@@ -328,6 +328,8 @@ class GRPOConfig:
                                      f'{name}=\'{{"key": "value"}}\' or as a YAML mapping.') from None
         if self.output_dir is None:
             self.output_dir = "trainer_output"  # transformers' default
+        if self.verify_weight_sync is None:  # the suite checks every sync; a run opts in
+            self.verify_weight_sync = os.environ.get("DSGRPO_VERIFY_WEIGHT_SYNC") or "off"
         if self.use_vllm is None:
             from .compat import transformers_generate_replaced
             self.use_vllm = not transformers_generate_replaced()

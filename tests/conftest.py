@@ -13,6 +13,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DSGRPO_CACHE", os.path.join(REPO, ".cache", "dsgrpo"))
+os.environ.setdefault("DSGRPO_VERIFY_WEIGHT_SYNC", "checksum")  # every weight sync in the suite is checked (issue 45)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,9 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600, env: d
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
            str(free_port()), os.path.join(REPO, script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "DEEPSPEED_TIMEOUT": "3", "DS_ACCELERATOR": "cpu",
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": REPO, **(env or {})}
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": REPO,
+                "DSGRPO_VERIFY_WEIGHT_SYNC": "checksum",  # every sync of every test is checked (issue 45)
+                **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # env={NAME: None} unsets NAME
     try:
         proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=REPO)

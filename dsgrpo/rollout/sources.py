@@ -172,6 +172,7 @@ class RolloutSource:
         label_versions(rollout, getattr(self.setup.generator, "weight_version", 0))
         batch = self.setup.build_batch(prompts, share.indices, share.counts, rollout)
         batch.metrics.update(self._tool_metrics(batch))
+        batch.metrics.update(version_metrics(rollout))
         return batch
 
     def _tool_metrics(self, batch: Batch) -> dict:
@@ -188,6 +189,14 @@ def label_versions(rollout: Rollout, version: int) -> None:
     else the generator's current version."""
     if rollout.weight_versions is None:
         rollout.weight_versions = [[version] * len(c) for c in rollout.completion_ids]
+
+
+def version_metrics(rollout: Rollout) -> dict:
+    """rollout/weight_version_min|max: the policy versions this rank's completion tokens were sampled with."""
+    versions = [v for row in rollout.weight_versions or [] for v in row]
+    if not versions:
+        return {}
+    return {"rollout/weight_version_min": float(min(versions)), "rollout/weight_version_max": float(max(versions))}
 
 
 def check_on_policy(rollout: Rollout, version: int) -> None:
