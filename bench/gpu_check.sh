@@ -41,6 +41,12 @@ python3 -c "import torch, deepspeed, transformers, datasets; print('torch', torc
 deepspeed.__version__, '| transformers', transformers.__version__, '| cuda', torch.cuda.is_available())"
 timeout 540 python3 bench/gpu_check.py --out "$OUT" --timeout 300 2>&1 | tee "$OUT/gpu_check.txt"
 
+# Weight sync (issue 45): the 7B shape under ZeRO-3, a decoder layer at a time, into an engine in the same process
+# (dsgrpo's in-process backend; goal < 0.5 s), through CUDA IPC handles to another process, and over NCCL to a
+# second GPU when there is one. (No vLLM here: the engine's side is a copy into buffers of the same shapes.)
+timeout 300 python3 bench/gpu_weight_sync.py --shape qwen2.5-7b --cases colocated,ipc,nccl 2>&1 \
+  | tee "$OUT/weight_sync.txt" || true
+
 # Sequence parallelism (issue 28) needs two GPUs (one rank a device): on a machine with them, one long completion
 # per rank at SP 1 and SP 2 (flash-attention's varlen path if installed, else sdpa), the train phase's peak.
 if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
