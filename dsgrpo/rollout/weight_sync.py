@@ -139,10 +139,18 @@ class WeightSync:
         gather = DeepSpeedGather()
         if side_ok and sharded and not device.on_gpu() and dist.one_host():
             probe = Zero3WeightSource(module, tied, gather)
-            path = dist.broadcast_object(f"/dev/shm/dsgrpo-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                                         if dist.is_main() else None)
-            gather = SharedMemoryGather(probe.sharded_bytes(), int(args.weight_sync_bucket_bytes), dist.rank(), world,
-                                        path, create=dist.is_main(), barrier=self._barrier)
+            need = max(probe.sharded_bytes()) + int(args.weight_sync_bucket_bytes)
+            # a tmpfs too small for the buffer (a container's 64 MB /dev/shm) would kill a rank with SIGBUS mid-write
+            fits = all(dist.all_gather_object(shm_free_bytes() >= need + (64 << 20)))
+            if fits:
+                path = dist.broadcast_object(f"/dev/shm/dsgrpo-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                                             if dist.is_main() else None)
+                gather = SharedMemoryGather(probe.sharded_bytes(), int(args.weight_sync_bucket_bytes), dist.rank(),
+                                            world, path, create=dist.is_main(), barrier=self._barrier)
+            elif dist.is_main():
+                print(f"dsgrpo: note: /dev/shm has less than the {need >> 20} MiB the weight sync's shared buffer "
+                      "needs; gathering through DeepSpeed instead (slower on CPU). Enlarge /dev/shm (docker: "
+                      "--shm-size) to use it.", flush=True)
         self.gather = gather
         self.source = Zero3WeightSource(module, tied, gather, checksum=self.verify != "off")
         self.last: Optional[SyncStats] = None
@@ -188,6 +196,14 @@ class WeightSync:
         stats.total_s = time.perf_counter() - start
         self.last = stats
         return stats
+
+
+def shm_free_bytes() -> int:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 def _load_flat(generator, groups, stats: SyncStats):
