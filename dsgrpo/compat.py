@@ -220,6 +220,17 @@ PINS: Tuple[Pin, ...] = (
         "each layer's reloading info (its loaded_weights: (name, BoundArguments))"),
     Pin("vllm.outputs:CompletionOutput.weight_versions", "vllm 0.32.0",
         "spans (version, start, end) over a completion's tokens: the version each token was sampled with"),
+    Pin("vllm.v1.engine.llm_engine:LLMEngine.add_request", "vllm 0.32.0",
+        "partial rollouts add one completion at a time and step the engine themselves (as LLM.generate does "
+        "inside); the id given is the one outputs carry and abort_request takes",
+        params=("request_id", "prompt", "params")),
+    Pin("vllm.v1.engine.llm_engine:LLMEngine.step", "vllm 0.32.0", "one scheduler step; its RequestOutputs"),
+    Pin("vllm.v1.engine.llm_engine:LLMEngine.abort_request", "vllm 0.32.0",
+        "partial rollouts stop the unfinished completions at the end of a round (external ids)",
+        params=("request_ids",)),
+    Pin("vllm.v1.engine.llm_engine:LLMEngine.get_num_unfinished_requests", "vllm 0.32.0", "requests still queued"),
+    Pin("vllm.sampling_params:RequestOutputKind.DELTA", "vllm 0.32.0",
+        "each step's output holds only the tokens (and log-probs) new since the last one"),
     # ---- peft
     Pin("peft.tuners.lora:Linear.get_delta_weight", "peft 0.21.2",
         "merged weight sync: W + ΔW of one layer while it is gathered", params=("adapter",)),
@@ -617,6 +628,11 @@ def reload_vllm_weights(llm, named_tensors: Iterable) -> None:
     llm.collective_rpc(_repack_cpu_moe_experts)
 
 
+def vllm_weights_not_held(llm) -> set:
+    """Checkpoint names the engine's model has no parameter for and drops on load: a tied lm_head (Gemma 2)."""
+    return set() if _vllm_has_lm_head(llm) else {"lm_head.weight"}
+
+
 def _vllm_has_lm_head(llm) -> bool:
     if not hasattr(llm, "_dsgrpo_has_lm_head"):
         llm._dsgrpo_has_lm_head = all(llm.collective_rpc(_worker_has_lm_head))
@@ -891,6 +907,33 @@ def vllm_uses_inprocess_weight_engine(llm) -> bool:
 def _has_inprocess_engine(worker) -> bool:
     engine = getattr(worker, "weight_transfer_engine", None)
     return type(engine).__name__ == "InProcessWeightEngine"
+
+
+def vllm_add_request(llm, request_id: str, prompt_ids, params) -> None:
+    """Queue one request of token ids on the engine, its outputs as deltas (what each step adds)."""
+    from vllm.sampling_params import RequestOutputKind
+    params.output_kind = RequestOutputKind.DELTA
+    llm.llm_engine.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params)
+
+
+def vllm_step_deltas(llm) -> list:
+    """One engine step: [(request id, new token ids, their log-probs, finished, cut by max_tokens)] for each
+    single-completion request that moved."""
+    moved = []
+    for request in llm.llm_engine.step():
+        for out in request.outputs:  # n = 1: one each
+            tokens = list(out.token_ids)
+            logprobs = [step[tok].logprob for step, tok in zip(out.logprobs or [], tokens)]
+            moved.append((request.request_id, tokens, logprobs, bool(request.finished), out.finish_reason == "length"))
+    return moved
+
+
+def vllm_unfinished_requests(llm) -> int:
+    return llm.llm_engine.get_num_unfinished_requests()
+
+
+def vllm_abort_requests(llm, request_ids) -> None:
+    llm.llm_engine.abort_request(list(request_ids))
 
 
 def vllm_token_versions(completion, n_tokens: int):

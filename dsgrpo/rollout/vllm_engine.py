@@ -94,18 +94,10 @@ class VLLMGenerator:
 
     def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
                  seeds: Optional[List[int]] = None) -> Rollout:
-        from vllm import SamplingParams
 
         self.sleep.before_generate()
         seeds = seeds or [None] * len(counts)
-        extra = vllm_sampling_kwargs(sampling)
-        # the trainer reads token ids, never vLLM's text: detokenizing every step costs ~7% of a CPU decode step
-        # (W2: 5.85 → 5.47 ms), but stop strings need the text
-        extra.setdefault("detokenize", bool(extra.get("stop")))
-        params = [SamplingParams(n=n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                                 top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p or 0.0,
-                                 repetition_penalty=sampling.repetition_penalty, logprobs=0, seed=seed, **extra)
-                  for n, seed in zip(counts, seeds)]
+        params = [self._params(sampling, n, seed, sampling.max_tokens) for n, seed in zip(counts, seeds)]
         todo = [(ids, p) for ids, p in zip(prompt_ids, params) if p.n > 0]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in todo], [p for _, p in todo],
                                     use_tqdm=False) if todo else []
@@ -130,6 +122,38 @@ class VLLMGenerator:
                 rollout.truncated.append(out.finish_reason == "length")
         return rollout
 
+    @staticmethod
+    def _params(sampling: SamplingConfig, n: int, seed: Optional[int], max_tokens: int):
+        from vllm import SamplingParams
+
+        extra = vllm_sampling_kwargs(sampling)
+        # the trainer reads token ids, never vLLM's text: detokenizing every step costs ~7% of a CPU decode step
+        # (W2: 5.85 → 5.47 ms), but stop strings need the text
+        extra.setdefault("detokenize", bool(extra.get("stop")))
+        return SamplingParams(n=n, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                              top_k=sampling.top_k or 0, min_p=sampling.min_p or 0.0,
+                              repetition_penalty=sampling.repetition_penalty, logprobs=0, seed=seed, **extra)
+
+    # ---- one completion at a time, stepped by the caller (rollout/partial.py: partial rollouts)
+    def submit(self, request_id: str, prompt_ids: List[int], sampling: SamplingConfig, max_tokens: int,
+               seed: Optional[int]) -> None:
+        """Queue one completion of `prompt_ids` (at most `max_tokens` more tokens); `advance` samples it."""
+        self.sleep.before_generate()
+        compat.vllm_add_request(self.llm, request_id, prompt_ids, self._params(sampling, 1, seed, max_tokens))
+
+    def advance(self) -> list:
+        """One engine step: [(request_id, new tokens, their log-probs, finished, truncated)] of the requests that
+        moved."""
+        return compat.vllm_step_deltas(self.llm)
+
+    def unfinished(self) -> int:
+        return compat.vllm_unfinished_requests(self.llm)
+
+    def abort(self, request_ids: List[str]) -> None:
+        """Drop queued or running completions (their tokens so far are the caller's to keep)."""
+        if request_ids:
+            compat.vllm_abort_requests(self.llm, request_ids)
+
     def end_generation(self) -> None:
         """The round's completions are all made: with sleep mode, free the engine's memory for training."""
         self.sleep.sleep()
@@ -142,6 +166,10 @@ class VLLMGenerator:
             compat.reload_vllm_weights(self.llm, named_tensors)
             self.llm.reset_prefix_cache()  # stale KV blocks from the old weights would be reused otherwise
         self.sleep.load(reload)
+
+    def weights_not_held(self) -> set:
+        """Names a sync sends that this engine drops (a tied lm_head): its checksum check leaves them out."""
+        return compat.vllm_weights_not_held(self.llm)
 
     def load_weight_groups(self, groups, stats) -> Optional[list]:
         """A sync's groups (rollout/weight_source.py PreparedGroup), one layer at a time: through vLLM's native
