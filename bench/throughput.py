@@ -65,6 +65,8 @@ def main() -> int:
                    "token ids (a random model then makes completions of 1..max-completion-length tokens, most short)")
     p.add_argument("--fixed-length", action="store_true", help="every completion runs to --max-completion-length "
                    "(vLLM's ignore_eos): the fixed-length reference for --stop-ids runs")
+    p.add_argument("--partial-rollout", action="store_true", help="partial_rollout=True (issue 46)")
+    p.add_argument("--overprovision", type=int, default=0, help="rollout_overprovision (groups beyond a round)")
     p.add_argument("--token-budget", default="", help="token_budget: N tokens, 'none' (planned: one padded "
                    "micro-batch's worth) or 0 (padded micro-batches); unset: dsgrpo's default")
     a = p.parse_args()
@@ -88,7 +90,8 @@ def main() -> int:
                       logging_steps=1, bf16=False, use_vllm=not a.hf_generate,
                       deepspeed=a.deepspeed, vllm_kv_cache_bytes=256 * 2**20, async_placement=a.placement,
                       max_staleness=a.max_staleness, async_load_balancing=not a.no_balancing,
-                      async_chunk_groups=a.chunk_groups,
+                      async_chunk_groups=a.chunk_groups, partial_rollout=a.partial_rollout,
+                      rollout_overprovision=a.overprovision,
                       vllm_enforce_eager={"true": True, "false": False}.get(a.vllm_enforce_eager),
                       generation_kwargs={**long_tail_kwargs(a.stop_ids, hf=a.hf_generate),
                                          **({"ignore_eos": True} if a.fixed_length else {})},
@@ -118,11 +121,16 @@ def main() -> int:
         n_params = sum(getattr(q, "ds_numel", q.numel()) for q in trainer.policy.module.parameters())
         mode = f"async {a.placement} (max_staleness {a.max_staleness}, balancing {not a.no_balancing})" \
             if a.use_async else "sync"
+        if a.partial_rollout:
+            mode += f", partial rollouts (overprovision {a.overprovision}, max_staleness {a.max_staleness})"
         print(f"model {a.model}: {n_params / 1e6:.1f}M parameters, world {world}, {mode}, "
               f"{'hf' if a.hf_generate else 'vllm'} generation, {a.batch_size} completions/step, "
               f"slow reward {a.slow_reward} s, skew {a.skew} s/token")
         keys = ("time/generate", "time/reward", "time/reference", "time/train", "time/sync", "time/wait_for_rollout",
-                "time/wait_for_weights", "async/staleness/mean", "async/groups_stolen")
+                "time/wait_for_weights", "async/staleness/mean", "async/groups_stolen", "partial/staleness/0",
+                "partial/staleness/1", "partial/mixed_version_completions", "sampling/token_band_masked",
+                "partial/sampler_gap/age0", "partial/sampler_gap/age1", "partial/completions_stopped",
+                "partial/completions_resampled", "partial/tokens_discarded")
         for key in keys:
             vals = [h[key] for h in history[1:] if key in h]
             if vals:

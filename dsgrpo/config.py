@@ -18,7 +18,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, List, Literal, Optional, Union
 
 import yaml
 
@@ -232,6 +232,11 @@ class GRPOConfig:
     routing_replay: str = field(default="off", metadata=_help("Mixture-of-experts policies (Qwen2-MoE, Qwen3-MoE): 'rollout' makes every training forward (policy, old-policy and reference log-probs) use the experts the sampler routed each token to (rollout routing replay, R3), with gate weights from the trainer's router renormalised over them so the router keeps learning; 'off' (the default) lets the trainer route on its own. Either way moe/router_agreement reports how often the trainer's router chose the sampler's experts. Routes come from the policy's own generate (use_vllm=False, always captured for MoE policies) or, on a GPU, from colocated vLLM (enable_return_routed_experts; vLLM-CPU cannot capture them) or a server started with `dsgrpo vllm-serve --routing-replay rollout`.", choices=("off", "rollout")))
     logprob_chunk_tokens: int = field(default=0, metadata=_help("Completion tokens whose logits are computed at once for log-probs and entropy (0: as many as fit 256 MiB of fp32 logits, 441 for a 151,936-token vocabulary). The full [B, T, V] logits never exist."))
 
+    # ------------------------------------------------------------------ partial rollouts (rollout/partial.py)
+    partial_rollout: bool = field(default=False, metadata=_help("A round ends once it holds enough complete prompt groups; the completions still running are stopped, keep their tokens and continue after the weight sync (new tokens from the new weights). Every token carries the policy version it was sampled with; max_staleness bounds the oldest, and partial_rollout_token_band masks tokens the correction cannot trust. Colocated vLLM, plain generation."))
+    rollout_overprovision: int = field(default=0, metadata=_help("partial_rollout: prompt groups kept in flight beyond a round's need, over all ranks (each rank its share, rounded up). 0: a round waits for all its groups (nothing is carried)."))
+    partial_rollout_token_band: List[float] = field(default_factory=lambda: [0.5, 5.0], metadata=_help("partial_rollout: [low, high] band on each token's ratio π_old / π_sampler; tokens outside leave the policy term (IcePop). The sequence-level correction (vllm_importance_sampling_*) applies as always."))
+
     # ------------------------------------------------------------------ AsyncGRPOTrainer only
     async_placement: str = field(default="colocate", metadata=_help("'colocate': every rank trains and, in a background thread, generates the next batch; 'split': some ranks only generate, the others only train.", choices=ASYNC_PLACEMENTS))
     async_generator_ranks: Optional[int] = field(default=None, metadata=_help("'split' only: how many ranks (the highest-numbered) only generate (None: half the world)."))
@@ -438,6 +443,7 @@ class GRPOConfig:
         """Raise ValueError/TypeError naming the field and the fix. Called at construction and again by the
         trainer once the world size is known."""
         self._check_types()
+        self._check_partial_rollout()
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -525,6 +531,27 @@ class GRPOConfig:
             raise ValueError(f"async_generator_ranks={self.async_generator_ranks} must leave at least one training rank "
                              f"and one generating rank in a world of {world_size}: set it between 1 and {world_size - 1}.")
         self._check_batch_divisibility(world_size)
+
+    def _check_partial_rollout(self) -> None:
+        if self.rollout_overprovision < 0:
+            raise ValueError(f"rollout_overprovision={self.rollout_overprovision} must be >= 0 (prompt groups in "
+                             "flight beyond a round's need).")
+        band = self.partial_rollout_token_band
+        if not (isinstance(band, (list, tuple)) and len(band) == 2 and 0 <= band[0] < 1 < band[1]):
+            raise ValueError(f"partial_rollout_token_band={band!r} must be [low, high] with 0 <= low < 1 < high "
+                             "(e.g. [0.5, 5.0]).")
+        if not self.partial_rollout:
+            return
+        if not self.use_vllm or self.vllm_mode != "colocate":
+            raise ValueError("partial_rollout=True steps a colocated vLLM engine one completion at a time; set "
+                             "use_vllm=True and vllm_mode='colocate', or partial_rollout=False.")
+        if self.vllm_tensor_parallel_size > 1:
+            raise ValueError("partial_rollout=True with vllm_tensor_parallel_size > 1: an engine's ranks would have to "
+                             "step in lock-step; use vllm_tensor_parallel_size=1 or partial_rollout=False.")
+        if self.num_iterations != 1:
+            raise ValueError(f"partial_rollout=True with num_iterations={self.num_iterations}: a carried completion's "
+                             "early tokens are already off-policy; reusing the batch would compound it. Set "
+                             "num_iterations=1.")
 
     def _check_report_to(self) -> None:
         for sink in self.report_sinks(installed_only=False):

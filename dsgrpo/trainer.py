@@ -93,6 +93,7 @@ class GRPOTrainer:
         set_log_levels(args)
         if dist.is_main():
             compat.warn_if_untested()
+        self.rollout_source = self.rollout_source.chosen_by(args)  # an option may ask for a variant of the source
         self.placement = self.rollout_source.placement(args)  # split placement makes its process groups here
         self.world = self.placement.trainers
         args.validate(world_size=self.world)
@@ -191,6 +192,9 @@ class GRPOTrainer:
 
     def _check_supported(self, args, tools) -> None:
         """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
+        if args.partial_rollout and (tools or self.rollout_func is not None):
+            raise ValueError("partial_rollout=True continues plain completions token by token across rounds; tool "
+                             "turns and rollout_func make their own. Set partial_rollout=False.")
         if args.use_vllm and args.vllm_mode == "server":
             if args.async_placement == "split":
                 raise ValueError("async_placement='split' makes some of the trainer's ranks generate, and "

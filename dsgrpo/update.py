@@ -41,6 +41,7 @@ class Rows:
     step_tokens: Optional[torch.Tensor]     # the normaliser of dapo/cispo/vespo (padded)
     weights: Optional[torch.Tensor] = None  # packed: each token's weight in the loss
     bonus_weights: Optional[torch.Tensor] = None
+    versions: Optional[torch.Tensor] = None  # the policy version each token was sampled with (partial rollouts)
 
 
 class PolicyUpdate:
@@ -66,6 +67,8 @@ class PolicyUpdate:
                                                 a.entropy_coef_max, a.entropy_coef_delta, a.entropy_target)
         self.sampler_correction = a.vllm_importance_sampling_mode if (
             a.use_vllm and a.vllm_importance_sampling_correction) else None
+        # partial rollouts: completions mix policy versions; IcePop's band on token ratios, and the gap by age
+        self.token_band = tuple(a.partial_rollout_token_band) if a.partial_rollout else None
         self.last_checkpoint: Optional[str] = None  # named in a non-finite error
         self._window = self._new_window()           # the optimizer step being accumulated (may span rounds)
         self._plan: List[tuple] = []  # the round's micro-steps not yet run: (run, ends the optimizer step or None)
@@ -153,7 +156,7 @@ class PolicyUpdate:
         if args.top_entropy_quantile < 1.0:
             keep = self._high_entropy(forward.entropy, mask)
         return self._train(forward, Rows(mask, mb["completion_mask"], advantages, old_logps, ref_logps,
-                                         mb["sampler_logps"], keep, step_tokens),
+                                         mb["sampler_logps"], keep, step_tokens, versions=mb.get("token_versions")),
                            1.0 / args.gradient_accumulation_steps, acc, entropy_window)
 
     def _forward_options(self, owner: Optional[int] = None) -> dict:
@@ -197,7 +200,8 @@ class PolicyUpdate:
                                        gradient_accumulation_steps=GA) for j, m in enumerate(masks)]
         logical = dict(masks=masks, completion=[mb["completion_mask"] for mb in micro],
                        advantages=[advantages[j * B:(j + 1) * B] for j in range(len(micro))], old=old_logps,
-                       ref=ref_logps, sampler=[mb["sampler_logps"] for mb in micro], weights=weights)
+                       ref=ref_logps, sampler=[mb["sampler_logps"] for mb in micro], weights=weights,
+                       versions=[mb["token_versions"] for mb in micro] if self.token_band and micro else None)
         plan, me = [], self.sp.rank if self.sp is not None else None
         for (piece, closes), piece_steps in zip(pieces, steps):
             shared = {}  # the piece's high-entropy masks and bonus weights, made at its start (same weights)
@@ -252,7 +256,8 @@ class PolicyUpdate:
         g = step.gather
         rows = Rows(g(logical["masks"]), g(logical["completion"]), g(logical["advantages"]), g(logical["old"]),
                     g(logical["ref"]), g(logical["sampler"]), None if keep is None else g(keep), None,
-                    g(logical["weights"]), g(bonus))
+                    g(logical["weights"]), g(bonus),
+                    None if logical["versions"] is None else g([v.float() for v in logical["versions"]]))
         return self._train(forward, rows, aux_scale, acc, self._window["entropy"])
 
     def _stand_in(self, forward) -> tuple:
@@ -277,7 +282,7 @@ class PolicyUpdate:
             sampler_per_token_logps=rows.sampler, vllm_is_mode=self.sampler_correction,
             vllm_is_clip_max=args.vllm_importance_sampling_clip_max,
             vllm_is_clip_min=args.vllm_importance_sampling_clip_min,
-            off_policy_mask_threshold=args.off_policy_mask_threshold, keep_mask=keep,
+            off_policy_mask_threshold=args.off_policy_mask_threshold, token_band=self.token_band, keep_mask=keep,
             entropies=entropy if bonus else None, entropy_coef=self.entropy_coef.applied() if bonus else 0.0,
             max_completion_length=args.max_completion_length, num_items_in_batch=rows.step_tokens,
             num_processes=self.world, gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -298,6 +303,8 @@ class PolicyUpdate:
         if gap.numel():
             acc.add("sampling/sampling_logp_difference/mean", gap.mean(), gap.numel())
             acc.add("sampling/sampling_logp_difference/max", gap.max())
+        if self.token_band is not None and rows.versions is not None:
+            version_gap_metrics(acc, per_token_gap, scored, rows.versions, self.state.generation_round)
         if forward.route_counts is not None:
             moe_route_metrics(acc, forward.route_counts, forward.routes_agreed, per_token_gap, scored)
         policy_share = float(metrics.pop("policy_loss", loss.detach()))
@@ -365,6 +372,17 @@ def learning_alarm(metrics: Dict[str, float]) -> Optional[str]:
     return ("; ".join(parts) + ": the policy is barely learning. Causes: a sampling setting the trainer does not "
             "reproduce (repetition_penalty, a logits processor in generation_kwargs), a weight sync that failed, or "
             "bf16 numerics (vllm_importance_sampling_mode='token_truncate' bounds the damage).")
+
+
+def version_gap_metrics(acc, per_token_gap: torch.Tensor, scored: torch.Tensor, versions: torch.Tensor,
+                        version: int) -> None:
+    """partial/sampler_gap/age{0,1,2+}: the sampler–trainer log-prob gap of the tokens sampled that many policy
+    versions before the one training (a partial rollout's carried tokens are older)."""
+    ages = version - versions.to(per_token_gap.device).round().long()
+    for name, inside in (("0", ages == 0), ("1", ages == 1), ("2+", ages >= 2)):
+        gap = per_token_gap[scored & inside]
+        if gap.numel():
+            acc.add(f"partial/sampler_gap/age{name}", gap.mean(), gap.numel())
 
 
 def moe_route_metrics(acc: MetricAccumulator, counts: tuple, agreed: torch.Tensor, gap: torch.Tensor,

@@ -244,6 +244,15 @@ def sampler_correction(old_logps, sampler_logps, mask, mode, clip_min=None, clip
     return SAMPLER_CORRECTIONS.get(mode)(old_logps.detach(), sampler_logps.detach(), mask, clip_min, clip_max)
 
 
+def token_band_mask(old_logps: torch.Tensor, sampler_logps: torch.Tensor, band: Tuple[float, float]) -> torch.Tensor:
+    """[B, T]: 1 where the token ratio π_old / π_sampler lies in [low, high] (IcePop's band), else 0. A token the
+    sampler could not score (NaN) stays in."""
+    ratio = torch.exp(old_logps.detach() - sampler_logps.detach())
+    low, high = band
+    outside = (ratio < low) | (ratio > high)
+    return (~outside).to(old_logps.dtype)
+
+
 def off_policy_mask(advantages: torch.Tensor, per_token_logps: torch.Tensor, behaviour_logps: torch.Tensor,
                     mask: torch.Tensor, threshold: float) -> torch.Tensor:
     """DeepSeek-V3.2's off-policy sequence mask (arXiv:2512.02556, eq. 9): [B, 1], 0 for a sequence with a
@@ -278,6 +287,7 @@ def policy_loss(
     vllm_is_clip_max: Optional[float] = 3.0,
     vllm_is_clip_min: Optional[float] = None,
     off_policy_mask_threshold: Optional[float] = None,
+    token_band: Optional[Tuple[float, float]] = None,
     keep_mask: Optional[torch.Tensor] = None,
     entropies: Optional[torch.Tensor] = None,
     entropy_coef: float = 0.0,
@@ -302,6 +312,8 @@ def policy_loss(
             None: per_token_logps. The sampler's truncation (top_k/top_p) applies to the policy term, not the KL.
         sampler_per_token_logps: [B, T] the generation engine's logprobs; used with `vllm_is_mode` and as the
             behaviour policy of `off_policy_mask_threshold` (π_old without a sampler).
+        token_band: (low, high): tokens whose ratio π_old / π_sampler leaves [low, high] leave the policy term
+            (IcePop; partial rollouts, whose completions mix policy versions). Needs sampler_per_token_logps.
         keep_mask: [B, T] policy-term mask (the high-entropy tokens of top_entropy_quantile); the KL term and the
             normaliser keep `completion_mask`.
         entropies: [B, T] per-token entropy with grad, for the entropy bonus (`entropy_coef` > 0).
@@ -342,6 +354,13 @@ def policy_loss(
     if off_policy_mask_threshold is not None:
         behaviour = sampler_per_token_logps if sampler_per_token_logps is not None else old
         per_token = per_token * off_policy_mask(adv, per_token_logps, behaviour, mask, off_policy_mask_threshold)
+    if token_band is not None:
+        if sampler_per_token_logps is None:
+            raise ValueError("token_band needs sampler_per_token_logps.")
+        inside = token_band_mask(old, sampler_per_token_logps, token_band)
+        per_token = per_token * inside
+        outside = (1.0 - inside) * mask
+        metrics["sampling/token_band_masked"] = outside.sum() / mask.sum().clamp(min=1.0)
     if keep_mask is not None:
         per_token = per_token * keep_mask.to(per_token.dtype)
     if rho is not None and not variant.folds_sampler_correction:

@@ -217,6 +217,12 @@ class Rollout:
         completion_mask = attention[:, P:].float() * sampled
         out = {"input_ids": input_ids, "attention_mask": attention, "completion_mask": completion_mask,
                "sampler_logps": sampler}
+        if self.weight_versions is not None:  # the policy version of each token (-1 at padding)
+            versions = torch.full((B, T), -1, dtype=torch.long)
+            for row, i in enumerate(idx):
+                if self.weight_versions[i]:
+                    versions[row, :len(self.weight_versions[i])] = torch.tensor(self.weight_versions[i])
+            out["token_versions"] = versions
         if routes is not None:
             out["routes"] = routes
         return out

@@ -72,6 +72,11 @@ class RolloutSource:
         self.args = setup.args
 
     # ---- before anything is built
+    @classmethod
+    def chosen_by(cls, args) -> type:
+        """The source class to build for these arguments (an option may name a variant of this one)."""
+        return cls
+
     @staticmethod
     def placement(args) -> Placement:
         return Placement.colocated()
@@ -211,6 +216,13 @@ def check_on_policy(rollout: Rollout, version: int) -> None:
 
 class GenerationSource(RolloutSource):
     """GRPOTrainer's source: each round is generated when the loop asks for it, by every rank's own engine."""
+
+    @classmethod
+    def chosen_by(cls, args) -> type:
+        if getattr(args, "partial_rollout", False):
+            from .partial_source import PartialRolloutSource
+            return PartialRolloutSource
+        return cls
 
     def next_batch(self, round_index: int) -> Batch:
         args = self.args

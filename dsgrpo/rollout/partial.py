@@ -1,0 +1,223 @@
+"""Partial rollouts (`partial_rollout=True`): a round ends when enough prompt groups are complete, and the long tail
+finishes in the next round on the new weights.
+
+Generation waits for its longest completion: the last few decode alone, at a fraction of the engine's throughput.
+Here each rank keeps `rollout_overprovision` more groups in flight than a round trains (its share, rounded up) and
+steps the engine itself, one completion per request. Once the rank holds its share of complete groups the round's
+batch is cut from them (oldest stream position first); the completions still running are stopped, their tokens so
+far kept, and after the weight sync they are submitted again as prompt + prefix with the tokens left to go, beside
+the next round's new groups. vLLM 0.32's offline engine cannot keep a request's KV blocks across a weight update
+(`pause_generation(mode="keep")` lives in its async server), so the prefix is prefilled again with the new weights:
+one prefill per carried completion and round, against decoding it alone.
+
+Every token carries the policy version it was sampled with (the engine's version when its segment ran), so a
+completion may mix versions. Staleness counts its oldest token: at the start of a round a completion whose oldest
+token is more than `max_staleness` versions behind is sampled again from the start (its tokens are never trained).
+The trainer corrects the rest with its sampler correction (vllm_importance_sampling_*) and masks tokens whose ratio
+π_old / π_sampler leaves `partial_rollout_token_band` (IcePop's band).
+
+Groups are identified by their position in the prompt stream (pool.PromptStream: the synchronous trainer's prompt
+order). New positions are handed out in rank order from one counter every rank keeps the same, so a position is
+sampled by one rank and trained once; a checkpoint keeps each rank's groups in flight with their prefixes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .base import Rollout, round_seed
+
+SEGMENT_SEED_STRIDE = 7_919  # a continuation samples from its own seed (the first segment's + stride · segment)
+
+
+@dataclass
+class Completion:
+    """One completion of a group, sampled in one or more segments (a segment per round it ran in)."""
+    member: int
+    seed: int
+    tokens: List[int] = field(default_factory=list)
+    logprobs: List[float] = field(default_factory=list)
+    versions: List[int] = field(default_factory=list)
+    segments: int = 0               # submissions so far (the next one's seed)
+    finished: bool = False
+    truncated: bool = False
+    restarts: int = 0               # times it was sampled again from the start (over-stale)
+
+    def oldest(self) -> Optional[int]:
+        return min(self.versions) if self.versions else None
+
+    def restart(self) -> int:
+        """Forget the tokens (over-stale); returns how many were discarded."""
+        dropped = len(self.tokens)
+        self.tokens, self.logprobs, self.versions = [], [], []
+        self.finished = self.truncated = False
+        self.restarts += 1
+        return dropped
+
+
+@dataclass
+class InFlightGroup:
+    position: int                   # place in the prompt stream: the group's id
+    prompt_index: int               # dataset row
+    members: List[Completion]
+    carried: int = 0                # rounds it was carried over unfinished
+
+    def complete(self) -> bool:
+        return all(c.finished for c in self.members)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "InFlightGroup":
+        return cls(d["position"], d["prompt_index"], [Completion(**c) for c in d["members"]], d.get("carried", 0))
+
+
+def request_id(position: int, member: int, segment: int) -> str:
+    return f"p{position}m{member}s{segment}"
+
+
+def parse_request_id(rid: str) -> Tuple[int, int]:
+    position, rest = rid[1:].split("m")
+    return int(position), int(rest.split("s")[0])
+
+
+def positions_for(needs: List[int], next_position: int, rank: int) -> List[int]:
+    """New stream positions for `rank` when every rank asks for needs[r] in rank order from `next_position`."""
+    start = next_position + sum(needs[:rank])
+    return list(range(start, start + needs[rank]))
+
+
+class InFlight:
+    """One rank's groups being sampled (pure bookkeeping: the engine is driven by `run_round`)."""
+
+    def __init__(self, num_generations: int, max_tokens: int):
+        self.G, self.max_tokens = num_generations, max_tokens
+        self.groups: Dict[int, InFlightGroup] = {}
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def add(self, position: int, prompt_index: int, first_seed: int) -> None:
+        """A new group: G completions, member j seeded as the synchronous trainer seeds slot j of its run."""
+        self.groups[position] = InFlightGroup(position, prompt_index,
+                                              [Completion(j, (first_seed + j) % (2 ** 31 - 1)) for j in range(self.G)])
+
+    def restart_stale(self, version: int, max_staleness: int) -> Tuple[int, int]:
+        """Sample again from the start every completion whose oldest token is more than `max_staleness` versions
+        behind `version`. Returns (completions restarted, tokens discarded)."""
+        restarted = tokens = 0
+        for group in self.groups.values():
+            for c in group.members:
+                oldest = c.oldest()
+                if oldest is not None and version - oldest > max_staleness:
+                    tokens += c.restart()
+                    restarted += 1
+        return restarted, tokens
+
+    def requests(self) -> List[Tuple[str, List[int], int, int]]:
+        """(request id, tokens so far, tokens left, seed) of every unfinished completion, oldest group first."""
+        out = []
+        for position in sorted(self.groups):
+            for c in self.groups[position].members:
+                if not c.finished:
+                    seed = (c.seed + SEGMENT_SEED_STRIDE * c.segments) % (2 ** 31 - 1)
+                    out.append((request_id(position, c.member, c.segments), c.tokens, self.max_tokens - len(c.tokens),
+                                seed))
+                    c.segments += 1
+        return out
+
+    def record(self, rid: str, tokens: List[int], logprobs: List[float], finished: bool, truncated: bool,
+               version: int) -> None:
+        position, member = parse_request_id(rid)
+        c = self.groups[position].members[member]
+        c.tokens.extend(tokens)
+        c.logprobs.extend(logprobs)
+        c.versions.extend([version] * len(tokens))
+        if finished:
+            c.finished = True
+            c.truncated = truncated
+
+    def complete(self) -> List[int]:
+        return sorted(p for p, g in self.groups.items() if g.complete())
+
+    def take(self, n: int) -> List[InFlightGroup]:
+        """The n complete groups of the oldest positions, out of flight."""
+        chosen = self.complete()[:n]
+        return [self.groups.pop(p) for p in chosen]
+
+    def end_round(self) -> None:
+        for group in self.groups.values():
+            if not group.complete():
+                group.carried += 1
+
+    def state(self) -> List[dict]:
+        return [self.groups[p].to_json() for p in sorted(self.groups)]
+
+    def load(self, groups: List[dict]) -> None:
+        self.groups = {g["position"]: InFlightGroup.from_json(g) for g in groups}
+
+
+def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, version: int) -> dict:
+    """Submit every unfinished completion (prompt + its tokens so far), step the engine until `need` groups are
+    complete (or nothing runs), then stop the rest: their tokens stay in `inflight` for the next round. Returns
+    counts for the metrics."""
+    running = set()
+    # groups finished beyond the last round's need may already fill this one: then nothing is submitted
+    for rid, prefix, left, seed in (inflight.requests() if len(inflight.complete()) < need else []):
+        position, _ = parse_request_id(rid)
+        engine.submit(rid, list(prompt_ids(inflight.groups[position].prompt_index)) + list(prefix), sampling, left,
+                      seed)
+        running.add(rid)
+    submitted, sampled = len(running), 0
+    while running and len(inflight.complete()) < need:
+        for rid, tokens, logprobs, finished, truncated in engine.advance():
+            inflight.record(rid, tokens, logprobs, finished, truncated, version)
+            sampled += len(tokens)
+            if finished:
+                running.discard(rid)
+        if running and not engine.unfinished():  # the engine lost requests it was given
+            raise RuntimeError(f"the generation engine holds none of the {len(running)} completions it was given "
+                               f"(e.g. {sorted(running)[:3]}): they were never finished nor stopped.")
+    engine.abort(sorted(running))
+    inflight.end_round()
+    return {"submitted": submitted, "stopped": len(running), "sampled": sampled}
+
+
+def as_rollout(groups: List[InFlightGroup], prompt_ids) -> Rollout:
+    """The groups' completions as rows (group by group, member order), with each token's policy version."""
+    rollout = Rollout([], [], [], [])
+    rollout.weight_versions = []
+    for g in groups:
+        for c in g.members:
+            rollout.prompt_ids.append(list(prompt_ids(g.prompt_index)))
+            rollout.completion_ids.append(list(c.tokens))
+            rollout.sampler_logprobs.append(list(c.logprobs))
+            rollout.truncated.append(c.truncated)
+            rollout.weight_versions.append(list(c.versions))
+    return rollout
+
+
+def staleness_metrics(rollout: Rollout, version: int, max_age: int) -> Dict[str, float]:
+    """partial/staleness/{0..max_age}: the share of the batch's completion tokens sampled that many versions before
+    the policy they train (the histogram), and partial/mixed_version_completions: the share of completions whose
+    tokens come from more than one version."""
+    ages = [version - v for row in rollout.weight_versions or [] for v in row]
+    out: Dict[str, float] = {}
+    if ages:
+        for age in range(max_age + 1):
+            out[f"partial/staleness/{age}"] = sum(1 for a in ages if a == age) / len(ages)
+    rows = rollout.weight_versions or []
+    if rows:
+        out["partial/mixed_version_completions"] = sum(1 for r in rows if len(set(r)) > 1) / len(rows)
+    return out
+
+
+def overprovision_per_rank(overprovision: int, world: int) -> int:
+    return math.ceil(overprovision / max(1, world))
+
+
+def segment_seed(seed: int, position: int, prompts_per_round: int, num_generations: int) -> int:
+    round_index, j = divmod(position, prompts_per_round)
+    return round_seed(seed, round_index, j * num_generations)

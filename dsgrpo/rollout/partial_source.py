@@ -1,0 +1,122 @@
+"""`PartialRolloutSource`: GRPOTrainer's source with `partial_rollout=True` (how it works: rollout/partial.py).
+
+    next batch   restart over-stale completions; claim new groups so this rank holds its share + overprovision;
+                 step the engine until the share is complete; the rest stop and keep their tokens
+    weight sync  as the synchronous source (nothing is running: the engine is empty between rounds)
+    checkpoint   each rank's groups in flight with their prefixes, and the stream position"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from .. import dist
+from .partial import InFlight, as_rollout, overprovision_per_rank, positions_for, run_round, segment_seed, \
+    staleness_metrics
+from .batch import Batch
+from .pool import PromptStream
+from .sources import RolloutSetup, RolloutSource, version_metrics
+
+
+class PartialRolloutSource(RolloutSource):
+    def __init__(self, setup: RolloutSetup):
+        super().__init__(setup)
+        a, world = self.args, setup.placement.trainers
+        self.share = setup.prompts_per_round // world
+        self.extra = overprovision_per_rank(a.rollout_overprovision, world)
+        self.stream = PromptStream(setup.prompts, setup.prompts_per_round, a.num_generations, world, a.seed,
+                                   a.shuffle_dataset, order_seed=a.order_seed)
+        self.sampling = setup.sampler.sampling
+        self.inflight = InFlight(a.num_generations, self.sampling.max_tokens)
+        self.next_position: Optional[int] = None  # the stream's next unclaimed position (the same on every rank)
+        self.resumed_note: Optional[str] = None
+        self.last_positions: List[int] = []
+
+    @classmethod
+    def check(cls, args, *, placement, prompts_per_round: int, reward_models: bool, evaluates: bool,
+              streaming: bool = False) -> None:
+        if streaming:
+            raise ValueError("partial_rollout=True hands prompt groups out by stream position, so it needs a map-style "
+                             "datasets.Dataset, not an IterableDataset. Load it without streaming, or set "
+                             "partial_rollout=False.")
+        if prompts_per_round % placement.trainers:
+            raise ValueError(f"partial_rollout=True keeps whole prompt groups on each rank, but a round has "
+                             f"{prompts_per_round} prompts for {placement.trainers} ranks. Make generation batch / "
+                             f"num_generations (= {prompts_per_round}) a multiple of {placement.trainers}.")
+
+    def _prompt_ids(self, index: int) -> List[int]:
+        return self.setup.prompts.prompt_ids[index]
+
+    # ---- the round
+    def next_batch(self, round_index: int) -> Batch:
+        a, generator = self.args, self.setup.generator
+        version = int(getattr(generator, "weight_version", round_index))
+        if self.next_position is None:  # a fresh run, or one resumed from a checkpoint without partial rollouts
+            self.next_position = round_index * self.stream.P
+        restarted, discarded = self.inflight.restart_stale(version, a.max_staleness)
+        want = max(0, self.share + self.extra - len(self.inflight))
+        held_tokens = sum(len(c.tokens) for g in self.inflight.groups.values() for c in g.members)
+        needs = dist.all_gather_object((want, len(self.inflight), held_tokens))
+        if self.resumed_note is not None:
+            if dist.is_main():
+                groups, tokens = sum(n[1] for n in needs), sum(n[2] for n in needs)
+                print(f"dsgrpo: resumed {groups} prompt group(s) in flight ({tokens} tokens sampled before the "
+                      f"checkpoint): {self.resumed_note}", flush=True)
+            self.resumed_note = None
+        for position in positions_for([n[0] for n in needs], self.next_position, dist.rank()):
+            self.inflight.add(position, self.stream.prompt_index(position),
+                              segment_seed(a.seed, position, self.stream.P, self.stream.G))
+        self.next_position += sum(n[0] for n in needs)
+        carried = sum(1 for g in self.inflight.groups.values() if g.carried)
+        counts = run_round(generator, self.inflight, self._prompt_ids, self.sampling, self.share, version)
+        groups = self.inflight.take(self.share)
+        self.last_positions = [g.position for g in groups]  # the stream positions this round trains
+        generator.end_generation()  # sleep mode: nothing runs until the next round
+        rollout = as_rollout(groups, self._prompt_ids)
+        batch = self.setup.build_batch(self.setup.prompts, [g.prompt_index for g in groups],
+                                       [len(g.members) for g in groups], rollout)
+        batch.metrics.update(version_metrics(rollout))
+        tokens = sum(len(c) for c in rollout.completion_ids)
+        mine = staleness_metrics(rollout, version, a.max_staleness)
+        batch.metrics.update(dist.reduce_metrics(mine, {k: tokens if "staleness" in k else len(rollout)
+                                                        for k in mine}))
+        totals = dist.all_reduce_sum(torch.tensor(
+            [counts["stopped"], counts["sampled"], restarted, discarded, carried, len(self.inflight),
+             sum(1 for g in groups if g.carried)], dtype=torch.float64)).tolist()
+        batch.metrics.update({
+            "partial/completions_stopped": totals[0],      # still running when the round was cut: carried over
+            "partial/tokens_sampled": totals[1],           # this round, trained now or later
+            "partial/completions_resampled": totals[2],    # over-stale: sampled again from the start
+            "partial/tokens_discarded": totals[3],
+            "partial/groups_carried_in": totals[4],        # groups that had run in an earlier round
+            "partial/groups_in_flight": totals[5],         # after the cut
+            "partial/groups_trained_carried": totals[6],
+        })
+        return batch
+
+    # ---- checkpoints
+    def state_dict(self) -> dict:
+        return {"partial_rollout": {"next_position": self.next_position, "in_flight": self.inflight.state()}}
+
+    def load_state_dict(self, state: Optional[dict]) -> None:
+        mine = (state or {}).get("partial_rollout")
+        if mine is None:  # written with partial_rollout=False: nothing was in flight; the stream goes on at the round
+            return
+        self.next_position = int(mine["next_position"])
+        self.inflight.load(mine["in_flight"])
+        self.resumed_note = "they continue from their prefixes (their old tokens keep their versions; " \
+                            "max_staleness re-samples the ones too old)"
+
+    def reshard_state(self, states, rank: int, world: int) -> dict:
+        """The writing ranks' groups in flight dealt out (old rank r's go to rank r % world): each is a whole group
+        with its prefixes and their versions, so none is lost or sampled twice; the stream position is shared."""
+        if any(not s or "partial_rollout" not in s for s in states):  # written without partial rollouts
+            return {}
+        mine = [r for r in range(len(states)) if r % world == rank]
+        return {"partial_rollout": {"next_position": states[0]["partial_rollout"]["next_position"],
+                                    "in_flight": [g for r in mine for g in states[r]["partial_rollout"]["in_flight"]]}}
+
+    def reshard_note(self, saved_world: int, world: int) -> Optional[str]:
+        return (f"the {saved_world} ranks' prompt groups in flight are dealt out to {world} (each continued from its "
+                "prefix, none sampled twice)")

@@ -1,0 +1,103 @@
+"""Run under `torchrun --nproc_per_node 2`: partial rollouts (issue 46) on a real ZeRO-3 policy and real in-process
+vLLM, fp32 on CPU, long-tailed completions (generation also stops at 13 token ids). Records per rank every round's
+trained groups (positions, tokens, sampler log-probs, versions), the groups left in flight after each round, the
+metrics, and a resumed run's first rounds; tests/test_partial_rollout_dist.py asserts on them.
+
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/partial_rollout_checks.py OUT_DIR
+"""
+
+import io
+import json
+import os
+import sys
+from contextlib import redirect_stdout
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from datasets import Dataset  # noqa: E402
+
+from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo.rollout.partial_source import PartialRolloutSource  # noqa: E402
+from dsgrpo.rollout.sources import GenerationSource  # noqa: E402
+from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import SHARDED_ZERO3, digit_fraction, recorder  # noqa: E402
+
+OUT = sys.argv[1]
+results = {}
+check = recorder(results)
+prompts = Dataset.from_list([{"prompt": f"Count from {i} and keep going:"} for i in range(64)])
+MODEL = tiny_model("qwen2")
+
+
+def config(name: str, **kw) -> GRPOConfig:
+    base = dict(output_dir=os.path.join(OUT, name), max_steps=6, per_device_train_batch_size=8, num_generations=4,
+                max_completion_length=48, learning_rate=3e-2, logging_steps=1, gradient_checkpointing=False,
+                seed=11, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20, report_to="none",
+                save_strategy="no", partial_rollout=True, rollout_overprovision=4, max_staleness=1,
+                generation_kwargs={"stop_token_ids": list(range(100, 140))})  # stops at 40 of 1,024 ids
+    base.update(kw)
+    return GRPOConfig(**base)
+
+
+def recording(trainer):
+    """Wrap the source's next_batch: each round's trained groups (by stream position) and those left in flight."""
+    source, rounds = trainer.source, []
+
+    def next_batch(round_index, inner=source.next_batch):
+        before = {p: [list(c.tokens) for c in g.members] for p, g in source.inflight.groups.items()}
+        version = trainer.generator.weight_version
+        batch = inner(round_index)
+        r, G = batch.rollout, trainer.args.num_generations
+        groups = {}
+        for j, position in enumerate(source.last_positions):
+            rows = slice(j * G, (j + 1) * G)
+            groups[str(position)] = {"prompt": r.prompt_ids[j * G], "completions": r.completion_ids[rows],
+                                     "logprobs": r.sampler_logprobs[rows], "versions": r.weight_versions[rows],
+                                     "truncated": r.truncated[rows]}
+        rounds.append({"round": round_index, "version": version, "groups": groups,
+                       "before": {str(p): v for p, v in before.items()},
+                       "after": {str(p): [list(c.tokens) for c in g.members]
+                                 for p, g in source.inflight.groups.items()},
+                       "metrics": {k: v for k, v in batch.metrics.items() if k.startswith(("partial/", "rollout/"))}})
+        return batch
+
+    source.next_batch = next_batch
+    return rounds
+
+
+@check("option_off_is_the_plain_source")
+def _():
+    return {"off": GRPOTrainer.rollout_source.chosen_by(config("x", partial_rollout=False)).__name__,
+            "on": GRPOTrainer.rollout_source.chosen_by(config("x")).__name__,
+            "plain": GenerationSource.__name__, "partial": PartialRolloutSource.__name__}
+
+
+@check("run")
+def _():
+    args = config("run", save_strategy="steps", save_steps=3)
+    t = GRPOTrainer(MODEL, digit_fraction, args=args, train_dataset=prompts)
+    rounds = recording(t)
+    t.train()
+    rows = [h for h in t.state.log_history if "loss" in h and "partial/groups_in_flight" in h]
+    keys = ("partial/", "sampling/", "rollout/weight_version")
+    return {"rounds": rounds, "share": t.source.share, "history": [{k: v for k, v in h.items() if k.startswith(keys)}
+                                                                   for h in rows],
+            "in_flight_at_end": sorted(t.source.inflight.groups)}
+
+
+@check("resumed")
+def _():
+    saved = os.path.join(OUT, "run", "checkpoint-3")
+    state = json.load(open(os.path.join(saved, f"rollout_state_{dist.rank()}.json")))
+    args = config("run", resume_from_checkpoint=saved, save_strategy="no")
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        t = GRPOTrainer(MODEL, digit_fraction, args=args, train_dataset=prompts)
+        rounds = recording(t)
+        t.train()
+    return {"saved": state, "rounds": rounds, "printed": printed.getvalue()}
+
+
+with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
+    json.dump(results, fh)
+dist.barrier("results written")
