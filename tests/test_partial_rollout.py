@@ -141,3 +141,20 @@ def test_the_token_band_drops_tokens_whose_ratio_leaves_it_from_the_policy_term(
 def test_settings_partial_rollouts_cannot_serve_are_refused_naming_the_field(tmp_path, kw, says):
     with pytest.raises(ValueError, match=says.replace("(", r"\(").replace("[", r"\[")):
         GRPOConfig(output_dir=str(tmp_path), report_to="none", **kw).validate(world_size=2)
+
+
+def test_a_round_waits_for_the_groups_the_next_one_could_no_longer_train():
+    G, L = 2, 20
+    scripts = {(0, 0): [1] * 8, (0, 1): [1] * 2, (1, 0): [2] * 2, (1, 1): [2] * 2}
+    engine, flight = ScriptedEngine(scripts), InFlight(G, L)
+    flight.add(0, 0, 0)
+    flight.record(request_id(0, 0, 0), [1] * 3, [-0.5] * 3, False, False, version=4)  # carried from version 4
+    flight.groups[0].members[0].segments = 1
+    flight.add(1, 1, 0)
+    assert flight.at_risk(version=5, max_staleness=1) == [0] and flight.at_risk(version=5, max_staleness=2) == []
+    # need 1: group 1 is complete after 2 steps, but group 0's tokens would be 2 versions old next round: it is waited
+    # for (5 more tokens), and taken first
+    counts = run_round(engine, flight, lambda i: [50 + i], None, need=1, version=5, max_staleness=1)
+    assert counts["waited_for"] == 1 and counts["stopped"] == 0 and flight.complete() == [0, 1]
+    assert [g.position for g in flight.take(1)] == [0]
+    assert flight.restart_stale(version=6, max_staleness=1) == (0, 0)  # nothing was lost

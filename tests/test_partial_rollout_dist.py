@@ -102,3 +102,40 @@ def test_a_checkpoint_carries_the_groups_in_flight_and_the_resumed_run_continues
     before = {p for r in part(results, "run") for rd in r["rounds"][:3] for p in rd["groups"]}
     after = [p for r in part(results, "resumed") for rd in r["rounds"] for p in rd["groups"]]
     assert len(after) == len(set(after)) and not before & set(after)
+
+
+def test_the_async_trainer_pools_each_group_once_with_its_oldest_version_bounded(results):
+    seen, mixed = {}, 0
+    for rank, r in enumerate(part(results, "async")):
+        assert len(r["rounds"]) == 6
+        for rd in r["rounds"]:
+            for p, g in rd["groups"].items():
+                assert p not in seen, f"position {p} trained twice"
+                seen[p] = rd["round"]
+                for c, v in zip(g["completions"], g["versions"]):
+                    assert len(c) == len(v) and v == sorted(v)
+                    assert rd["round"] - min(v) <= MAX_STALENESS, (rd["round"], v)
+                    mixed += len(set(v)) > 1
+    assert mixed > 0  # a pause (the weight sync) stopped completions that then finished on the new weights
+    hist = part(results, "async")[0]["history"]
+    age0 = [h["partial/sampler_gap/age0"] for h in hist if "partial/sampler_gap/age0" in h]
+    assert age0 and max(age0) < 1e-4, age0
+    assert hist[-1]["partial/completions_stopped_total"] > 0
+    assert all(abs(sum(h[f"partial/staleness/{a}"] for a in range(MAX_STALENESS + 1)) - 1.0) < 1e-6 for h in hist)
+
+
+def test_an_async_checkpoint_keeps_the_groups_in_flight_and_the_resumed_run_trains_them_once(results):
+    run, resumed = part(results, "async"), part(results, "async_resumed")
+    in_flight = {g["position"]: g for r in run for g in r["saved_in_flight"]}
+    assert in_flight and any(c["tokens"] for g in in_flight.values() for c in g["members"])
+    first3 = {p for r in run for rd in r["rounds"][:3] for p in rd["groups"]}
+    later = [p for r in resumed for rd in r["rounds"] for p in rd["groups"]]
+    assert len(later) == len(set(later)) and not first3 & set(later)
+    continued = 0
+    for r in resumed:
+        for rd in r["rounds"]:
+            for p, g in rd["groups"].items():
+                if int(p) in in_flight:
+                    for c, completion in zip(in_flight[int(p)]["members"], g["completions"]):
+                        continued += bool(c["tokens"]) and completion[:len(c["tokens"])] == c["tokens"]
+    assert continued > 0  # a prefix saved in flight was continued, not sampled again

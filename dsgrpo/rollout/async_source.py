@@ -37,7 +37,8 @@ from .pool import ClaimCounter, Group, GroupPool, PromptStream, plan_batch
 from .sources import Placement, RolloutSetup, RolloutSource
 from .tensor_parallel import LeadingGenerator, MirrorLink, MirrorWorker, TensorParallelGenerator
 from .weight_sync import send_weights
-from .worker import RolloutWorker, as_rollout_rows
+from .partial import overprovision_per_rank, staleness_metrics
+from .worker import PartialRolloutWorker, RolloutWorker, as_rollout_rows
 
 POLL_SECONDS = 0.01
 ZERO_STD_GIVE_UP_ROUNDS = 20  # dynamic sampling gives up after this many rounds' worth of uninformative groups
@@ -76,8 +77,10 @@ class GroupExchange:
                 link = MirrorLink()
                 sampler = copy.copy(sampler)
                 sampler.generator = LeadingGenerator(setup.generator.engine, link)
-            self.worker = RolloutWorker(
-                sampler=sampler, prompts=setup.prompts, stream=self.stream, counter=self.counter,
+            partial = {"overprovision": overprovision_per_rank(a.rollout_overprovision, self.placement.generators)} \
+                if a.partial_rollout else {}
+            self.worker = (PartialRolloutWorker if a.partial_rollout else RolloutWorker)(
+                **partial, sampler=sampler, prompts=setup.prompts, stream=self.stream, counter=self.counter,
                 pool=self.pool, score=self._score_groups if setup.scores_anywhere else None,
                 balanced=a.async_load_balancing, chunk_groups=a.async_chunk_groups or default_chunk_groups(
                     self.stream.P, workers=self.placement.generators // max(1, a.vllm_tensor_parallel_size)),
@@ -110,7 +113,8 @@ class GroupExchange:
                 self.counter.add("dropped", stale)  # the worker claims replacements
             w = self.worker
             mine = [len(self.pool), float(w is not None and w.error is not None), w.zero_std_dropped if w else 0,
-                    w.completions_generated if w else 0, self.stale_dropped]
+                    w.completions_generated if w else 0, self.stale_dropped, getattr(w, "stopped", 0),
+                    getattr(w, "resampled", 0)]
             status = dist.all_gather(torch.tensor([mine], dtype=torch.float64), group=dist.EVERYONE)
             if status[:, 1].any():
                 self.raise_worker_error()
@@ -158,9 +162,12 @@ class GroupExchange:
     def state_dict(self) -> dict:
         """The pool and the claim counters, so a resumed run trains the groups already generated and claims
         exactly the positions not yet claimed."""
-        return {"pool": self.pool.to_json(), "claimed": self.counter.add("claimed", 0),
-                "dropped": self.counter.add("dropped", 0),
-                "completions_generated": self.worker.completions_generated if self.worker else 0}
+        state = {"pool": self.pool.to_json(), "claimed": self.counter.add("claimed", 0),
+                 "dropped": self.counter.add("dropped", 0),
+                 "completions_generated": self.worker.completions_generated if self.worker else 0}
+        if isinstance(self.worker, PartialRolloutWorker):  # claimed, not pooled yet: the groups in flight
+            state["in_flight"] = self.worker.inflight.state()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.pool.load_json(state["pool"])
@@ -169,6 +176,8 @@ class GroupExchange:
             self.counter.set("dropped", state["dropped"])
         if self.worker is not None:
             self.worker.completions_generated = state["completions_generated"]
+        if isinstance(self.worker, PartialRolloutWorker):
+            self.worker.inflight.load(state.get("in_flight", []))
 
     def close(self) -> None:
         if self.worker is not None:
@@ -258,6 +267,11 @@ class AsyncRolloutSource(RolloutSource):
                                        [len(g.rollout) for g in groups], rollout)
         batch.rewards = rewards
         batch.metrics.update(self._rollout_metrics(round_index, plan, held, waited, status))
+        if self.args.partial_rollout:  # completions mix versions: the token-age histogram over the ranks
+            mine = staleness_metrics(rollout, round_index, self.args.max_staleness)
+            tokens = sum(len(c) for c in rollout.completion_ids)
+            batch.metrics.update(dist.reduce_metrics(mine, {k: tokens if "staleness" in k else len(rollout)
+                                                            for k in mine}))
         batch.metrics.update(self._tool_metrics(batch))
         return batch
 
@@ -273,6 +287,9 @@ class AsyncRolloutSource(RolloutSource):
                    "async/groups_pooled": float(sum(len(h) for h in held) - len(plan.chosen)),
                    "time/wait_for_rollout": waited}
         self._dropped_reported = dropped_total
+        if self.args.partial_rollout:  # since the start: completions a pause stopped, and over-stale ones re-sampled
+            metrics["partial/completions_stopped_total"] = float(status[:, 5].sum())
+            metrics["partial/completions_resampled_total"] = float(status[:, 6].sum())
         for r in range(first, status.shape[0]):
             metrics[f"async/completions_generated/rank{r}"] = float(status[r, 3])
         self.last_plan = plan
@@ -357,7 +374,8 @@ class AsyncRolloutSource(RolloutSource):
         mine = [r for r in range(len(states)) if r % world == rank]
         return {"pool": [g for r in mine for g in states[r]["pool"]], "claimed": states[0]["claimed"],
                 "dropped": states[0]["dropped"],
-                "completions_generated": sum(states[r]["completions_generated"] for r in mine)}
+                "completions_generated": sum(states[r]["completions_generated"] for r in mine),
+                "in_flight": [g for r in mine for g in states[r].get("in_flight", [])]}
 
     def reshard_note(self, saved_world: int, world: int) -> Optional[str]:
         return (f"the {saved_world} ranks' pooled groups are dealt out to {world} (each trained once, with the policy "

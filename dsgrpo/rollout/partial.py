@@ -116,12 +116,19 @@ class InFlight:
                     restarted += 1
         return restarted, tokens
 
-    def requests(self) -> List[Tuple[str, List[int], int, int]]:
-        """(request id, tokens so far, tokens left, seed) of every unfinished completion, oldest group first."""
+    def at_risk(self, version: int, max_staleness: int) -> List[int]:
+        """Groups that must complete in the round sampling `version`: a token of theirs would be over-stale in the
+        next one (it would be sampled again from the start, its work lost)."""
+        return sorted(p for p, g in self.groups.items()
+                      if any(c.oldest() is not None and c.oldest() <= version - max_staleness for c in g.members))
+
+    def requests(self, skip=()) -> List[Tuple[str, List[int], int, int]]:
+        """(request id, tokens so far, tokens left, seed) of every unfinished completion, oldest group first (but
+        those whose current request id is in `skip`: already running)."""
         out = []
         for position in sorted(self.groups):
             for c in self.groups[position].members:
-                if not c.finished:
+                if not c.finished and (not skip or request_id(position, c.member, c.segments - 1) not in skip):
                     seed = (c.seed + SEGMENT_SEED_STRIDE * c.segments) % (2 ** 31 - 1)
                     out.append((request_id(position, c.member, c.segments), c.tokens, self.max_tokens - len(c.tokens),
                                 seed))
@@ -143,9 +150,13 @@ class InFlight:
         return sorted(p for p, g in self.groups.items() if g.complete())
 
     def take(self, n: int) -> List[InFlightGroup]:
-        """The n complete groups of the oldest positions, out of flight."""
-        chosen = self.complete()[:n]
-        return [self.groups.pop(p) for p in chosen]
+        """n complete groups out of flight: those with the oldest tokens first (the next round could no longer train
+        them), then by stream position."""
+        def age(p):
+            oldest = [c.oldest() for c in self.groups[p].members if c.oldest() is not None]
+            return (min(oldest) if oldest else float("inf"), p)
+        chosen = sorted(self.complete(), key=age)[:n]
+        return [self.groups.pop(p) for p in sorted(chosen)]
 
     def end_round(self) -> None:
         for group in self.groups.values():
@@ -159,19 +170,26 @@ class InFlight:
         self.groups = {g["position"]: InFlightGroup.from_json(g) for g in groups}
 
 
-def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, version: int) -> dict:
+def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, version: int,
+              max_staleness: Optional[int] = None) -> dict:
     """Submit every unfinished completion (prompt + its tokens so far), step the engine until `need` groups are
-    complete (or nothing runs), then stop the rest: their tokens stay in `inflight` for the next round. Returns
-    counts for the metrics."""
+    complete (or nothing runs), then stop the rest: their tokens stay in `inflight` for the next round. With
+    `max_staleness`, the round also waits for the groups that would be over-stale in the next one (the sampler is
+    paced rather than their work discarded). Returns counts for the metrics."""
+    must = set(inflight.at_risk(version, max_staleness)) if max_staleness is not None else set()
+
+    def done() -> bool:
+        complete = inflight.complete()
+        return len(complete) >= need and must <= set(complete)
     running = set()
     # groups finished beyond the last round's need may already fill this one: then nothing is submitted
-    for rid, prefix, left, seed in (inflight.requests() if len(inflight.complete()) < need else []):
+    for rid, prefix, left, seed in (inflight.requests() if not done() else []):
         position, _ = parse_request_id(rid)
         engine.submit(rid, list(prompt_ids(inflight.groups[position].prompt_index)) + list(prefix), sampling, left,
                       seed)
         running.add(rid)
     submitted, sampled = len(running), 0
-    while running and len(inflight.complete()) < need:
+    while running and not done():
         for rid, tokens, logprobs, finished, truncated in engine.advance():
             inflight.record(rid, tokens, logprobs, finished, truncated, version)
             sampled += len(tokens)
@@ -182,7 +200,7 @@ def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, versi
                                f"(e.g. {sorted(running)[:3]}): they were never finished nor stopped.")
     engine.abort(sorted(running))
     inflight.end_round()
-    return {"submitted": submitted, "stopped": len(running), "sampled": sampled}
+    return {"submitted": submitted, "stopped": len(running), "sampled": sampled, "waited_for": len(must)}
 
 
 def as_rollout(groups: List[InFlightGroup], prompt_ids) -> Rollout:

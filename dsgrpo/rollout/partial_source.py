@@ -32,6 +32,12 @@ class PartialRolloutSource(RolloutSource):
         self.next_position: Optional[int] = None  # the stream's next unclaimed position (the same on every rank)
         self.resumed_note: Optional[str] = None
         self.last_positions: List[int] = []
+        if self.extra > self.share * max(1, a.max_staleness) and dist.is_main():
+            # a carried group must be trained within max_staleness rounds, and a round trains `share` of them
+            print(f"dsgrpo: note: rollout_overprovision={a.rollout_overprovision} keeps {self.extra} groups per rank "
+                  f"in flight beyond a round's {self.share}; with max_staleness={a.max_staleness} some will be "
+                  f"over-stale before a round can train them and are sampled again (work lost). Keep it at most "
+                  f"{self.share * max(1, a.max_staleness) * world} or raise max_staleness.", flush=True)
 
     @classmethod
     def check(cls, args, *, placement, prompts_per_round: int, reward_models: bool, evaluates: bool,
@@ -69,7 +75,8 @@ class PartialRolloutSource(RolloutSource):
                               segment_seed(a.seed, position, self.stream.P, self.stream.G))
         self.next_position += sum(n[0] for n in needs)
         carried = sum(1 for g in self.inflight.groups.values() if g.carried)
-        counts = run_round(generator, self.inflight, self._prompt_ids, self.sampling, self.share, version)
+        counts = run_round(generator, self.inflight, self._prompt_ids, self.sampling, self.share, version,
+                           a.max_staleness)
         groups = self.inflight.take(self.share)
         self.last_positions = [g.position for g in groups]  # the stream positions this round trains
         generator.end_generation()  # sleep mode: nothing runs until the next round

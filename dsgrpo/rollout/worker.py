@@ -130,6 +130,12 @@ class RolloutWorker(BackgroundThread):
         version = self.version
         rollout = self.sampler.sample(self.prompts, indices, [G] * len(positions),
                                       [self.stream.sampling_seed(p) for p in positions])
+        self._pool(positions, indices, rollout, [version] * len(positions))
+
+    def _pool(self, positions: List[int], indices: List[int], rollout, versions: List[int]) -> None:
+        """Score k complete groups (their rows in order), drop the uninformative ones (dynamic sampling), pool the
+        rest; `versions[j]`: the policy version group j counts as (its oldest token's)."""
+        G = self.stream.G
         self.completions_generated += len(rollout)
         rewards = self.score(indices, rollout) if self.score is not None else None  # [k·G, K]
         keep = [True] * len(positions)
@@ -139,13 +145,96 @@ class RolloutWorker(BackgroundThread):
         for j, (position, index) in enumerate(zip(positions, indices)):
             if keep[j]:
                 rows = slice(j * G, (j + 1) * G)
-                groups.append(Group(position, index, version, self.rank, rollout.rows(rows),
+                groups.append(Group(position, index, versions[j], self.rank, rollout.rows(rows),
                                     None if rewards is None else rewards[rows].clone()))
         dropped = len(positions) - len(groups)
         if dropped:
             self.zero_std_dropped += dropped
             self.counter.add("dropped", dropped)  # their places are claimed again
         self.pool.add(groups)
+
+
+class PartialRolloutWorker(RolloutWorker):
+    """The rollout worker with `partial_rollout=True`: it steps the engine itself, one completion per request, keeps
+    `chunk_groups + overprovision` groups in flight (claiming a new one as soon as one completes, so the engine's
+    batch never drains to the long tail) and pools each group the moment its last completion ends. A pause (weight
+    sync, checkpoint, evaluation) stops the running completions; they keep their tokens and continue as prompt +
+    prefix, on the weights the pause loaded (rollout/partial.py). A group counts as the version of its oldest
+    token; completions more than max_staleness versions behind are sampled again from the start."""
+
+    def __init__(self, *, overprovision: int, **kw):
+        super().__init__(**kw)
+        from .partial import InFlight
+        self.engine, self.sampling = self.sampler.generator, self.sampler.sampling
+        self.target = self.chunk + overprovision   # groups in flight
+        self.inflight = InFlight(self.stream.G, self.sampling.max_tokens)
+        self.running: set = set()                  # request ids the engine holds
+        self.stopped = self.resampled = 0          # completions stopped by pauses; sampled again (over-stale)
+
+    @contextmanager
+    def paused(self):
+        with super().paused() as waited:
+            self._stop_running()
+            yield waited
+
+    def _stop_running(self) -> None:
+        """With the work lock held: the engine drops the running completions; their tokens stay in flight."""
+        if self.running:
+            self.engine.abort(sorted(self.running))
+            self.stopped += len(self.running)
+            self.running.clear()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self._pause_requests:
+                    time.sleep(0.002)
+                    continue
+                with self._work:
+                    if self._step():
+                        continue
+                self._stop.wait(0.01)  # nothing to sample until a new version or a drop
+        except BaseException:  # noqa: BLE001 - the loop re-raises it with this traceback
+            self.error = traceback.format_exc()
+        finally:
+            with self._work:
+                self._stop_running()
+
+    def _step(self) -> bool:
+        """Claim up to the target, submit what is not running, one engine step, pool what completed. False when
+        there was nothing to do."""
+        from .partial import parse_request_id, segment_seed
+        restarted, _ = self.inflight.restart_stale(self.version, self.max_staleness)
+        self.resampled += restarted
+        want = self.target - len(self.inflight)
+        for position in (self._claim_up_to(want) if want > 0 else []):
+            self.inflight.add(position, self.stream.prompt_index(position),
+                              segment_seed(self.stream.seed, position, self.stream.P, self.stream.G))
+        for rid, prefix, left, seed in self.inflight.requests(skip=self.running):
+            position, _ = parse_request_id(rid)
+            prompt = self.prompts.prompt_ids[self.inflight.groups[position].prompt_index]
+            self.engine.submit(rid, list(prompt) + list(prefix), self.sampling, left, seed)
+            self.running.add(rid)
+        if not self.running:
+            return False
+        for rid, tokens, logprobs, finished, truncated in self.engine.advance():
+            self.inflight.record(rid, tokens, logprobs, finished, truncated, self.version)
+            if finished:
+                self.running.discard(rid)
+        done = self.inflight.take(len(self.inflight.complete()))
+        if done:
+            from .partial import as_rollout
+            rollout = as_rollout(done, lambda i: self.prompts.prompt_ids[i])
+            self._pool([g.position for g in done], [g.prompt_index for g in done], rollout,
+                       [min(min(c.versions or [self.version]) for c in g.members) for g in done])
+        return True
+
+    def _claim_up_to(self, k: int) -> List[int]:
+        chunk, self.chunk = self.chunk, k
+        try:
+            return self._claim()
+        finally:
+            self.chunk = chunk
 
 
 def as_rollout_rows(groups: List[Group]):

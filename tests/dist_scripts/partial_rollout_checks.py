@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.rollout.partial_source import PartialRolloutSource  # noqa: E402
 from dsgrpo.rollout.sources import GenerationSource  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
@@ -96,6 +96,47 @@ def _():
         rounds = recording(t)
         t.train()
     return {"saved": state, "rounds": rounds, "printed": printed.getvalue()}
+
+
+def recording_async(trainer):
+    """Wrap the async source's next_batch: each round's trained positions (the batch plan) and its rows."""
+    source, rounds = trainer.source, []
+
+    def next_batch(round_index, inner=source.next_batch):
+        batch = inner(round_index)
+        r, G = batch.rollout, trainer.args.num_generations
+        positions = source.last_plan.trained_on(dist.rank())
+        groups = {str(p): {"completions": r.completion_ids[j * G:(j + 1) * G],
+                           "versions": r.weight_versions[j * G:(j + 1) * G]} for j, p in enumerate(positions)}
+        rounds.append({"round": round_index, "groups": groups,
+                       "metrics": {k: v for k, v in batch.metrics.items() if k.startswith(("partial/", "async/"))}})
+        return batch
+
+    source.next_batch = next_batch
+    return rounds
+
+
+@check("async")
+def _():
+    args = config("async", save_strategy="steps", save_steps=3, async_chunk_groups=1)
+    t = AsyncGRPOTrainer(MODEL, digit_fraction, args=args, train_dataset=prompts)
+    rounds = recording_async(t)
+    t.train()
+    rows = [h for h in t.state.log_history if "loss" in h]
+    keys = ("partial/", "sampling/", "async/staleness", "rollout/")
+    saved = json.load(open(os.path.join(OUT, "async", "checkpoint-3", f"rollout_state_{dist.rank()}.json")))
+    return {"rounds": rounds, "history": [{k: v for k, v in h.items() if k.startswith(keys)} for h in rows],
+            "saved_in_flight": saved.get("in_flight"), "saved_pool": [g["position"] for g in saved["pool"]]}
+
+
+@check("async_resumed")
+def _():
+    saved = os.path.join(OUT, "async", "checkpoint-3")
+    args = config("async", resume_from_checkpoint=saved, save_strategy="no", async_chunk_groups=1)
+    t = AsyncGRPOTrainer(MODEL, digit_fraction, args=args, train_dataset=prompts)
+    rounds = recording_async(t)
+    t.train()
+    return {"rounds": rounds}
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
