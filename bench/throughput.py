@@ -193,7 +193,7 @@ def time_parts(trainer, a, reps: int = 2):
 
     from dsgrpo import dist
     from dsgrpo.rollout import sync_weights
-    from dsgrpo.trainer import generation_batch_rows
+    from dsgrpo.trl_surface import generation_batch_rows
 
     trainer.state.max_steps = trainer.state.global_step + 2 * reps  # room for the updates timed below
     source = trainer.train_prompts

@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from . import compat, dist
+from . import compat, dist, resume_guards
 from .errors import CheckpointError
 
 ENGINE_TAG = "engine"
@@ -429,7 +429,7 @@ def _write_trainer_state(trainer, partial: str, step: int) -> None:
              "epoch": trainer.state.epoch, "log_history": trainer.state.log_history,
              "entropy_control": trainer.update.entropy_coef.state_dict(), "model_only": bool(args.save_only_model),
              "identity": run_identity(args, trainer.world, trainer.policy.module.config, trainer.adapter),
-             "deepspeed_auto": trainer.deepspeed_auto,
+             "deepspeed_auto": trainer.deepspeed_auto, **resume_guards.recorded(trainer),
              **{k: getattr(trainer.state, k) for k in BEST_FIELDS}}
     with open(os.path.join(partial, "trainer_state.json"), "w") as fh:
         json.dump(state, fh)
@@ -649,12 +649,17 @@ def load(trainer, path: str) -> None:
     if os.path.isfile(rng_file):  # a rank the writing run did not have keeps its seed-derived streams
         with open(rng_file) as fh:
             set_rng_state(json.load(fh))
+    offset, note, data_changed = resume_guards.resume_note(path, state, trainer, trainer.prompts_per_round)
+    trainer.train_prompts.round_offset = offset
     try:
         if saved_world == trainer.world:
-            trainer.source.load_state_dict(read_rollout_state(path, dist.rank()))
+            rollout_state = read_rollout_state(path, dist.rank())
         else:
             states = [read_rollout_state(path, r) for r in range(saved_world)]
-            trainer.source.load_state_dict(trainer.source.reshard_state(states, dist.rank(), trainer.world))
+            rollout_state = trainer.source.reshard_state(states, dist.rank(), trainer.world)
+        if data_changed:  # groups sampled from the old set's rows would be trained with the new set's columns
+            rollout_state = trainer.source.without_samples(rollout_state)
+        trainer.source.load_state_dict(rollout_state)
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
     trainer.state.global_step = state["global_step"]
@@ -667,6 +672,8 @@ def load(trainer, path: str) -> None:
     for key in BEST_FIELDS:  # the best checkpoint so far stays the one to beat
         setattr(trainer.state, key, state.get(key))
     trainer.last_checkpoint = path
+    if note and dist.is_main():
+        print(note, file=sys.stderr, flush=True)
     if saved_world != trainer.world and dist.is_main():
         print(world_change_note(path, saved_world, trainer.world, state["generation_round"],
                                 trainer.source.reshard_note(saved_world, trainer.world)), file=sys.stderr, flush=True)

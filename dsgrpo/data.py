@@ -44,6 +44,8 @@ class RoundSlice:
 
 
 class PromptSource:
+    # the generation round the prompt stream starts at (a resume with reset_data_position: the round it resumed at)
+    round_offset = 0
     streaming = False
 
     def __init__(self, dataset, tokenizer, *, max_prompt_length: Optional[int], context_length: Optional[int],
@@ -72,6 +74,11 @@ class PromptSource:
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    def identity(self) -> dict:
+        """What tells this prompt set from another (recorded in checkpoints): its length and the datasets
+        fingerprint of its rows, where the dataset has one."""
+        return {"rows": len(self.dataset), "fingerprint": getattr(self.dataset, "_fingerprint", None)}
 
     def longest_prompt(self) -> Optional[int]:
         """Tokens of the longest prompt (None where the prompts are not all known before training: streaming)."""
@@ -114,7 +121,8 @@ class PromptSource:
 
     def stream_index(self, position: int, prompts_per_round: int, seed: int, shuffle: bool) -> int:
         """The dataset row at `position` of the prompt stream (round position // prompts_per_round, slot
-        position % prompts_per_round) in the epoch-wise order."""
+        position % prompts_per_round) in the epoch-wise order; the stream starts `round_offset` rounds in."""
+        position -= self.round_offset * prompts_per_round
         n = len(self)
         if n >= prompts_per_round:
             round_index, slot = divmod(position, prompts_per_round)
@@ -193,11 +201,15 @@ class StreamingPromptSource(PromptSource):
             raise ValueError(f"{field} holds conversational prompts (lists of messages) but the tokenizer has no chat "
                              "template. Pass a processing_class with a chat_template, or give plain-text prompts.")
 
+    def identity(self) -> dict:
+        return {"rows": None, "fingerprint": getattr(self.dataset, "_fingerprint", None)}
+
     def __len__(self) -> int:
         raise TypeError(f"{self.field} is an IterableDataset: it has no length (set max_steps; epoch-based "
                         "strategies need a map-style datasets.Dataset).")
 
     def round_prompts(self, round_index: int, prompts_per_round: int, seed: int, shuffle: bool) -> List[int]:
+        round_index -= self.round_offset
         positions = list(range(round_index * prompts_per_round, (round_index + 1) * prompts_per_round))
         self._read(positions)
         return positions

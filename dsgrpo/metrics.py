@@ -3,7 +3,9 @@ Names ending in /min or /max keep the extreme; others are weighted means (weight
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
+
+import torch
 
 from . import dist
 
@@ -29,3 +31,22 @@ class MetricAccumulator:
     def reduce(self) -> Dict[str, float]:
         """Collective: every rank must call it with the same names."""
         return dist.reduce_metrics(self.local(), self.weights)
+
+
+def round_metrics(stats: dict, rewards: torch.Tensor, names: List[str], lengths: torch.Tensor,
+                  truncated: torch.Tensor, prompt_lengths: torch.Tensor) -> Dict[str, float]:
+    """A round's reward and length metrics over every rank's completions (TRL's names). `reward` is the mean of the
+    completions' weighted totals (reward_weights applied, as advantages see them; NaN: every function declined),
+    `rewards/<name>/mean|std` each function's own values, unweighted. `_completion_tokens` and `_tokens` are the
+    round's token counts (throughput), not logged as such."""
+    from .algorithms import nan_std
+
+    metrics = {"reward": torch.nanmean(stats["rewards"]).item(), "reward_std": stats["std_per_group"].mean().item(),
+               "frac_reward_zero_std": stats["frac_reward_zero_std"].item(),
+               "completions/mean_length": lengths.mean().item(), "completions/min_length": lengths.min().item(),
+               "completions/max_length": lengths.max().item(), "completions/clipped_ratio": truncated.mean().item(),
+               "_completion_tokens": lengths.sum().item(), "_tokens": (lengths.sum() + prompt_lengths.sum()).item()}
+    for k, name in enumerate(names):
+        metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards[:, k]).item()
+        metrics[f"rewards/{name}/std"] = nan_std(rewards[:, k], dim=0).item()
+    return metrics

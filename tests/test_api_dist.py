@@ -206,3 +206,31 @@ def test_evaluation_never_moves_training_and_greedy_evaluation_is_seed_free(resu
         assert len(sampled[0]["completions"]) == 8  # 4 samples of each of its 2 prompts
         assert sampled[0]["completions"] != sampled[1]["completions"]  # sampling follows the seed
     assert results[0]["eval_rng_and_greedy"]["logged_evals"] == 3 + 4  # trainer.evaluate() after train() is logged
+
+
+def test_a_resume_says_once_what_another_dataset_or_reward_list_changes_and_can_restart_the_data(results):
+    for rank, r in enumerate(part(results, "resume_guards")):
+        assert r["same"]["said"] == [] and r["same"]["offset"] == 0  # the same set: nothing to say
+        said = r["changed"]["said"]
+        if rank == 0:  # once, by rank 0
+            assert len(said) == 1 and "the train dataset is another than the checkpoint's (16 rows" in said[0]
+            assert "24 rows" in said[0] and "reset_data_position=True" in said[0] and "skipped" in said[0]
+        else:
+            assert said == []
+        for key in ("reset", "alias"):  # ignore_data_skip is transformers' name for it
+            assert r[key]["offset"] == 2
+            if rank == 0:
+                assert "starts from its first prompt at round 2" in r[key]["said"][0]
+        if rank == 0:
+            msg = r["rewards"]["said"][0]
+            assert "reward functions ['digit_fraction'] -> ['digit_fraction', 'digit_fraction_1']" in msg or \
+                "reward functions ['digit_fraction'] ->" in msg
+            assert "reward_weights None -> [1.0, 0.5]" in msg
+    ranks = part(results, "resume_guards")
+
+    def trained(key):
+        return sorted({p for r in ranks for p in r[key]["prompts"]})
+    # without the reset the new set's round-2 prompts train (rows 8..11 of 'Spell word'); with it, its first four
+    assert trained("changed") == sorted(f"Spell word {i}:" for i in range(8, 12))
+    assert trained("reset") == trained("alias") == sorted(f"Spell word {i}:" for i in range(0, 4))
+    assert trained("same") == sorted(f"Count {i}:" for i in range(8, 12))

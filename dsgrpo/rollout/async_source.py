@@ -352,6 +352,20 @@ class AsyncRolloutSource(RolloutSource):
                                   "without an async rollout source. Resume it with the trainer that wrote it.")
         self.exchange.load_state_dict(state)
 
+    def without_samples(self, state: Optional[dict]) -> Optional[dict]:
+        if not state:
+            return state
+        if self.split:
+            raise CheckpointError("async_placement='split' keeps the generating ranks' pools of the old train "
+                                  "dataset's rows; resume with the checkpoint's train dataset, or with "
+                                  "async_placement='colocate'.")
+        # every rank's own pool and groups in flight go, and their places are claimed again: a shared counter
+        # (rank 0 restores it) learns of every rank's, a rank's own counter of its own
+        mine = len(state.get("pool", [])) + len(state.get("in_flight", []))
+        every = int(dist.all_reduce_sum(torch.tensor([float(mine)]))[0])
+        return {**state, "pool": [], "in_flight": [],
+                "dropped": state["dropped"] + (every if self.exchange.counter.shared else mine)}
+
     @classmethod
     def check_world_change(cls, args, path: str, saved_world: int, world: int) -> None:
         if args.async_placement == "split":

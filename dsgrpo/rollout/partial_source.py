@@ -115,6 +115,11 @@ class PartialRolloutSource(RolloutSource):
         self.resumed_note = "they continue from their prefixes (their old tokens keep their versions; " \
                             "max_staleness re-samples the ones too old)"
 
+    def without_samples(self, state: Optional[dict]) -> Optional[dict]:
+        if state and "partial_rollout" in state:
+            state = {"partial_rollout": {**state["partial_rollout"], "in_flight": []}}
+        return state
+
     def reshard_state(self, states, rank: int, world: int) -> dict:
         """The writing ranks' groups in flight dealt out (old rank r's go to rank r % world): each is a whole group
         with its prefixes and their versions, so none is lost or sampled twice; the stream position is shared."""

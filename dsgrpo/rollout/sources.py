@@ -138,6 +138,11 @@ class RolloutSource:
     def load_state_dict(self, state: Optional[dict]) -> None:
         """`state` is what state_dict() saved, or None when the checkpoint holds none for this rank."""
 
+    def without_samples(self, state: Optional[dict]) -> Optional[dict]:
+        """A saved state with the sampled groups not yet trained left out (a resume with another train dataset: they
+        hold the old set's rows), their places counted as dropped."""
+        return state
+
     # ---- resuming on another number of ranks (checkpoint.load)
     @classmethod
     def check_world_change(cls, args, path: str, saved_world: int, world: int) -> None:

@@ -279,6 +279,40 @@ def _():
     return result
 
 
+@check("resume_guards")
+def _():
+    """Resuming with another train dataset, another reward list, and reset_data_position (issue 48)."""
+    import contextlib
+    import io
+
+    first = Dataset.from_list([{"prompt": f"Count {i}:"} for i in range(16)])
+    other = Dataset.from_list([{"prompt": f"Spell word {i}:"} for i in range(24)])
+    common = dict(max_completion_length=4, save_steps=2, shuffle_dataset=False)
+    out = os.path.join(OUT, "guards")
+    t = GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=first, args=config("guards", **common))
+    KEEP.append(t)
+    t.train()
+    saved = os.path.join(out, "checkpoint-2")
+
+    def resumed(dataset, rewards, **kw):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            r = GRPOTrainer(tiny_model("qwen2"), rewards, train_dataset=dataset,
+                            args=config("guards", max_steps=3, resume_from_checkpoint=saved,
+                                        **{**common, "save_steps": 10**6}, **kw))
+            KEEP.append(r)
+            seen = spy_batches(r)
+            r.train()
+        return {"said": [l for l in err.getvalue().splitlines() if l.startswith("dsgrpo: resuming")],
+                "prompts": sorted(set(seen[0].prompts)), "offset": r.train_prompts.round_offset}
+    same = resumed(first, digit_fraction)
+    changed = resumed(other, digit_fraction)
+    reset = resumed(other, digit_fraction, reset_data_position=True)
+    alias = resumed(other, digit_fraction, ignore_data_skip=True)
+    rewards = resumed(first, [digit_fraction, digit_fraction], reward_weights=[1.0, 0.5])
+    return {"same": same, "changed": changed, "reset": reset, "alias": alias, "rewards": rewards}
+
+
 SEEN_COMPLETIONS = []
 
 
