@@ -27,18 +27,20 @@ files), before any state is read: a truncated shard or a changed byte is refused
 (torch's zip reader would fail deep inside DeepSpeed without the name) and never a silent fresh start. Writing
 that fails on any rank (a full disk) fails the save on every rank, removes the partial folder and leaves
 `latest` and the previous checkpoints as they were.
+
+Beside this module: run_identity.py (what a continuing run must share, refused naming each difference),
+checkpoint_integrity.py (checksums), world_change.py (another number of ranks: DeepSpeed's universal copy) and
+resume_guards.py (another dataset or reward list, said once; reset_data_position).
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import random
 import shutil
 import sys
-import time
 import warnings
 from typing import Any, Dict, List, Optional
 
@@ -46,26 +48,14 @@ import numpy as np
 import torch
 
 from . import compat, dist, resume_guards
+from .checkpoint_integrity import (CHECKSUMS, COMPLETE, DamagedCheckpointError, _digest_share, check_intact,
+                                   checkpoint_files)
 from .errors import CheckpointError
+from .run_identity import check_can_continue, run_identity
+from .world_change import ENGINE_TAG, UNIVERSAL_TAG, _saved_world, check_world_change, universal_engine, world_change_note
 
-ENGINE_TAG = "engine"
 REFERENCE_TAG = "reference"
-COMPLETE = "COMPLETE"
-CHECKSUMS = "checksums.json"
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again", a checkpoint was written; batch scripts requeue on it
-UNIVERSAL_TAG = "engine_universal"  # the engine state converted for another world size (DeepSpeed's universal format)
-# Settings a checkpoint cannot be continued under: the data order, a round's prompts and optimizer steps, or the
-# model would change. The per-rank geometry (world size, per-device batch, accumulation) may change as long as
-# each round keeps its prompts and its optimizer steps: the prompt stream is a function of the round.
-IDENTITY_FIELDS = ("num_generations", "seed", "shuffle_dataset", "data_seed", "num_iterations")
-CONTINUE_KEYS = ("model_config", "adapter", "prompts_per_round", "steps_per_round") + IDENTITY_FIELDS
-# What checkpoints written before world-size changes were possible compared (their identity has these only)
-LEGACY_KEYS = ("world_size", "model_config", "adapter", "num_generations", "per_device_train_batch_size",
-               "gradient_accumulation_steps", "seed", "steps_per_generation", "generation_batch_size",
-               "shuffle_dataset", "data_seed")
-GEOMETRY_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
-                   "generation_batch_size")
-
 
 def checkpoint_name(step: int) -> str:
     return f"checkpoint-{step}"
@@ -143,15 +133,6 @@ def _step_of(path: str) -> int:
     return int(name[len("checkpoint-"):]) if name[len("checkpoint-"):].isdigit() else -1
 
 
-def run_identity(args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """What a checkpoint must share with the run that continues it (`adapter`: a LoRA policy's shape), and the
-    per-rank geometry it was written under (recorded, compared only for checkpoints of older dsgrpo)."""
-    steps = args.num_iterations * args.resolved_steps_per_generation(world_size) / args.gradient_accumulation_steps
-    return {"world_size": world_size, "model_config": _model_fingerprint(model_config), "adapter": adapter,
-            "prompts_per_round": args.resolved_generation_batch_size(world_size) // args.num_generations,
-            "steps_per_round": steps, **{k: getattr(args, k) for k in IDENTITY_FIELDS + GEOMETRY_FIELDS}}
-
-
 def check_resume(path: str, args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None,
                  rollout_source=None) -> None:
     """Before any engine exists: can this checkpoint continue this run? Written by another number of ranks, its
@@ -167,136 +148,6 @@ def check_resume(path: str, args, world_size: int, model_config, adapter: Option
     if saved["world_size"] != world_size:
         check_world_change(path, args, saved["world_size"], world_size, rollout_source)
         universal_engine(path)
-
-
-def deepspeed_auto_of(path: str) -> Dict[str, str]:
-    """What deepspeed / ref_deepspeed "auto" resolved to in the run that wrote checkpoint `path` ({} before dsgrpo
-    recorded it, when auto meant ZeRO-3 with more than one rank): a resume with "auto" keeps it."""
-    with open(os.path.join(path, "trainer_state.json")) as fh:
-        return dict(json.load(fh).get("deepspeed_auto") or {})
-
-
-def _model_fingerprint(config) -> Dict[str, Any]:
-    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "tie_word_embeddings")
-    return {k: getattr(config, k, None) for k in keys}
-
-
-def check_can_continue(saved: Dict[str, Any], current: Dict[str, Any], path: str) -> None:
-    legacy = "prompts_per_round" not in saved  # written before the world size could change
-    keys = LEGACY_KEYS if legacy else CONTINUE_KEYS
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, this run {current[k]!r}" for k in keys if saved.get(k) != current[k]]
-    if not diffs:
-        return
-    hint = ""
-    if legacy:
-        hint = " (this checkpoint was written by a dsgrpo that kept the world size and per-device geometry fixed)"
-    elif ({"prompts_per_round", "steps_per_round"} & {d.split(":")[0] for d in diffs}) and saved["world_size"]:
-        hint = _round_hint(saved, current["world_size"])
-    raise CheckpointError(f"Cannot continue {path} under this config: " + "; ".join(diffs) + hint + ". Use the "
-                          "checkpoint's settings, or start a new output_dir.")
-
-
-def _round_hint(saved: Dict[str, Any], world: int) -> str:
-    """How `world` ranks keep the checkpoint's round: its completions per optimizer step, split over the ranks."""
-    per_step = saved["prompts_per_round"] * saved["num_generations"] / saved["steps_per_round"]
-    head = (f". A round must keep its {saved['prompts_per_round']} prompts and {saved['steps_per_round']:g} optimizer "
-            f"step(s), i.e. {per_step:g} completions per optimizer step")
-    if per_step % world:
-        return head + f", which {world} rank(s) cannot share evenly: resume on a number of ranks that divides {per_step:g}"
-    per_rank = int(per_step // world)
-    device = saved["per_device_train_batch_size"]
-    if per_rank % device:  # the checkpoint's micro-batch does not fit: one micro-batch of the whole share
-        device = per_rank
-    return (head + f": on {world} rank(s) set per_device_train_batch_size × gradient_accumulation_steps = {per_rank} "
-            f"(e.g. per_device_train_batch_size={device}, gradient_accumulation_steps={per_rank // device}; the "
-            f"checkpoint's ranks had {saved['per_device_train_batch_size']} and {saved['gradient_accumulation_steps']}), "
-            "and leave generation_batch_size / steps_per_generation unset or equal to the checkpoint's")
-
-
-# ------------------------------------------------------------------------------------------------ another world size
-def check_world_change(path: str, args, saved_world: int, world: int, rollout_source=None) -> None:
-    """Refuse, before anything converts or loads, a world-size change this run cannot carry exactly."""
-    if args.sync_ref_model:
-        raise CheckpointError(f"{path} was written by {saved_world} rank(s) and this run has {world}: the mixed "
-                              "reference of sync_ref_model is saved per rank without optimizer state, which DeepSpeed's "
-                              f"universal conversion cannot reshard. Resume it on {saved_world} rank(s).")
-    if rollout_source is not None:
-        rollout_source.check_world_change(args, path, saved_world, world)
-
-
-def universal_engine(path: str) -> str:
-    """The universal copy of checkpoint `path`'s engine state (collective over every rank): rank 0 converts once
-    into `.engine_universal.partial/` and renames it into place with its own checksums.json; the other ranks wait
-    on the file system (a conversion may outlast a collective's timeout). A finished copy is reused, and refused
-    naming the file when it is damaged."""
-    folder = os.path.join(path, UNIVERSAL_TAG)
-    if os.path.realpath(folder) in _checked_universal:  # check_resume converted and checked it for this load
-        return folder
-    failed = os.path.join(path, f".{UNIVERSAL_TAG}.failed")
-    if not os.path.isdir(folder) and not os.access(path, os.W_OK):  # the same answer on every rank
-        raise CheckpointError(f"{path} was written by another number of ranks and must be converted once into "
-                              f"{folder}, but the folder is not writable. Copy the checkpoint to a writable place "
-                              "and resume from the copy.")
-    if dist.is_main() and not os.path.isdir(folder) and os.path.exists(failed):
-        os.remove(failed)  # an earlier attempt's
-    dist.barrier("no stale conversion failure is left", group=dist.EVERYONE)
-    if dist.is_main():
-        if not os.path.isdir(folder):
-            try:
-                _convert(path, folder)
-            except (OSError, RuntimeError) as exc:
-                with open(failed, "w") as fh:
-                    fh.write(str(exc))
-    else:
-        while not os.path.isdir(folder) and not os.path.exists(failed):
-            time.sleep(0.5)
-    dist.barrier("the universal copy is converted", group=dist.EVERYONE)
-    if os.path.exists(failed):
-        with open(failed) as fh:
-            raise CheckpointError(f"{path} could not be converted for another world size: {fh.read()}. Nothing was "
-                                  "loaded; the checkpoint is unchanged.")
-    check_universal(folder)
-    _checked_universal.add(os.path.realpath(folder))
-    return folder
-
-
-_checked_universal: set = set()
-
-
-def _convert(path: str, folder: str) -> None:
-    partial = os.path.join(path, f".{UNIVERSAL_TAG}.partial")
-    shutil.rmtree(partial, ignore_errors=True)  # a conversion that was killed
-    engine = os.path.join(path, ENGINE_TAG)
-    need = sum(os.path.getsize(os.path.join(engine, f)) for f in checkpoint_files(engine))
-    free = shutil.disk_usage(path).free
-    if free < need * 1.05:
-        raise OSError(errno.ENOSPC, f"no room to convert {engine}: {free / 2**20:.1f} MiB free, about "
-                                    f"{need / 2**20:.1f} MiB needed")
-    print(f"dsgrpo: converting {engine} to DeepSpeed's universal format (once) for a new world size",
-          file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    try:
-        compat.convert_to_universal(engine, partial)
-        with open(os.path.join(partial, CHECKSUMS), "w") as fh:
-            json.dump(dict(sorted(_digest_share(partial, 0, 1).items())), fh, indent=0)  # one process: every file
-        os.rename(partial, folder)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    print(f"dsgrpo: {folder} written in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-
-
-def check_universal(folder: str) -> None:
-    """Collective: refuse a universal copy with a missing, truncated or changed file, naming it."""
-    if not os.path.isfile(os.path.join(folder, CHECKSUMS)):
-        what = f"it has no {CHECKSUMS} (a conversion that did not finish, or one made by hand)"
-    else:
-        found = [d for d in dist.all_gather_object(damage(folder, dist.rank(dist.EVERYONE), dist.world_size(dist.EVERYONE)),
-                                                   group=dist.EVERYONE) if d]
-        what = found[0] if found else None
-    if what:
-        raise CheckpointError(f"{folder}, the copy of the engine state converted for another world size, is damaged: "
-                              f"{what}. It was not loaded. Remove {folder} and resume again to convert it anew.")
 
 
 # ------------------------------------------------------------------------------------------------ RNG states
@@ -456,74 +307,6 @@ def _publish(partial: str, final: str, digests: Dict[str, Dict[str, Any]], args,
     prune(args.output_dir, args.save_total_limit, keep_also=best)
 
 
-# ------------------------------------------------------------------------------------------------ checksums
-def checkpoint_files(folder: str) -> List[str]:
-    """Every file of a checkpoint but its checksums and marker, as sorted paths relative to it."""
-    out = []
-    for root, _, names in os.walk(folder):
-        for name in names:
-            rel = os.path.relpath(os.path.join(root, name), folder)
-            if rel not in (CHECKSUMS, COMPLETE):
-                out.append(rel)
-    return sorted(out)
-
-
-def sha256(path: str) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def _digest_share(folder: str, rank: int, world: int) -> Dict[str, Dict[str, Any]]:
-    """This rank's share of the files (every world-th, by size so shares weigh alike): {path: {size, sha256}}."""
-    files = sorted(checkpoint_files(folder), key=lambda f: -os.path.getsize(os.path.join(folder, f)))
-    return {f: {"size": os.path.getsize(os.path.join(folder, f)), "sha256": sha256(os.path.join(folder, f))}
-            for f in files[rank::world]}
-
-
-def damage(path: str, rank: int = 0, world: int = 1) -> Optional[str]:
-    """What is wrong with a checkpoint's files against its checksums.json (sizes of all; sha256 of this rank's
-    share), or None when intact. A checkpoint written before checksums existed has none to check."""
-    manifest = os.path.join(path, CHECKSUMS)
-    if not os.path.isfile(manifest):
-        return None
-    try:
-        with open(manifest) as fh:
-            expected = json.load(fh)
-    except (OSError, ValueError) as exc:
-        return f"{CHECKSUMS} cannot be read ({exc})"
-    present = set(checkpoint_files(path))
-    for name in sorted(expected):
-        if name not in present:
-            return f"{name} is missing"
-        size = os.path.getsize(os.path.join(path, name))
-        if size != expected[name]["size"]:
-            return f"{name} has {size} bytes, {expected[name]['size']} were written (truncated or overwritten)"
-    for name in sorted(expected, key=lambda f: -expected[f]["size"])[rank::world]:
-        if sha256(os.path.join(path, name)) != expected[name]["sha256"]:
-            return f"{name} does not match its sha256 (the file changed after it was written)"
-    return None
-
-
-def check_intact(path: str) -> None:
-    """Collective when a process group exists: refuse a damaged checkpoint, naming the file, on every rank."""
-    if not os.path.isfile(os.path.join(path, CHECKSUMS)):
-        if dist.is_main():
-            print(f"dsgrpo: {path} has no {CHECKSUMS} (written by an older dsgrpo): resuming without checking it",
-                  file=sys.stderr, flush=True)
-        return
-    found = [d for d in dist.all_gather_object(damage(path, dist.rank(dist.EVERYONE), dist.world_size(dist.EVERYONE)),
-                                               group=dist.EVERYONE) if d]
-    if found:
-        raise DamagedCheckpointError(path, found[0])
-
-
-class DamagedCheckpointError(CheckpointError):
-    def __init__(self, path: str, what: str):
-        self.path, self.what = path, what
-        super().__init__(f"{path} is damaged: {what}. It was not loaded. Resume from an older checkpoint "
-                         "(resume_from_checkpoint=PATH) or start a new output_dir.")
-
-
 def rollout_state_name(rank: int) -> str:
     return f"rollout_state_{rank}.json"
 
@@ -677,27 +460,6 @@ def load(trainer, path: str) -> None:
     if saved_world != trainer.world and dist.is_main():
         print(world_change_note(path, saved_world, trainer.world, state["generation_round"],
                                 trainer.source.reshard_note(saved_world, trainer.world)), file=sys.stderr, flush=True)
-
-
-def world_change_note(path: str, saved_world: int, world: int, round_index: int, source_note: Optional[str]) -> str:
-    """The one message of a resume on another number of ranks: what carried over exactly, and what did not."""
-    def ranks(first, last):
-        return f"rank {first}" if first == last else f"ranks {first}..{last}"
-    if world > saved_world:
-        rng = f"{ranks(saved_world, world - 1)} had no RNG state in the checkpoint and start from seed-derived streams"
-    else:
-        rng = (f"rank {world}'s RNG state is not used" if world == saved_world - 1
-               else f"the RNG states of {ranks(world, saved_world - 1)} are not used")
-    return (f"dsgrpo: resuming {path}, written by {saved_world} rank(s), on {world}: parameters, Adam moments, "
-            f"learning-rate schedule, step count, entropy control and best-checkpoint record are carried exactly "
-            f"(DeepSpeed universal checkpoint); the prompt order continues at round {round_index} with the same "
-            f"prompts and sampling seeds per round. Not exact: {rng} (generation is seeded per round and slot, so "
-            f"sampling does not depend on them){'; ' + source_note if source_note else ''}.")
-
-
-def _saved_world(path: str) -> int:
-    with open(os.path.join(path, "trainer_state.json")) as fh:
-        return json.load(fh)["identity"]["world_size"]
 
 
 def _load_policy(trainer, path: str, saved_world: int) -> None:

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import checkpoint, dist, layout, sequence_parallel
+from . import dist, layout, sequence_parallel
 from .data import PromptSource, load_dataset_spec, make_prompt_source
 from .engines import ModelLoader, build_inference_engine, build_policy_engine, is_zero3
 from .engines import lora, routing
@@ -19,6 +19,7 @@ from .engines.builder import prepare_model
 from .engines.export import save_hf_model
 from .engines.forward import packing_leak
 from .plan import ASSUMED_PROMPT_LENGTH, Hardware, choose_deepspeed
+from .run_identity import deepspeed_auto_of
 from .rollout import check_against_checkpoint
 
 
@@ -126,7 +127,7 @@ class TrainerSetup:
             args, model_config, Hardware.this_run(), world=self.world, reward_configs=self.rewards.model_configs(),
             lora_config=adapter_config, asynchronous=self.rollout_source.generates_while_training,
             prompt_length=self.train_prompts.longest_prompt(),
-            resumed=checkpoint.deepspeed_auto_of(self.resume_path) if self.resume_path else None)
+            resumed=deepspeed_auto_of(self.resume_path) if self.resume_path else None)
         self.deepspeed_auto = {k: v for k, v in (("deepspeed", ds_spec), ("ref_deepspeed", ref_ds_spec))
                                if getattr(args, k) in (None, "auto")}
         if auto_choice and dist.is_main():

@@ -217,7 +217,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_before_any_engine(runs,
     from datasets import Dataset
 
     from dsgrpo import GRPOConfig, GRPOTrainer
-    from dsgrpo.checkpoint import CheckpointError, DamagedCheckpointError, damage
+    from dsgrpo.checkpoint_integrity import CheckpointError, DamagedCheckpointError, damage
     from dsgrpo.testing import tiny_model
     chain = runs["chain"]
     assert damage(str(chain / "checkpoint-6")) is None  # the chain's own checkpoints are intact
@@ -278,7 +278,7 @@ def test_a_write_that_fails_on_one_rank_only_fails_the_save_on_both_without_a_ha
 
 
 def test_a_full_disk_fails_the_save_on_every_rank_and_keeps_latest(tmp_path):
-    from dsgrpo.checkpoint import damage
+    from dsgrpo.checkpoint_integrity import damage
     small, tiny = tmp_path / "small", tmp_path / "tiny"
     tmpfs(small, "12m")  # one checkpoint (6.6 MiB) fits, a second does not
     tmpfs(tiny, "4m")    # not even the first

@@ -91,7 +91,7 @@ def test_the_chain_trains_the_reference_prompts_and_follows_its_weights(chain):
 
 
 def test_conversion_is_automatic_checksummed_once_and_said_once(chain):
-    from dsgrpo.checkpoint import CHECKSUMS, damage
+    from dsgrpo.checkpoint_integrity import CHECKSUMS, damage
     for written, said, old, new in ((chain["A"] / "checkpoint-2", chain["said_B"], 2, 1),
                                     (chain["B"] / "checkpoint-4", chain["said_C"], 1, 2)):
         universal = written / "engine_universal"

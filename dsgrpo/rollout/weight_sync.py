@@ -17,7 +17,7 @@ import torch
 from .. import compat
 
 from ..engines.gather import byte_buckets
-from ..engines.weights import checkpoint_layout, named_full_parameters
+from ..engines.weights import checkpoint_layout
 
 
 def expected_checkpoint_shapes(module, tied_lm_head: bool) -> Dict[str, Tuple[int, ...]]:
