@@ -20,3 +20,32 @@ os.environ.setdefault("DSGRPO_VERIFY_WEIGHT_SYNC", "checksum")  # every weight s
 def tiny_qwen():
     from dsgrpo.testing import tiny_model
     return tiny_model("qwen2")
+
+
+_SECONDS_BY_FILE: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    test_file = report.nodeid.split("::")[0]
+    _SECONDS_BY_FILE[test_file] = _SECONDS_BY_FILE.get(test_file, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many 2-rank launches the run made and where their seconds went, beside --durations' slowest tests:
+    the suite's budget is mostly launches (issue 47)."""
+    from collections import defaultdict
+    from launch import LAUNCHES
+    if len(_SECONDS_BY_FILE) > 1:
+        terminalreporter.write_sep("=", "seconds by test file (setup + call + teardown)")
+        for test_file, seconds in sorted(_SECONDS_BY_FILE.items(), key=lambda kv: -kv[1])[:30]:
+            terminalreporter.write_line(f"{seconds:7.1f}s  {test_file}")
+    if not LAUNCHES:
+        return
+    by_file = defaultdict(lambda: [0, 0.0])
+    for test_file, _, seconds in LAUNCHES:
+        by_file[test_file][0] += 1
+        by_file[test_file][1] += seconds
+    total = sum(s for _, _, s in LAUNCHES)
+    terminalreporter.write_sep("=", f"{len(LAUNCHES)} launches, {total:.0f} s")
+    for test_file, (count, seconds) in sorted(by_file.items(), key=lambda kv: -kv[1][1]):
+        terminalreporter.write_line(f"{seconds:7.1f}s {count:3d} launches  {test_file}")

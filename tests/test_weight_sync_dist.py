@@ -68,4 +68,7 @@ def test_a_stalled_sync_fails_naming_the_phase_and_the_rank(results):
     assert "WeightSyncError" in r0["failure"] and "Ranks 1 failed to pass" in r0["failure"]
     assert "released the shared weight slot" in r0["failure"]   # the phase
     assert 3.5 < r0["seconds"] < 10                              # weight_sync_timeout_s=4, not the group's timeout
-    assert "WeightSyncError" in stalled[1]["failure"]
+    # rank 1 reaches the barrier after rank 0 has failed and left: it names the lost peer, or the stall if it sees
+    # the timeout before the peer's exit
+    other = stalled[1]["failure"]
+    assert "WeightSyncError" in other or ("RankLostError" in other and "lost rank 0" in other), other
