@@ -128,8 +128,9 @@ def main() -> int:
               f"slow reward {a.slow_reward} s, skew {a.skew} s/token")
         keys = ("time/generate", "time/reward", "time/reference", "time/train", "time/sync", "time/wait_for_rollout",
                 "time/wait_for_weights", "async/staleness/mean", "async/groups_stolen", "partial/staleness/0",
-                "partial/staleness/1", "partial/mixed_version_completions", "sampling/token_band_masked",
-                "partial/sampler_gap/age0", "partial/sampler_gap/age1", "partial/completions_stopped",
+                "partial/staleness/1", "partial/staleness/2", "partial/mixed_version_completions",
+                "sampling/token_band_masked", "partial/sampler_gap/age0", "partial/sampler_gap/age1",
+                "partial/sampler_gap/age2+", "partial/completions_stopped",
                 "partial/completions_resampled", "partial/tokens_discarded")
         for key in keys:
             vals = [h[key] for h in history[1:] if key in h]
