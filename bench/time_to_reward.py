@@ -54,7 +54,9 @@ def dsgrpo_run(init: str, out: str, seed: int, steps: int, cap: float) -> list:
     start = time.time()
     cmd = ["bash", "launch_scripts/train.sh", "examples/cpu_demo.yaml", "--model", init, "--output_dir", out,
            "--seed", str(seed), "--max_steps", str(steps), "--logging_steps", "1"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    os.makedirs(out, exist_ok=True)
+    log = open(os.path.join(out, "train.log"), "w")  # a pipe nobody reads fills at 64 KiB and stalls the run
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     curve, metrics = [], os.path.join(out, "metrics.jsonl")
     seen = 0
     while proc.poll() is None:
@@ -64,6 +66,7 @@ def dsgrpo_run(init: str, out: str, seed: int, steps: int, cap: float) -> list:
             proc.terminate()
             break
     proc.wait()
+    log.close()
     _read_new(metrics, seen, curve, start)
     return curve
 
