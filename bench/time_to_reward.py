@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -56,19 +57,33 @@ def dsgrpo_run(init: str, out: str, seed: int, steps: int, cap: float) -> list:
            "--seed", str(seed), "--max_steps", str(steps), "--logging_steps", "1"]
     os.makedirs(out, exist_ok=True)
     log = open(os.path.join(out, "train.log"), "w")  # a pipe nobody reads fills at 64 KiB and stalls the run
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+    # its own session, so the cap ends the ranks too (the launcher alone would leave them holding the port)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "MASTER_PORT": str(_free_port())})
     curve, metrics = [], os.path.join(out, "metrics.jsonl")
     seen = 0
     while proc.poll() is None:
         time.sleep(1.0)
         seen = _read_new(metrics, seen, curve, start)
         if time.time() - start > cap:
-            proc.terminate()
             break
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     log.close()
     _read_new(metrics, seen, curve, start)
     return curve
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _read_new(path: str, seen: int, curve: list, start: float) -> int:
