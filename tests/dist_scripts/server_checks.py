@@ -64,14 +64,26 @@ def restart_server():
     dist.barrier("the server restarted")
 
 
+def landed_version(deadline_s: float = 60.0) -> str:
+    """The server's weight version once the push in progress has loaded: /health answers beside the command queue,
+    so right after a push is queued it may still say "receiving" (a race of the check, not of generation, which
+    queues behind the load)."""
+    end = time.time() + deadline_s
+    version = health()["weight_version"]
+    while version == "receiving" and time.time() < end:
+        time.sleep(0.2)
+        version = health()["weight_version"]
+    return version
+
+
 def record_syncs(t):
-    syncs = [{"server": server_logps(), "policy": policy_logps(t.policy), "version": health()["weight_version"],
+    syncs = [{"server": server_logps(), "policy": policy_logps(t.policy), "version": landed_version(),
               "expected": t.generator.version}]
 
     def record(needed):
         if needed:
             syncs.append({"server": server_logps(), "policy": policy_logps(t.policy),
-                          "version": health()["weight_version"], "expected": t.generator.version})
+                          "version": landed_version(), "expected": t.generator.version})
     after_each_sync(t, record)
     return syncs
 
