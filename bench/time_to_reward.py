@@ -57,6 +57,7 @@ def dsgrpo_run(init: str, out: str, seed: int, steps: int, cap: float) -> list:
            "--seed", str(seed), "--max_steps", str(steps), "--logging_steps", "1"]
     os.makedirs(out, exist_ok=True)
     log = open(os.path.join(out, "train.log"), "w")  # a pipe nobody reads fills at 64 KiB and stalls the run
+    from dsgrpo.testing import _free_port
     # its own session, so the cap ends the ranks too (the launcher alone would leave them holding the port)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "MASTER_PORT": str(_free_port())})
@@ -77,13 +78,6 @@ def dsgrpo_run(init: str, out: str, seed: int, steps: int, cap: float) -> list:
     log.close()
     _read_new(metrics, seen, curve, start)
     return curve
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _read_new(path: str, seen: int, curve: list, start: float) -> int:

@@ -4,6 +4,7 @@ fails fast instead of eating CI's budget."""
 import os
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHES: list = []  # (test file, script, seconds) of every launch: conftest prints where the suite's time goes
@@ -28,15 +29,14 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 600, env: d
                 "DSGRPO_VERIFY_WEIGHT_SYNC": "checksum",  # every sync of every test is checked (issue 45)
                 **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # env={NAME: None} unsets NAME
-    import time
     start = time.perf_counter()
     test_file = os.environ.get("PYTEST_CURRENT_TEST", "?").split("::")[0]
     try:
         proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired as exc:
-        LAUNCHES.append((test_file, script, time.perf_counter() - start))
         raise AssertionError(f"{script} did not finish within {timeout} s (a hang?)\n{(exc.stderr or '')[-4000:]}") from None
-    LAUNCHES.append((test_file, script, time.perf_counter() - start))
+    finally:
+        LAUNCHES.append((test_file, script, time.perf_counter() - start))
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
