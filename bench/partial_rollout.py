@@ -74,6 +74,9 @@ def main() -> int:
                "stale_tokens": mean_of(curves["partial"], "partial/staleness/1"),
                "masked": mean_of(curves["partial"], "sampling/token_band_masked"),
                "carried": mean_of(curves["partial"], "partial/groups_trained_carried"),
+               "overprovisioned": mean_of(curves["partial"], "partial/overprovisioned"),
+               "same_reward_rounds": sum(a[1] == b[1] for a, b in zip(curves["plain"], curves["partial"])),
+               "rounds": min(len(c) for c in curves.values()),
                "plain_len": mean_of(curves["plain"], "completions/mean_length"),
                "partial_len": mean_of(curves["partial"], "completions/mean_length")}
         table.append(row)
@@ -81,7 +84,8 @@ def main() -> int:
               f"{row['partial_reward']:.3f}  (whole runs {row['plain_total_s']:.0f} s / {row['partial_total_s']:.0f} s; "
               f"partial: {row['stale_tokens']:.1%} of tokens one version old, {row['masked']:.2%} masked by the band, "
               f"{row['carried']:.2f} carried groups trained a round; mean length {row['plain_len']:.2f} / "
-              f"{row['partial_len']:.2f})", flush=True)
+              f"{row['partial_len']:.2f}; rounds over-provisioned {row['overprovisioned']:.1%}; the same reward as "
+              f"plain in {row['same_reward_rounds']} of {row['rounds']} rounds)", flush=True)
     worse = [r for r in table if r["partial_reward"] < r["plain_reward"]]
     print(f"partial not lower on {len(table) - len(worse)} of {len(table)} seeds")
     return 0

@@ -158,3 +158,13 @@ def test_a_round_waits_for_the_groups_the_next_one_could_no_longer_train():
     assert counts["waited_for"] == 1 and counts["stopped"] == 0 and flight.complete() == [0, 1]
     assert [g.position for g in flight.take(1)] == [0]
     assert flight.restart_stale(version=6, max_staleness=1) == (0, 0)  # nothing was lost
+
+
+def test_a_long_tail_is_a_longest_completion_twice_the_mean_and_16_tokens_beyond_it():
+    from dsgrpo.rollout.partial import has_long_tail
+    assert not has_long_tail(8, 4 * 128, 128)        # the demo: 4-token answers, 8 at most: nothing worth cutting
+    assert not has_long_tail(20, 8 * 64, 64)         # 2.5x the mean but only 12 tokens beyond it
+    assert has_long_tail(512, 74 * 16, 16)           # the long-tailed workload: mean 74, one at the cap
+    assert not has_long_tail(120, 70 * 16, 16)       # 1.7x: most slots stay busy to the end
+    assert has_long_tail(140, 70 * 16, 16)           # exactly 2x and 70 beyond
+    assert not has_long_tail(0, 0, 0)                # nothing sampled (a rank with an empty share)

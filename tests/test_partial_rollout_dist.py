@@ -82,6 +82,29 @@ def test_tokens_are_scored_by_the_weights_they_were_sampled_with(results):
     assert max(h["partial/staleness/1"] for h in hist) > 0
 
 
+def test_without_a_tail_the_adaptive_source_samples_what_the_plain_one_does_token_for_token(results):
+    for r in part(results, "adaptive_even_lengths"):
+        plain, adaptive = r["plain"], r["adaptive"]
+        assert len(adaptive["rounds"]) == 3 and adaptive["losses"]
+        for p, a in zip(plain["rounds"], adaptive["rounds"]):
+            assert a["completions"] == p["completions"]
+            assert a["logprobs"] == p["logprobs"]
+            assert a["metrics"]["partial/long_tail"] == 0.0 and a["metrics"]["partial/overprovisioned"] == 0.0
+            assert a["metrics"]["partial/completions_stopped"] == 0.0
+        assert adaptive["losses"] == plain["losses"]
+
+
+def test_with_a_long_tail_the_adaptive_source_measures_one_plain_round_then_cuts(results):
+    for r in part(results, "adaptive_long_tail"):
+        rounds = [rd["metrics"] for rd in r["rounds"]]
+        assert rounds[0]["partial/overprovisioned"] == 0.0 and rounds[0]["partial/completions_stopped"] == 0.0
+        assert rounds[0]["partial/long_tail"] == 1.0, rounds[0]
+        assert all(m["partial/overprovisioned"] == 1.0 for m in rounds[1:]), rounds
+        assert sum(m["partial/completions_stopped"] for m in rounds[1:]) > 0
+    for m in part(results, "run")[0]["rounds"]:  # partial_rollout_adaptive=False: every round over-provisions
+        assert m["metrics"]["partial/overprovisioned"] == 1.0
+
+
 def test_a_checkpoint_carries_the_groups_in_flight_and_the_resumed_run_continues_them(results):
     for rank, r in enumerate(part(results, "resumed")):
         saved = {str(g["position"]): g for g in r["saved"]["partial_rollout"]["in_flight"]}

@@ -29,6 +29,12 @@ from typing import Dict, List, Optional, Tuple
 from .base import Rollout, round_seed
 
 SEGMENT_SEED_STRIDE = 7_919  # a continuation samples from its own seed (the first segment's + stride · segment)
+# A round "has a long tail" when its longest completion is at least TAIL_RATIO x the mean length and TAIL_MIN_TOKENS
+# beyond it: then at least half the engine's decode slots idle while the last completions run, which over-provisioning
+# turns into new work. Below it (e.g. answers of 4-8 tokens) a cut saves a few decode steps and costs a re-prefill
+# per carried completion, stepping the engine request by request and tokens one version old.
+TAIL_RATIO = 2.0
+TAIL_MIN_TOKENS = 16
 
 
 @dataclass
@@ -230,6 +236,15 @@ def staleness_metrics(rollout: Rollout, version: int, max_age: int) -> Dict[str,
     if rows:
         out["partial/mixed_version_completions"] = sum(1 for r in rows if len(set(r)) > 1) / len(rows)
     return out
+
+
+def has_long_tail(longest: int, total_tokens: int, completions: int) -> bool:
+    """Whether a round whose completions (over all ranks) were `completions` long in all, `total_tokens` tokens, and
+    at least `longest` for the longest, waited on a tail worth cutting (TAIL_RATIO, TAIL_MIN_TOKENS)."""
+    if completions <= 0:
+        return False
+    mean = total_tokens / completions
+    return longest >= TAIL_RATIO * mean and longest - mean >= TAIL_MIN_TOKENS
 
 
 def overprovision_per_rank(overprovision: int, world: int) -> int:

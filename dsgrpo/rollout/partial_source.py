@@ -1,7 +1,10 @@
 """`PartialRolloutSource`: GRPOTrainer's source with `partial_rollout=True` (how it works: rollout/partial.py).
 
-    next batch   restart over-stale completions; claim new groups so this rank holds its share + overprovision;
-                 step the engine until the share is complete; the rest stop and keep their tokens
+    next batch   with nothing in flight and no long tail in the last round (partial_rollout_adaptive): the round's
+                 groups as one plain batch, as partial_rollout=False samples them. Else restart over-stale
+                 completions; claim new groups so this rank holds its share + overprovision (+ 0 when the tail
+                 is gone: the groups in flight drain); step the engine until the share is complete; the rest stop
+                 and keep their tokens. Either way the round's tail decides whether the next over-provisions.
     weight sync  as the synchronous source (nothing is running: the engine is empty between rounds)
     checkpoint   each rank's groups in flight with their prefixes, and the stream position"""
 
@@ -12,11 +15,11 @@ from typing import List, Optional
 import torch
 
 from .. import dist
-from .partial import InFlight, as_rollout, overprovision_per_rank, positions_for, run_round, segment_seed, \
-    staleness_metrics
+from .partial import InFlight, as_rollout, has_long_tail, overprovision_per_rank, positions_for, run_round, \
+    segment_seed, staleness_metrics
 from .batch import Batch
 from .pool import PromptStream
-from .sources import RolloutSetup, RolloutSource, version_metrics
+from .sources import RolloutSetup, RolloutSource, check_on_policy, label_versions, version_metrics
 
 
 class PartialRolloutSource(RolloutSource):
@@ -32,6 +35,8 @@ class PartialRolloutSource(RolloutSource):
         self.next_position: Optional[int] = None  # the stream's next unclaimed position (the same on every rank)
         self.resumed_note: Optional[str] = None
         self.last_positions: List[int] = []
+        # adaptive: the first round is a plain batch that measures the tail; each round decides the next's
+        self.overprovisioning = not a.partial_rollout_adaptive
         if self.extra > self.share * max(1, a.max_staleness) and dist.is_main():
             # a carried group must be trained within max_staleness rounds, and a round trains `share` of them
             print(f"dsgrpo: note: rollout_overprovision={a.rollout_overprovision} keeps {self.extra} groups per rank "
@@ -60,8 +65,44 @@ class PartialRolloutSource(RolloutSource):
         version = int(getattr(generator, "weight_version", round_index))
         if self.next_position is None:  # a fresh run, or one resumed from a checkpoint without partial rollouts
             self.next_position = round_index * self.stream.P
+        if not self.overprovisioning and not self.inflight.groups:
+            batch, stats = self._plain_round(version)
+        else:
+            batch, stats = self._partial_round(version, self.extra if self.overprovisioning else 0)
+        # the tail over all ranks: the longest completion (those still running count at their length so far) and
+        # the mean of the trained ones
+        lengths = [len(c) for c in batch.rollout.completion_ids]
+        ranks = dist.all_gather_object((max(lengths + stats["running_lengths"], default=0), sum(lengths), len(lengths)))
+        tail = has_long_tail(max(r[0] for r in ranks), sum(r[1] for r in ranks), sum(r[2] for r in ranks))
+        batch.metrics.update({"partial/long_tail": float(tail), "partial/overprovisioned": float(stats["extra"] > 0)})
+        if a.partial_rollout_adaptive:  # the same decision on every rank: the counts are over all of them
+            self.overprovisioning = tail
+        return batch
+
+    def _plain_round(self, version: int):
+        """Nothing in flight and no tail seen: the round's groups as one batch through the sampler, exactly what
+        partial_rollout=False samples for them (same prompts, same seeds); the stream moves on by one round."""
+        a, G = self.args, self.stream.G
+        positions = positions_for([self.share] * self.setup.placement.trainers, self.next_position, dist.rank())
+        self.next_position += self.stream.P
+        indices = [self.stream.prompt_index(p) for p in positions]
+        rollout = self.setup.sampler.sample(self.setup.prompts, indices, [G] * len(indices),
+                                            [segment_seed(a.seed, p, self.stream.P, G) for p in positions])
+        label_versions(rollout, version)
+        self.last_positions = positions
+        self.setup.generator.end_generation()
+        check_on_policy(rollout, version)
+        batch = self.setup.build_batch(self.setup.prompts, indices, [G] * len(indices), rollout)
+        tokens = sum(len(c) for c in rollout.completion_ids)
+        self._add_metrics(batch, rollout, version, [0, tokens, 0, 0, 0, 0, 0])
+        return batch, {"extra": 0, "running_lengths": []}
+
+    def _partial_round(self, version: int, extra: int):
+        """Claim new groups up to this rank's share + `extra`, step the engine until the share is complete (and the
+        groups the next round could no longer train), stop the rest: they keep their tokens for the next round."""
+        a, generator = self.args, self.setup.generator
         restarted, discarded = self.inflight.restart_stale(version, a.max_staleness)
-        want = max(0, self.share + self.extra - len(self.inflight))
+        want = max(0, self.share + extra - len(self.inflight))
         held_tokens = sum(len(c.tokens) for g in self.inflight.groups.values() for c in g.members)
         needs = dist.all_gather_object((want, len(self.inflight), held_tokens))
         if self.resumed_note is not None:
@@ -83,14 +124,20 @@ class PartialRolloutSource(RolloutSource):
         rollout = as_rollout(groups, self._prompt_ids)
         batch = self.setup.build_batch(self.setup.prompts, [g.prompt_index for g in groups],
                                        [len(g.members) for g in groups], rollout)
+        self._add_metrics(batch, rollout, version,
+                          [counts["stopped"], counts["sampled"], restarted, discarded, carried, len(self.inflight),
+                           sum(1 for g in groups if g.carried)])
+        running = [len(c.tokens) for g in self.inflight.groups.values() for c in g.members if not c.finished]
+        return batch, {"extra": extra, "running_lengths": running}
+
+    def _add_metrics(self, batch: Batch, rollout, version: int, counts: List[float]) -> None:
+        a = self.args
         batch.metrics.update(version_metrics(rollout))
         tokens = sum(len(c) for c in rollout.completion_ids)
         mine = staleness_metrics(rollout, version, a.max_staleness)
         batch.metrics.update(dist.reduce_metrics(mine, {k: tokens if "staleness" in k else len(rollout)
                                                         for k in mine}))
-        totals = dist.all_reduce_sum(torch.tensor(
-            [counts["stopped"], counts["sampled"], restarted, discarded, carried, len(self.inflight),
-             sum(1 for g in groups if g.carried)], dtype=torch.float64)).tolist()
+        totals = dist.all_reduce_sum(torch.tensor(counts, dtype=torch.float64)).tolist()
         batch.metrics.update({
             "partial/completions_stopped": totals[0],      # still running when the round was cut: carried over
             "partial/tokens_sampled": totals[1],           # this round, trained now or later
@@ -100,11 +147,11 @@ class PartialRolloutSource(RolloutSource):
             "partial/groups_in_flight": totals[5],         # after the cut
             "partial/groups_trained_carried": totals[6],
         })
-        return batch
 
     # ---- checkpoints
     def state_dict(self) -> dict:
-        return {"partial_rollout": {"next_position": self.next_position, "in_flight": self.inflight.state()}}
+        return {"partial_rollout": {"next_position": self.next_position, "in_flight": self.inflight.state(),
+                                    "overprovisioning": self.overprovisioning}}
 
     def load_state_dict(self, state: Optional[dict]) -> None:
         mine = (state or {}).get("partial_rollout")
@@ -112,6 +159,7 @@ class PartialRolloutSource(RolloutSource):
             return
         self.next_position = int(mine["next_position"])
         self.inflight.load(mine["in_flight"])
+        self.overprovisioning = bool(mine.get("overprovisioning", True)) or not self.args.partial_rollout_adaptive
         self.resumed_note = "they continue from their prefixes (their old tokens keep their versions; " \
                             "max_staleness re-samples the ones too old)"
 
@@ -127,6 +175,7 @@ class PartialRolloutSource(RolloutSource):
             return {}
         mine = [r for r in range(len(states)) if r % world == rank]
         return {"partial_rollout": {"next_position": states[0]["partial_rollout"]["next_position"],
+                                    "overprovisioning": states[0]["partial_rollout"].get("overprovisioning", True),
                                     "in_flight": [g for r in mine for g in states[r]["partial_rollout"]["in_flight"]]}}
 
     def reshard_note(self, saved_world: int, world: int) -> Optional[str]:

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import sys
+import time
 from contextlib import redirect_stdout
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -34,6 +35,7 @@ def config(name: str, **kw) -> GRPOConfig:
                 max_completion_length=48, learning_rate=3e-2, logging_steps=1, gradient_checkpointing=False,
                 seed=11, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20, report_to="none",
                 save_strategy="no", partial_rollout=True, rollout_overprovision=4, max_staleness=1,
+                partial_rollout_adaptive=False,  # every round over-provisions: the checks below need carried groups
                 generation_kwargs={"stop_token_ids": list(range(100, 140))})  # stops at 40 of 1,024 ids
     base.update(kw)
     return GRPOConfig(**base)
@@ -98,6 +100,39 @@ def _():
     return {"saved": state, "rounds": rounds, "printed": printed.getvalue()}
 
 
+def completions_and_losses(args):
+    """Each round's completion ids and sampler log-probs on this rank, the logged losses and partial/* metrics."""
+    t = GRPOTrainer(MODEL, digit_fraction, args=args, train_dataset=prompts)
+    rounds = []
+
+    def next_batch(round_index, inner=t.source.next_batch):
+        batch = inner(round_index)
+        rounds.append({"completions": batch.rollout.completion_ids, "logprobs": batch.rollout.sampler_logprobs,
+                       "metrics": {k: v for k, v in batch.metrics.items() if k.startswith("partial/")}})
+        return batch
+
+    t.source.next_batch = next_batch
+    t.train()
+    return {"rounds": rounds, "losses": [h["loss"] for h in t.state.log_history if "loss" in h]}
+
+
+@check("adaptive_even_lengths")
+def _():
+    """Completions all about max_completion_length long (no stop ids): no tail, so the adaptive partial source samples
+    every round as a plain batch, which must be what partial_rollout=False samples, token for token."""
+    even = dict(max_steps=3, max_completion_length=8, generation_kwargs={})
+    return {"plain": completions_and_losses(config("even_plain", partial_rollout=False, **even)),
+            "adaptive": completions_and_losses(config("even_adaptive", partial_rollout_adaptive=True, **even))}
+
+
+@check("adaptive_long_tail")
+def _():
+    """The long-tailed workload (stops at 40 ids, up to 96 tokens): the first round is plain and finds the tail, the
+    rounds after it over-provision and cut."""
+    return completions_and_losses(config("tail_adaptive", partial_rollout_adaptive=True, max_steps=4,
+                                         max_completion_length=96))
+
+
 def recording_async(trainer):
     """Wrap the async source's next_batch: each round's trained positions (the batch plan) and its rows."""
     source, rounds = trainer.source, []
@@ -116,10 +151,44 @@ def recording_async(trainer):
     return rounds
 
 
+class HoldTheWorkerMidGroup:
+    """At the checkpoint's step, after the sync opened the staleness window again: let this rank's async worker step
+    until it holds an unfinished completion with tokens, then keep it still until the checkpoint is written. A worker
+    faster than training may otherwise have finished every group its window allows, and the checkpoint would have
+    nothing in flight to carry (what the async checkpoint test is about)."""
+
+    def __init__(self, trainer, step: int):
+        self.trainer, self.step, self.held = trainer, step, None
+
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step != self.step:
+            return
+        w = self.trainer.source.exchange.worker
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with w._pause_lock:
+                w._pause_requests += 1     # the worker takes no further engine step ...
+            with w._work:                  # ... once the one it is in has ended
+                mid_group = any(c.tokens and not c.finished for g in w.inflight.groups.values() for c in g.members)
+            if mid_group:
+                self.held = w
+                return
+            with w._pause_lock:
+                w._pause_requests -= 1
+            time.sleep(0.005)
+
+    def on_save(self, args, state, control, **kw):
+        if self.held is not None:
+            with self.held._pause_lock:
+                self.held._pause_requests -= 1
+            self.held = None
+
+
 @check("async")
 def _():
     args = config("async", save_strategy="steps", save_steps=3, async_chunk_groups=1)
     t = AsyncGRPOTrainer(MODEL, digit_fraction, args=args, train_dataset=prompts)
+    t.add_callback(HoldTheWorkerMidGroup(t, step=3))
     rounds = recording_async(t)
     t.train()
     rows = [h for h in t.state.log_history if "loss" in h]
