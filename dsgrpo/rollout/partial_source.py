@@ -66,22 +66,27 @@ class PartialRolloutSource(RolloutSource):
         if self.next_position is None:  # a fresh run, or one resumed from a checkpoint without partial rollouts
             self.next_position = round_index * self.stream.P
         if not self.overprovisioning and not self.inflight.groups:
-            batch, stats = self._plain_round(version)
+            batch, ranks = self._plain_round(version)
         else:
-            batch, stats = self._partial_round(version, self.extra if self.overprovisioning else 0)
-        # the tail over all ranks: the longest completion (those still running count at their length so far) and
-        # the mean of the trained ones
-        lengths = [len(c) for c in batch.rollout.completion_ids]
-        ranks = dist.all_gather_object((max(lengths + stats["running_lengths"], default=0), sum(lengths), len(lengths)))
-        tail = has_long_tail(max(r[0] for r in ranks), sum(r[1] for r in ranks), sum(r[2] for r in ranks))
-        batch.metrics.update({"partial/long_tail": float(tail), "partial/overprovisioned": float(stats["extra"] > 0)})
-        if a.partial_rollout_adaptive:  # the same decision on every rank: the counts are over all of them
+            batch, ranks = self._partial_round(version, self.extra if self.overprovisioning else 0)
+        tail = has_long_tail(int(ranks[:, 0].max()), int(ranks[:, 1].sum()), int(ranks[:, 2].sum()))
+        batch.metrics.update({"partial/long_tail": float(tail), "partial/overprovisioned": float(ranks[0, 3] > 0)})
+        if a.partial_rollout_adaptive:  # the same decision on every rank: the figures are over all of them
             self.overprovisioning = tail
         return batch
 
+    @staticmethod
+    def _lengths(rollout, running: List[int], extra: int) -> torch.Tensor:
+        """[longest (those still running count at their length so far), trained tokens, trained completions,
+        groups over-provisioned] of this rank, for the all-gather that decides the next round."""
+        lengths = [len(c) for c in rollout.completion_ids]
+        return torch.tensor([[max(lengths + running, default=0), sum(lengths), len(lengths), extra]],
+                            dtype=torch.float64)
+
     def _plain_round(self, version: int):
         """Nothing in flight and no tail seen: the round's groups as one batch through the sampler, exactly what
-        partial_rollout=False samples for them (same prompts, same seeds); the stream moves on by one round."""
+        partial_rollout=False samples for them (same prompts, same seeds); the stream moves on by one round. One
+        collective (the lengths), as a plain round has none of the partial one's counts to agree."""
         a, G = self.args, self.stream.G
         positions = positions_for([self.share] * self.setup.placement.trainers, self.next_position, dist.rank())
         self.next_position += self.stream.P
@@ -93,9 +98,15 @@ class PartialRolloutSource(RolloutSource):
         self.setup.generator.end_generation()
         check_on_policy(rollout, version)
         batch = self.setup.build_batch(self.setup.prompts, indices, [G] * len(indices), rollout)
-        tokens = sum(len(c) for c in rollout.completion_ids)
-        self._add_metrics(batch, rollout, version, [0, tokens, 0, 0, 0, 0, 0])
-        return batch, {"extra": 0, "running_lengths": []}
+        ranks = dist.all_gather(self._lengths(rollout, [], 0))
+        batch.metrics.update(version_metrics(rollout))
+        batch.metrics.update({f"partial/staleness/{age}": float(age == 0) for age in range(a.max_staleness + 1)})
+        batch.metrics.update({f"partial/{k}": 0.0 for k in ("mixed_version_completions", "completions_stopped",
+                                                             "completions_resampled", "tokens_discarded",
+                                                             "groups_carried_in", "groups_in_flight",
+                                                             "groups_trained_carried")})
+        batch.metrics["partial/tokens_sampled"] = float(ranks[:, 1].sum())
+        return batch, ranks
 
     def _partial_round(self, version: int, extra: int):
         """Claim new groups up to this rank's share + `extra`, step the engine until the share is complete (and the
@@ -128,7 +139,7 @@ class PartialRolloutSource(RolloutSource):
                           [counts["stopped"], counts["sampled"], restarted, discarded, carried, len(self.inflight),
                            sum(1 for g in groups if g.carried)])
         running = [len(c.tokens) for g in self.inflight.groups.values() for c in g.members if not c.finished]
-        return batch, {"extra": extra, "running_lengths": running}
+        return batch, dist.all_gather(self._lengths(rollout, running, extra))
 
     def _add_metrics(self, batch: Batch, rollout, version: int, counts: List[float]) -> None:
         a = self.args

@@ -155,7 +155,8 @@ class HoldTheWorkerMidGroup:
     """At the checkpoint's step, after the sync opened the staleness window again: let this rank's async worker step
     until it holds an unfinished completion with tokens, then keep it still until the checkpoint is written. A worker
     faster than training may otherwise have finished every group its window allows, and the checkpoint would have
-    nothing in flight to carry (what the async checkpoint test is about)."""
+    nothing in flight to carry (what the async checkpoint test is about). A rank whose worker holds nothing for
+    0.5 s has nothing left to claim (the other rank took the window's new groups) and goes on."""
 
     def __init__(self, trainer, step: int):
         self.trainer, self.step, self.held = trainer, step, None
@@ -164,17 +165,21 @@ class HoldTheWorkerMidGroup:
         if state.global_step != self.step:
             return
         w = self.trainer.source.exchange.worker
-        deadline = time.monotonic() + 60
+        deadline, empty_since = time.monotonic() + 60, None
         while time.monotonic() < deadline:
             with w._pause_lock:
                 w._pause_requests += 1     # the worker takes no further engine step ...
             with w._work:                  # ... once the one it is in has ended
                 mid_group = any(c.tokens and not c.finished for g in w.inflight.groups.values() for c in g.members)
+                empty = not w.inflight.groups
             if mid_group:
                 self.held = w
                 return
             with w._pause_lock:
                 w._pause_requests -= 1
+            empty_since = (empty_since or time.monotonic()) if empty else None
+            if empty_since is not None and time.monotonic() - empty_since > 0.5:
+                return
             time.sleep(0.005)
 
     def on_save(self, args, state, control, **kw):
