@@ -131,7 +131,7 @@ def main() -> int:
                 "partial/staleness/1", "partial/staleness/2", "partial/mixed_version_completions",
                 "sampling/token_band_masked", "partial/sampler_gap/age0", "partial/sampler_gap/age1",
                 "partial/sampler_gap/age2+", "partial/completions_stopped",
-                "partial/completions_resampled", "partial/tokens_discarded")
+                "partial/completions_resampled", "partial/tokens_discarded", "partial/overprovisioned")
         for key in keys:
             vals = [h[key] for h in history[1:] if key in h]
             if vals:

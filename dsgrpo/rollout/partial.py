@@ -16,6 +16,11 @@ token is more than `max_staleness` versions behind is sampled again from the sta
 The trainer corrects the rest with its sampler correction (vllm_importance_sampling_*) and masks tokens whose ratio
 π_old / π_sampler leaves `partial_rollout_token_band` (IcePop's band).
 
+With `partial_rollout_adaptive` (the default) the synchronous source over-provisions only while rounds have a long tail
+(`has_long_tail`): the first round, and each round after one without a tail, is one plain batch through the sampler
+(the same prompts and seeds as partial_rollout=False) once nothing is in flight; groups still in flight when the
+tail goes are finished without new over-provisioning first.
+
 Groups are identified by their position in the prompt stream (pool.PromptStream: the synchronous trainer's prompt
 order). New positions are handed out in rank order from one counter every rank keeps the same, so a position is
 sampled by one rank and trained once; a checkpoint keeps each rank's groups in flight with their prefixes."""
