@@ -235,6 +235,12 @@ def main(argv: List[str] | None = None) -> int:
     return run_reporting_errors(_dispatch, list(sys.argv[1:] if argv is None else argv))
 
 
+def console_main() -> None:
+    """The `dsgrpo` command: main(), then out of the process without the interpreter's teardown (process_exit)."""
+    from .process_exit import leave
+    leave(main())
+
+
 def _dispatch(argv: List[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n"

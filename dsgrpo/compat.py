@@ -208,6 +208,13 @@ PINS: Tuple[Pin, ...] = (
         "and processes them (the CPU backend's repack) after the last one"),
     Pin("vllm.engine.arg_utils:EngineArgs.weight_transfer_config", "vllm 0.32.0",
         "LLM(weight_transfer_config={'backend': ...}) builds the worker's engine"),
+    Pin("vllm.v1.engine.core:EngineCore.shutdown", "vllm 0.32.0",
+        "runs at exit (a weakref finalizer of the in-process engine) and collects garbage over the whole process: "
+        "skip_garbage_collection_at_exit", source_has=("cleanup_dist_env_and_memory()",)),
+    Pin("vllm.distributed.parallel_state:cleanup_dist_env_and_memory", "vllm 0.32.0",
+        "the first full collection at exit (module attribute gc.collect)", source_has=("gc.collect()",)),
+    Pin("vllm.v1.worker.gpu_model_runner:GPUModelRunner._cleanup_profiling_kv_cache", "vllm 0.32.0",
+        "the second, from the worker's shutdown", source_has=("gc.collect()",)),
     Pin("vllm.v1.engine.llm_engine:LLMEngine.set_weight_version", "vllm 0.32.0",
         "every sync labels the engine's weights; each completion's tokens come back labelled",
         params=("weight_version",)),
@@ -664,6 +671,29 @@ def vllm_sampling_param_names() -> set:
     """The fields SamplingParams takes (a msgspec Struct lists them in __struct_fields__)."""
     from vllm import SamplingParams
     return {f for f in SamplingParams.__struct_fields__ if not f.startswith("_")}
+
+
+_exit_hook_registered = False
+
+
+def skip_garbage_collection_at_exit() -> None:
+    """From the first vLLM engine on: once the interpreter exits, an explicit gc.collect() does nothing.
+
+    vLLM 0.32's engine shutdown, run at exit, makes two full collections over every object torch, transformers and
+    vLLM created (cleanup_dist_env_and_memory, the model runner's shutdown): 1.1 s a process and engine on CPU, at
+    the end of every run and test launch, to free memory the OS takes back anyway. The hook is registered after
+    weakref.finalize's (atexit runs the last registered first), so it runs before the engine's finalizer. (The
+    interpreter's teardown collects over everything once more; cli.leave skips it where dsgrpo owns the process.)"""
+    global _exit_hook_registered
+    if _exit_hook_registered:
+        return
+    import atexit
+    import gc
+    import weakref
+
+    weakref.finalize(skip_garbage_collection_at_exit, lambda: None)  # weakref's exit hook exists before ours
+    atexit.register(setattr, gc, "collect", lambda generation=2: 0)
+    _exit_hook_registered = True
 
 
 def vllm_max_model_len(llm) -> int:

@@ -4,6 +4,7 @@
 import sys
 
 from .cli import run_reporting_errors, train
+from .process_exit import leave
 
 if __name__ == "__main__":
-    sys.exit(run_reporting_errors(train, sys.argv[1:]))
+    leave(run_reporting_errors(train, sys.argv[1:]))  # a crash still exits the usual way, with its traceback

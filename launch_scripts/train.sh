@@ -23,7 +23,9 @@ shift
 source "$(dirname "${BASH_SOURCE[0]}")/python_env.sh"
 dsgrpo_python "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" || exit 2
 echo "dsgrpo train.sh: python $PYTHON (from $PYTHON_FROM)"
-if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+# a machine without an NVIDIA device node (WSL2: /dev/dxg) is a CPU one: no need to import torch (2 s) to learn that
+if { compgen -G "/dev/nvidia[0-9]*" >/dev/null || [[ -e /dev/dxg ]]; } && \
+   "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   NUM_PROCS=${NUM_PROCS:-$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')}
 else
   export DS_ACCELERATOR=cpu

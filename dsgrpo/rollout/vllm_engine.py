@@ -85,6 +85,7 @@ class VLLMGenerator:
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")  # vLLM 0.32's capture needs its V2 runner
             kwargs["enable_return_routed_experts"] = True
         self.llm = LLM(**kwargs)
+        compat.skip_garbage_collection_at_exit()
         self.sleep = EngineSleep(self.llm, enabled=kwargs["enable_sleep_mode"])
         self.max_model_len = compat.vllm_max_model_len(self.llm)
         self.native_weights = native and compat.vllm_uses_inprocess_weight_engine(self.llm)

@@ -357,3 +357,7 @@ def _():
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
     json.dump(results, fh)
 dist.barrier("results written")
+
+from dsgrpo.process_exit import leave  # noqa: E402
+
+leave(0)  # out without the interpreter's teardown (dsgrpo/process_exit.py): 2.5 s a rank

@@ -123,3 +123,7 @@ if dist.is_main():
         json.dump({"logps": lp[0].tolist(), "resumed_from": resumed_from, "steps": trainer.state.global_step,
                    "history_steps": [h["step"] for h in training_rows(trainer)]}, fh)
 dist.barrier("final log-probs written")
+
+from dsgrpo.process_exit import leave  # noqa: E402
+
+leave(0)  # out without the interpreter's teardown (dsgrpo/process_exit.py): 2.5 s a rank

@@ -46,3 +46,7 @@ def _():
 
 with open(os.path.join(OUT, "result-0.json"), "w") as fh:
     json.dump(results, fh)
+
+from dsgrpo.process_exit import leave  # noqa: E402
+
+leave(0)  # out without the interpreter's teardown (dsgrpo/process_exit.py): 2.5 s a rank

@@ -107,3 +107,7 @@ trainer = trainer_cls(tiny_model("qwen2"), digit_fraction, args=args, train_data
 trainer.train()
 if dist.is_main():
     json.dump(training_rows(trainer), open(os.path.join(opts.out, "rows.json"), "w"))
+
+from dsgrpo.process_exit import leave  # noqa: E402
+
+leave(0)  # out without the interpreter's teardown (dsgrpo/process_exit.py): 2.5 s a rank

@@ -1,0 +1,75 @@
+"""How dsgrpo's entry points end (dsgrpo/process_exit.py) and the exit hook that keeps vLLM's shutdown from collecting
+garbage over the whole process (compat.skip_garbage_collection_at_exit): what a normal exit does that matters still
+happens. Plain subprocesses, no model."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(code: str, tmp_path) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    return subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
+
+
+def test_leave_keeps_exit_code_threads_atexit_and_unflushed_files(tmp_path):
+    proc = run("""
+        import atexit, os, sys, threading, time
+        out = sys.argv[1]
+        log = open(os.path.join(out, "log.txt"), "w", buffering=1 << 20)   # never flushed nor closed by the script
+        log.write("kept\\n")
+        atexit.register(lambda: open(os.path.join(out, "atexit.txt"), "w").write("ran"))
+        def late():
+            time.sleep(0.3)
+            open(os.path.join(out, "thread.txt"), "w").write("joined")
+        threading.Thread(target=late).start()                            # non-daemon: a normal exit waits for it
+        print("to stdout", end="")                                        # no newline: still buffered
+        from dsgrpo.process_exit import leave
+        leave(5)
+        print("never")
+    """, tmp_path)
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stdout == "to stdout"
+    assert (tmp_path / "log.txt").read_text() == "kept\n"
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+    assert (tmp_path / "thread.txt").read_text() == "joined"
+
+
+def test_after_the_exit_hook_an_engine_finalizer_collects_nothing(tmp_path):
+    proc = run("""
+        import gc, os, sys, weakref
+        class Engine:  # stands in for vLLM's in-process engine: a weakref finalizer that collects at exit
+            pass
+        engine = Engine()
+        def shutdown(out=sys.argv[1]):
+            cycle = []
+            cycle.append(cycle)
+            del cycle
+            open(os.path.join(out, "collected.txt"), "w").write(str(gc.collect()))
+        weakref.finalize(engine, shutdown)
+        from dsgrpo import compat
+        compat.skip_garbage_collection_at_exit()
+        compat.skip_garbage_collection_at_exit()  # once per process, however many engines
+        assert gc.collect() >= 0 and gc.collect.__module__ == "gc"  # untouched until the exit
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "collected.txt").read_text() == "0"   # the cycle was not looked for
+
+
+def test_leave_passes_over_dead_weak_proxies(tmp_path):
+    proc = run("""
+        import weakref
+        class Thing:
+            pass
+        thing = Thing()
+        holder = [weakref.proxy(thing)]   # tracked by gc, its referent gone
+        del thing
+        from dsgrpo.process_exit import leave
+        leave(0)
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr
