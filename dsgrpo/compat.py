@@ -683,7 +683,8 @@ def skip_garbage_collection_at_exit() -> None:
     vLLM created (cleanup_dist_env_and_memory, the model runner's shutdown): 1.1 s a process and engine on CPU, at
     the end of every run and test launch, to free memory the OS takes back anyway. The hook is registered after
     weakref.finalize's (atexit runs the last registered first), so it runs before the engine's finalizer. (The
-    interpreter's teardown collects over everything once more; cli.leave skips it where dsgrpo owns the process.)"""
+    interpreter's teardown collects over everything once more; process_exit.leave skips it where dsgrpo owns the
+    process.)"""
     global _exit_hook_registered
     if _exit_hook_registered:
         return

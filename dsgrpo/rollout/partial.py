@@ -244,8 +244,8 @@ def staleness_metrics(rollout: Rollout, version: int, max_age: int) -> Dict[str,
 
 
 def has_long_tail(longest: int, total_tokens: int, completions: int) -> bool:
-    """Whether a round whose completions (over all ranks) were `completions` long in all, `total_tokens` tokens, and
-    at least `longest` for the longest, waited on a tail worth cutting (TAIL_RATIO, TAIL_MIN_TOKENS)."""
+    """Whether a round of `completions` completions (over all ranks), `total_tokens` tokens in all, the longest at
+    least `longest` tokens, waited on a tail worth cutting (TAIL_RATIO, TAIL_MIN_TOKENS)."""
     if completions <= 0:
         return False
     mean = total_tokens / completions
