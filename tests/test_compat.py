@@ -137,3 +137,30 @@ def test_cpu_tensor_parallel_shared_memory_is_named_per_job(monkeypatch, tmp_pat
     assert not stale.exists()
     monkeypatch.setenv("VLLM_DIST_IDENT", "41234")  # vLLM's own executors: a real port, left alone
     assert _CPUSHMDistributed.make_group_name(comm) == "41234-tp:0-[0-1]-cpushm"
+
+
+def test_an_engine_build_makes_no_full_collection_and_gc_comes_back():
+    import gc
+    import weakref
+
+    class Cycle:
+        pass
+
+    def garbage():
+        a, b = Cycle(), Cycle()
+        a.other, b.other = b, a  # only a collection frees it
+        return weakref.ref(a)
+
+    gc.disable()  # no automatic collection in between
+    try:
+        with compat.engine_build_without_full_collections(enabled=False):
+            alive = garbage()
+            gc.collect()
+            assert alive() is None  # off (a GPU build): collections as usual
+        with compat.engine_build_without_full_collections():
+            alive = garbage()
+            assert gc.collect() == 0 and alive() is not None
+        gc.collect()
+        assert alive() is None  # the real gc.collect is back
+    finally:
+        gc.enable()

@@ -69,3 +69,15 @@ def test_trainer_py_stays_one_readable_story():
     lines = open(os.path.join(ROOT, "trainer.py")).read().count("\n")
     assert lines <= 600, f"dsgrpo/trainer.py has {lines} lines: move start-up steps to startup.py, TRL accessors to " \
                          "trl_surface.py, stage work to its module"
+
+
+def test_what_a_rank_imports_leaves_scikit_learn_out():
+    """transformers imports scikit-learn (and scipy under it) at start-up whenever it is installed: 1.6 s of every
+    rank's start, every launch, every run. Nothing of dsgrpo's needs it; the Makefile keeps it out of .venv."""
+    import sys
+
+    import transformers.generation.candidate_generator  # noqa: F401  (where transformers reaches for it)
+
+    import dsgrpo.trainer  # noqa: F401
+    assert "sklearn" not in sys.modules and "scipy" not in sys.modules, (
+        "scikit-learn is installed: `make setup` takes it out (pip uninstall scikit-learn scipy sentence-transformers)")

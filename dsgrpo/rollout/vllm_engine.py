@@ -84,7 +84,8 @@ class VLLMGenerator:
         if self.routes:  # each token's experts come back with it (GPU only; refused on CPU: engines/routing.py)
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")  # vLLM 0.32's capture needs its V2 runner
             kwargs["enable_return_routed_experts"] = True
-        self.llm = LLM(**kwargs)
+        with compat.engine_build_without_full_collections(enabled=not device.on_gpu()):  # 1 s a build on CPU
+            self.llm = LLM(**kwargs)
         compat.skip_garbage_collection_at_exit()
         self.sleep = EngineSleep(self.llm, enabled=kwargs["enable_sleep_mode"])
         self.max_model_len = compat.vllm_max_model_len(self.llm)
