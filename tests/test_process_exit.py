@@ -40,6 +40,22 @@ def test_leave_keeps_exit_code_threads_atexit_and_unflushed_files(tmp_path):
     assert (tmp_path / "thread.txt").read_text() == "joined"
 
 
+def test_leave_ends_a_live_thread_pools_idle_workers_as_a_normal_exit_does(tmp_path):
+    """A ThreadPoolExecutor still referenced at exit (a library's, in a global or a cycle) has an idle non-daemon
+    worker; only threading's exit hook tells it to end. leave() joined threads without it and hung."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""
+        from concurrent.futures import ThreadPoolExecutor
+        pool = ThreadPoolExecutor(max_workers=1)
+        assert pool.submit(lambda: 41 + 1).result() == 42   # its worker now idles, waiting for more
+        from dsgrpo.process_exit import leave
+        leave(3)
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 3, proc.stderr
+
+
 def test_after_the_exit_hook_an_engine_finalizer_collects_nothing(tmp_path):
     proc = run("""
         import gc, os, sys, weakref
