@@ -22,6 +22,23 @@ def tiny_qwen():
     return tiny_model("qwen2")
 
 
+@pytest.hookimpl(trylast=True)  # after -m/-k have deselected
+def pytest_collection_modifyitems(session, config, items):
+    """The quick tier first, then the launches and the slow ones (each group in file order): a broken change fails
+    within minutes, and the preparations of tests/background.py run beside the unit tests."""
+    items.sort(key=lambda item: any(item.get_closest_marker(m) for m in ("dist", "slow")))
+
+
+def pytest_collection_finish(session):
+    import background
+    background.start_needed([item.nodeid for item in session.items])
+
+
+def pytest_sessionfinish(session):
+    import background
+    background.stop_all()
+
+
 _SECONDS_BY_FILE: dict = {}
 
 

@@ -65,7 +65,9 @@ def fine_tune_tool_caller(out: str, steps: int = 300) -> str:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    model = fine_tune_tool_caller(str(tmp_path_factory.mktemp("tool_model")))
+    import background  # fine_tune_tool_caller in a process of its own, started beside the unit tests
+    code, said, model = background.result("tool_caller_model")
+    assert code == 0, said[-4000:]
     out = tmp_path_factory.mktemp("api_checks")
     torchrun("tests/dist_scripts/api_checks.py", str(out), model, timeout=900)
     per_rank = [json.load(open(out / f"result-{r}.json")) for r in range(2)]

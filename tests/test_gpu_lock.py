@@ -37,6 +37,7 @@ def test_a_drifted_pin_is_caught():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_pip_resolves_the_lock_unchanged_for_a_cuda_machine(capsys):
-    assert gpu_lock.check() == 0, capsys.readouterr().err
-    assert "resolve unchanged" in capsys.readouterr().out
+def test_pip_resolves_the_lock_unchanged_for_a_cuda_machine():
+    import background  # `gpu_lock.py check` in a process of its own, started beside the unit tests
+    code, said, _ = background.result("gpu_lock_resolve")
+    assert code == 0 and "resolve unchanged" in said, said[-4000:]

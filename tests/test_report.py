@@ -22,7 +22,9 @@ from launch import REPO
 pytestmark = pytest.mark.slow
 
 
-def train_cli(tmp_path, name, **over):
+def start_cli(tmp_path, name, **over):
+    """`dsgrpo train` of one config in its own process, started (finish_cli waits for it). One thread of compute
+    each: the two runs go side by side on the 2 cores (each keeps one busy about half its time)."""
     from dsgrpo.testing import tiny_model
     values = dict(model=tiny_model("qwen2"), train_dataset="task:copy_digits",
                   reward_funcs=["dsgrpo.tasks:copy_digits_reward"], output_dir=str(tmp_path / name), max_steps=4,
@@ -32,23 +34,37 @@ def train_cli(tmp_path, name, **over):
     values.update(over)
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items()))
-    env = dict(os.environ, TRACKIO_DIR=str(tmp_path / "trackio"), PYTHONPATH=REPO, OMP_NUM_THREADS="2")
+    env = dict(os.environ, TRACKIO_DIR=str(tmp_path / "trackio"), PYTHONPATH=REPO, OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, "-m", "dsgrpo.cli", "train", str(cfg)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", "dsgrpo.cli", "train", str(cfg)]
+    out, err = open(tmp_path / f"{name}.stdout", "w+"), open(tmp_path / f"{name}.stderr", "w+")  # pipes could fill
+    return tmp_path / name, subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err, text=True), out, err
+
+
+def finish_cli(started):
+    run_dir, popen, out, err = started
+    try:
+        popen.wait(timeout=600)
+    finally:
+        popen.kill()
+    out.seek(0), err.seek(0)
+    proc = subprocess.CompletedProcess(popen.args, popen.returncode, out.read(), err.read())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return tmp_path / name, proc
+    return run_dir, proc
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
-    grpo = train_cli(tmp, "grpo", beta=0.04, eval_dataset="task:copy_digits:32", eval_strategy="steps", eval_steps=2,
+    grpo = start_cli(tmp, "grpo", beta=0.04, eval_dataset="task:copy_digits:32", eval_strategy="steps", eval_steps=2,
                      per_device_eval_batch_size=8, log_completions=True, num_completions_to_print=0,
                      report_to=["tensorboard", "trackio"], project="dsgrpo-test", run_name="grpo-run")
-    asynchronous = train_cli(tmp, "async", trainer="async")
-    return tmp, grpo, asynchronous
+    asynchronous = start_cli(tmp, "async", trainer="async")
+    try:
+        return tmp, finish_cli(grpo), finish_cli(asynchronous)
+    finally:
+        asynchronous[1].kill()  # when the first failed
 
 
 def metrics(run_dir):
