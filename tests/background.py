@@ -1,36 +1,38 @@
-"""Preparations that run beside the unit tests. Two things the suite needs take a minute of one core each and load
-no model of a launch: pip's resolver over the GPU lock, and fine-tuning the tool-calling model test_api_dist
-launches with. They start, each in a process of its own, as soon as collection knows a selected test needs one
-(conftest.pytest_collection_finish), while the unit tests, which run first and keep one core busy about a third of
-their time, go on; the test that needs one waits for its result. Nothing is skipped: the same commands, run
-earlier."""
+"""Work that runs beside the unit tests. Some of what the suite needs takes a minute of one core and is no 2-rank
+launch: pip's resolver over the GPU lock, fine-tuning the tool-calling model test_api_dist launches with, the two
+one-process `dsgrpo train` runs test_report reads. Each starts in processes of its own as soon as collection knows
+a selected test needs it (conftest.pytest_collection_finish), while the unit tests, which run first and keep one
+core busy about a third of their time, go on; the test that needs one waits for its result. Nothing is skipped:
+the same commands, run earlier."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one core of compute: the other is the unit tests'
 
-# name -> (the node id prefix of the tests that need it, the command; {out} is a folder of the job's own)
+# name -> (the node id prefix of the tests that need it, "module:function" that starts it: function(folder) returns
+# a function that waits for it and returns its result)
 JOBS = {
     "gpu_lock_resolve": ("tests/test_gpu_lock.py::test_pip_resolves_the_lock_unchanged_for_a_cuda_machine",
-                         [sys.executable, os.path.join(REPO, "requirements", "gpu_lock.py"), "check"]),
-    "tool_caller_model": ("tests/test_api_dist.py::",
-                          [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                           "from test_api_dist import fine_tune_tool_caller; fine_tune_tool_caller(sys.argv[2])",
-                           os.path.join(REPO, "tests"), "{out}"]),
+                         "test_gpu_lock:start_resolve"),
+    "tool_caller_model": ("tests/test_api_dist.py::", "test_api_dist:start_fine_tune"),
+    "report_runs": ("tests/test_report.py::", "test_report:start_runs"),
 }
-_running: dict = {}  # name -> (Popen, its folder)
+_waiting: dict = {}  # name -> the function that waits for it
+_results: dict = {}
+_started: list = []  # every process started here (stop_all kills what is left)
 _root = None
 
 
 def start_needed(nodeids) -> None:
     for name, (prefix, _) in JOBS.items():
-        if name not in _running and any(n.startswith(prefix) for n in nodeids):
+        if name not in _waiting and any(n.startswith(prefix) for n in nodeids):
             start(name)
 
 
@@ -38,30 +40,46 @@ def start(name: str) -> None:
     global _root
     _root = _root or tempfile.mkdtemp(prefix="dsgrpo-suite-")
     folder = os.path.join(_root, name)
-    os.makedirs(os.path.join(folder, "out"))
-    argv = [a.replace("{out}", os.path.join(folder, "out")) for a in JOBS[name][1]]
-    # one thread of compute: the other core is the unit tests'
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    log = open(os.path.join(folder, "log"), "w")
-    _running[name] = (subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), folder)
+    os.makedirs(folder)
+    module, _, function = JOBS[name][1].partition(":")
+    _waiting[name] = getattr(importlib.import_module(module), function)(folder)
 
 
-def result(name: str, timeout: float = 1500) -> tuple:
-    """(exit code, its output, its folder for files) of a job, once it has ended; started now if nothing had."""
-    if name not in _running:
-        start(name)
-    popen, folder = _running[name]
-    try:
-        popen.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        raise AssertionError(f"{name} ({' '.join(popen.args)}) did not end within {timeout} s") from None
-    with open(os.path.join(folder, "log")) as fh:
-        return popen.returncode, fh.read(), os.path.join(folder, "out")
+def result(name: str):
+    """What the job's wait function returns, once (started now if nothing had started it)."""
+    if name not in _results:
+        if name not in _waiting:
+            start(name)
+        _results[name] = _waiting.pop(name)()
+    return _results[name]
+
+
+def command(argv: list, folder: str, timeout: float = 1500, env: dict | None = None, cwd: str = REPO):
+    """Start argv (output to folder/log); the wait function returns (exit code, output)."""
+    log = open(os.path.join(folder, "log"), "w+")
+    popen = track(subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONPATH": REPO, **ONE_THREAD, **(env or {})}))
+
+    def wait():
+        try:
+            popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{' '.join(argv)} did not end within {timeout} s") from None
+        finally:
+            popen.kill()
+        log.seek(0)
+        return popen.returncode, log.read()
+    return wait
+
+
+def track(popen: subprocess.Popen) -> subprocess.Popen:
+    """A process a job started itself: killed at the session's end if it is still running."""
+    _started.append(popen)
+    return popen
 
 
 def stop_all() -> None:
-    for popen, _ in _running.values():
+    for popen in _started:
         if popen.poll() is None:
             popen.kill()
             popen.wait()

@@ -63,9 +63,19 @@ def fine_tune_tool_caller(out: str, steps: int = 300) -> str:
     return out
 
 
+def start_fine_tune(folder):
+    """fine_tune_tool_caller in a process of its own (tests/background.py starts it beside the unit tests)."""
+    import background
+    model = os.path.join(folder, "model")
+    wait = background.command([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from test_api_dist "
+                               "import fine_tune_tool_caller; fine_tune_tool_caller(sys.argv[2])",
+                               os.path.dirname(os.path.abspath(__file__)), model], folder)
+    return lambda: (*wait(), model)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    import background  # fine_tune_tool_caller in a process of its own, started beside the unit tests
+    import background
     code, said, model = background.result("tool_caller_model")
     assert code == 0, said[-4000:]
     out = tmp_path_factory.mktemp("api_checks")

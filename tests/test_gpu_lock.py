@@ -4,6 +4,7 @@ lock. No GPU is needed for either; the second reads the package registry."""
 
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -35,9 +36,15 @@ def test_a_drifted_pin_is_caught():
     assert gpu_lock.deepspeed_requirements_missing(pins) == ["hjson"]
 
 
+def start_resolve(folder):
+    """`gpu_lock.py check` in a process of its own (tests/background.py starts it beside the unit tests)."""
+    import background
+    return background.command([sys.executable, os.path.join(REPO, "requirements", "gpu_lock.py"), "check"], folder)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_pip_resolves_the_lock_unchanged_for_a_cuda_machine():
-    import background  # `gpu_lock.py check` in a process of its own, started beside the unit tests
-    code, said, _ = background.result("gpu_lock_resolve")
+    import background
+    code, said = background.result("gpu_lock_resolve")
     assert code == 0 and "resolve unchanged" in said, said[-4000:]

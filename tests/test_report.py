@@ -3,8 +3,8 @@ Slurm log), the trackers report_to names (tensorboard, trackio: offline, read ba
 two real runs (a GRPOTrainer run with beta > 0, an eval set and log_completions; an AsyncGRPOTrainer run), its
 HTML checked for structure and rendered in a real headless browser (Debian's chromium).
 
-The two runs are one module fixture (≈ 1 minute); the browser check installs chromium from Debian when it is
-missing and this is root, as tests/slurm/local_cluster.sh does for Slurm."""
+The two runs start beside the unit tests (tests/background.py) and go side by side; the browser check installs
+chromium from Debian when it is missing and this is root, as tests/slurm/local_cluster.sh does for Slurm."""
 
 import base64
 import json
@@ -39,7 +39,9 @@ def start_cli(tmp_path, name, **over):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "dsgrpo.cli", "train", str(cfg)]
     out, err = open(tmp_path / f"{name}.stdout", "w+"), open(tmp_path / f"{name}.stderr", "w+")  # pipes could fill
-    return tmp_path / name, subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err, text=True), out, err
+    import background
+    popen = background.track(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err, text=True))
+    return tmp_path / name, popen, out, err
 
 
 def finish_cli(started):
@@ -54,17 +56,27 @@ def finish_cli(started):
     return run_dir, proc
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("runs")
+def start_runs(folder):
+    """Both runs started (tests/background.py starts them beside the unit tests); the function returned waits."""
+    import pathlib
+    tmp = pathlib.Path(folder)
     grpo = start_cli(tmp, "grpo", beta=0.04, eval_dataset="task:copy_digits:32", eval_strategy="steps", eval_steps=2,
                      per_device_eval_batch_size=8, log_completions=True, num_completions_to_print=0,
                      report_to=["tensorboard", "trackio"], project="dsgrpo-test", run_name="grpo-run")
     asynchronous = start_cli(tmp, "async", trainer="async")
-    try:
-        return tmp, finish_cli(grpo), finish_cli(asynchronous)
-    finally:
-        asynchronous[1].kill()  # when the first failed
+
+    def wait():
+        try:
+            return tmp, finish_cli(grpo), finish_cli(asynchronous)
+        finally:
+            asynchronous[1].kill()  # when the first failed
+    return wait
+
+
+@pytest.fixture(scope="module")
+def runs():
+    import background
+    return background.result("report_runs")
 
 
 def metrics(run_dir):
