@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 import torch
 
-from launch import torchrun
+from launch import side_by_side, torchrun
 
 pytestmark = pytest.mark.dist
 SCRIPT = "tests/dist_scripts/world_change_run.py"
@@ -107,10 +107,14 @@ def test_conversion_is_automatic_checksummed_once_and_said_once(chain):
 
 
 def test_lora_with_zero2_and_the_async_trainer_resume_on_one_rank(tmp_path):
-    for variant in ("lora", "async"):  # lora runs with deepspeed "auto": ZeRO-2 here (the plan fits whole weights)
+    def two_then_one(variant):
         two, one = tmp_path / f"{variant}2", tmp_path / f"{variant}1"
         run(two, "--variant", variant, "--stop-at", "2", nproc=2)
         run(one, "--variant", variant, "--resume", str(two / "checkpoint-2"), "--stop-at", "4", nproc=1)
+    # the two chains side by side: their 1-rank resumes each keep one core busy
+    side_by_side(lambda: two_then_one("lora"), lambda: two_then_one("async"))
+    for variant in ("lora", "async"):  # lora runs with deepspeed "auto": ZeRO-2 here (the plan fits whole weights)
+        two, one = tmp_path / f"{variant}2", tmp_path / f"{variant}1"
         assert_resumed_exactly(two / "state_step2.pt", one / "state_begin.pt")
         if variant == "lora":
             assert all("lora_" in name for name in state(one / "state_begin.pt")["params"])
