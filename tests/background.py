@@ -54,21 +54,24 @@ def result(name: str):
     return _results[name]
 
 
-def command(argv: list, folder: str, timeout: float = 1500, env: dict | None = None, cwd: str = REPO):
-    """Start argv (output to folder/log); the wait function returns (exit code, output)."""
-    log = open(os.path.join(folder, "log"), "w+")
-    popen = track(subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONPATH": REPO, **ONE_THREAD, **(env or {})}))
+def command(argv: list, folder: str, name: str = "job", timeout: float = 1500, env: dict | None = None,
+            cwd: str = REPO):
+    """Start argv, its output in folder/NAME.stdout and NAME.stderr; the wait function returns its
+    subprocess.CompletedProcess (the files' text) once it has ended."""
+    out, err = (open(os.path.join(folder, f"{name}.{stream}"), "w+") for stream in ("stdout", "stderr"))  # no pipe fills
+    full_env = {**os.environ, "PYTHONPATH": REPO, **ONE_THREAD, **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # env={NAME: None} unsets NAME
+    popen = track(subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, text=True, env=full_env))
 
-    def wait():
+    def wait() -> subprocess.CompletedProcess:
         try:
             popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{' '.join(argv)} did not end within {timeout} s") from None
+            raise AssertionError(f"{' '.join(map(str, argv))} did not end within {timeout} s") from None
         finally:
             popen.kill()
-        log.seek(0)
-        return popen.returncode, log.read()
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess(popen.args, popen.returncode, out.read(), err.read())
     return wait
 
 

@@ -46,23 +46,10 @@ def side_by_side(*launches):
     """Run independent launches at once (each a function of no arguments) and return their results in order; the
     first failure is raised once all have ended. For launches that leave a core idle: a 1-rank launch keeps one of
     the 2 cores busy, so beside another launch it costs about half its time."""
-    import threading
-    results, errors = [None] * len(launches), [None] * len(launches)
-
-    def run(i):
-        try:
-            results[i] = launches[i]()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the test's thread
-            errors[i] = exc
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(launches))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for exc in errors:
-        if exc is not None:
-            raise exc
-    return results
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=len(launches)) as pool:
+        running = [pool.submit(launch) for launch in launches]
+    return [done.result() for done in running]  # (the with block waited for all)
 
 
 def rank_results(out, nproc: int = 2) -> list:

@@ -70,14 +70,14 @@ def start_fine_tune(folder):
     wait = background.command([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from test_api_dist "
                                "import fine_tune_tool_caller; fine_tune_tool_caller(sys.argv[2])",
                                os.path.dirname(os.path.abspath(__file__)), model], folder)
-    return lambda: (*wait(), model)
+    return lambda: (wait(), model)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     import background
-    code, said, model = background.result("tool_caller_model")
-    assert code == 0, said[-4000:]
+    proc, model = background.result("tool_caller_model")
+    assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path_factory.mktemp("api_checks")
     torchrun("tests/dist_scripts/api_checks.py", str(out), model, timeout=900)
     per_rank = [json.load(open(out / f"result-{r}.json")) for r in range(2)]

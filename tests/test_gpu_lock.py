@@ -46,5 +46,5 @@ def start_resolve(folder):
 @pytest.mark.timeout(1800)
 def test_pip_resolves_the_lock_unchanged_for_a_cuda_machine():
     import background
-    code, said = background.result("gpu_lock_resolve")
-    assert code == 0 and "resolve unchanged" in said, said[-4000:]
+    proc = background.result("gpu_lock_resolve")
+    assert proc.returncode == 0 and "resolve unchanged" in proc.stdout, proc.stderr[-4000:]

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.slow
 
 
 def start_cli(tmp_path, name, **over):
-    """`dsgrpo train` of one config in its own process, started (finish_cli waits for it). One thread of compute
-    each: the two runs go side by side on the 2 cores (each keeps one busy about half its time)."""
+    """`dsgrpo train` of one config in a process of its own (one thread of compute: the two runs go side by side
+    on the 2 cores); the function returned waits for it: (its output folder, its CompletedProcess)."""
+    import background
     from dsgrpo.testing import tiny_model
     values = dict(model=tiny_model("qwen2"), train_dataset="task:copy_digits",
                   reward_funcs=["dsgrpo.tasks:copy_digits_reward"], output_dir=str(tmp_path / name), max_steps=4,
@@ -34,26 +35,16 @@ def start_cli(tmp_path, name, **over):
     values.update(over)
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items()))
-    env = dict(os.environ, TRACKIO_DIR=str(tmp_path / "trackio"), PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    cmd = [sys.executable, "-m", "dsgrpo.cli", "train", str(cfg)]
-    out, err = open(tmp_path / f"{name}.stdout", "w+"), open(tmp_path / f"{name}.stderr", "w+")  # pipes could fill
-    import background
-    popen = background.track(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=err, text=True))
-    return tmp_path / name, popen, out, err
+    env = {"TRACKIO_DIR": str(tmp_path / "trackio")}
+    env.update({key: None for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")})
+    wait = background.command([sys.executable, "-m", "dsgrpo.cli", "train", str(cfg)], str(tmp_path), name=name,
+                              timeout=600, env=env, cwd=str(tmp_path))
 
-
-def finish_cli(started):
-    run_dir, popen, out, err = started
-    try:
-        popen.wait(timeout=600)
-    finally:
-        popen.kill()
-    out.seek(0), err.seek(0)
-    proc = subprocess.CompletedProcess(popen.args, popen.returncode, out.read(), err.read())
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return run_dir, proc
+    def finish():
+        proc = wait()
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        return tmp_path / name, proc
+    return finish
 
 
 def start_runs(folder):
@@ -64,13 +55,7 @@ def start_runs(folder):
                      per_device_eval_batch_size=8, log_completions=True, num_completions_to_print=0,
                      report_to=["tensorboard", "trackio"], project="dsgrpo-test", run_name="grpo-run")
     asynchronous = start_cli(tmp, "async", trainer="async")
-
-    def wait():
-        try:
-            return tmp, finish_cli(grpo), finish_cli(asynchronous)
-        finally:
-            asynchronous[1].kill()  # when the first failed
-    return wait
+    return lambda: (tmp, grpo(), asynchronous())
 
 
 @pytest.fixture(scope="module")

@@ -111,10 +111,10 @@ def test_lora_with_zero2_and_the_async_trainer_resume_on_one_rank(tmp_path):
         two, one = tmp_path / f"{variant}2", tmp_path / f"{variant}1"
         run(two, "--variant", variant, "--stop-at", "2", nproc=2)
         run(one, "--variant", variant, "--resume", str(two / "checkpoint-2"), "--stop-at", "4", nproc=1)
+        return variant, two, one
     # the two chains side by side: their 1-rank resumes each keep one core busy
-    side_by_side(lambda: two_then_one("lora"), lambda: two_then_one("async"))
-    for variant in ("lora", "async"):  # lora runs with deepspeed "auto": ZeRO-2 here (the plan fits whole weights)
-        two, one = tmp_path / f"{variant}2", tmp_path / f"{variant}1"
+    chains = side_by_side(lambda: two_then_one("lora"), lambda: two_then_one("async"))
+    for variant, two, one in chains:  # lora runs with deepspeed "auto": ZeRO-2 here (the plan fits whole weights)
         assert_resumed_exactly(two / "state_step2.pt", one / "state_begin.pt")
         if variant == "lora":
             assert all("lora_" in name for name in state(one / "state_begin.pt")["params"])
