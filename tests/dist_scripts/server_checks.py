@@ -77,13 +77,19 @@ def landed_version(deadline_s: float = 60.0) -> str:
 
 
 def record_syncs(t):
-    syncs = [{"server": server_logps(), "policy": policy_logps(t.policy), "version": landed_version(),
-              "expected": t.generator.version}]
+    def read():
+        """What the server and the policy hold now. Every rank reads, and the barrier keeps each rank here until all
+        have: rank 0's next push sets the server to "receiving" and waits for this rank's gathers, so a rank that
+        read /health after rank 0 had moved on waited out landed_version's deadline (the CI failure of stop 51)."""
+        row = {"server": server_logps(), "version": landed_version(), "expected": t.generator.version}
+        row["policy"] = policy_logps(t.policy)
+        dist.barrier("every rank has read the server")
+        return row
+    syncs = [read()]
 
     def record(needed):
         if needed:
-            syncs.append({"server": server_logps(), "policy": policy_logps(t.policy),
-                          "version": landed_version(), "expected": t.generator.version})
+            syncs.append(read())
     after_each_sync(t, record)
     return syncs
 
