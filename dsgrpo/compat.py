@@ -221,6 +221,12 @@ PINS: Tuple[Pin, ...] = (
     Pin("vllm.utils.gc_utils:freeze_gc_heap", "vllm 0.32.0",
         "engine_build_without_full_collections: three collections, then the freeze it keeps",
         source_has=("gc.collect(2)", "gc.freeze()")),
+    Pin("vllm.v1.sample.sampler:batched_count_greater_than", "vllm 0.32.0",
+        "eager_token_ranks_on_cpu: the sampler calls this torch.compile'd rank count (imported by name) for every "
+        "sampled token's log-prob; its first call compiles it with inductor (2-3.5 s of a CPU run's first round)"),
+    Pin("vllm.v1.sample.ops.logprobs:batched_count_greater_than", "vllm 0.32.0",
+        "what the eager replacement computes: the count of entries at least the token's log-prob",
+        source_has=("(x >= values).sum(-1)",)),
     Pin("vllm.v1.engine.llm_engine:LLMEngine.set_weight_version", "vllm 0.32.0",
         "every sync labels the engine's weights; each completion's tokens come back labelled",
         params=("weight_version",)),
@@ -698,6 +704,27 @@ def engine_build_without_full_collections(enabled: bool = True):
         yield
     finally:
         gc.collect = collect
+
+
+def eager_token_ranks_on_cpu() -> bool:
+    """The rank of each sampled token among the vocabulary, counted eagerly (CPU only). Returns whether it was
+    replaced.
+
+    vLLM 0.32's sampler counts, for every sampled token, the log-probs at least as large as its own through a
+    torch.compile'd function (on GPU it saves a copy of the logits). On CPU its first call compiles it with inductor:
+    2 s in one process, 3.5 s with two ranks compiling at once, all of it inside a run's first round. dsgrpo reads
+    the sampled token's log-prob, never its rank; the same count eagerly costs microseconds at the batch sizes a CPU
+    engine runs. GPU engines keep the compiled kernel."""
+    import vllm.v1.sample.sampler as sampler
+
+    if getattr(sampler.batched_count_greater_than, "_dsgrpo_eager", False):
+        return True
+
+    def batched_count_greater_than(x, values):
+        return (x >= values).sum(-1)
+    batched_count_greater_than._dsgrpo_eager = True
+    sampler.batched_count_greater_than = batched_count_greater_than
+    return True
 
 
 _exit_hook_registered = False

@@ -164,3 +164,28 @@ def test_an_engine_build_makes_no_full_collection_and_gc_comes_back():
         assert alive() is None  # the real gc.collect is back
     finally:
         gc.enable()
+
+
+def test_the_eager_token_rank_counts_as_vllms_compiled_function_does():
+    """eager_token_ranks_on_cpu: the sampler's rank count, replaced on CPU, counts what vLLM's function counts (its
+    uncompiled body) for ties, a batch of one and a batch of many, and is replaced once."""
+    import torch
+    import vllm.v1.sample.ops.logprobs as logprobs_ops
+    import vllm.v1.sample.sampler as sampler
+
+    compiled = sampler.batched_count_greater_than
+    try:
+        assert compat.eager_token_ranks_on_cpu() and compat.eager_token_ranks_on_cpu()
+        eager = sampler.batched_count_greater_than
+        assert eager is not compiled and eager is not logprobs_ops.batched_count_greater_than
+        body = logprobs_ops.batched_count_greater_than.__wrapped__  # vLLM's code, not compiled
+        torch.manual_seed(0)
+        for rows in (1, 7):
+            x = torch.randn(rows, 50).log_softmax(-1)
+            x[:, 3] = x[:, 4]  # a tie counts the other token too
+            token = x.gather(-1, torch.randint(0, 50, (rows, 1)))
+            assert torch.equal(eager(x, token), body(x, token))
+            assert torch.equal(eager(x, token), (x >= token).sum(-1))
+        assert eager(torch.tensor([[0.0, -1.0, -2.0]]), torch.tensor([[-1.0]])).tolist() == [2]
+    finally:
+        sampler.batched_count_greater_than = compiled

@@ -58,6 +58,7 @@ class VLLMGenerator:
         compat.quiet_vllm_rotary_reload_warning()
         if not device.on_gpu():
             compat.unique_cpu_shm_names()
+            compat.eager_token_ranks_on_cpu()  # no inductor compile in the first round (2-3.5 s)
 
         kwargs = dict(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
                       # engines must sample different completions; the ranks of one tensor-parallel engine the same
