@@ -43,6 +43,20 @@ def test_sync_stats_report_each_phase_and_the_memcpy_ratio():
     assert m["sync/x_memcpy"] > 1  # nothing moves 64 MiB faster than a memcpy of it
 
 
+def test_the_memcpy_probe_copies_the_syncs_own_size_within_1_to_64_mib(monkeypatch):
+    import dsgrpo.rollout.weight_sync as ws
+
+    probed = []
+    ones = torch.ones
+    monkeypatch.setattr(ws, "_memcpy_rate", {})
+    monkeypatch.setattr(ws.torch, "ones", lambda n, **kw: probed.append(n) or ones(n, **kw))
+    for nbytes in (2232832, 2232832, 1000, 3 << 20, 200 << 20):
+        assert 0 < memcpy_seconds(nbytes) < 10
+    assert probed == [2232832, 1 << 20, 3 << 20, 64 << 20]  # once per size; the demo's 2.2 MB sync probes 2.2 MB
+    assert memcpy_seconds(200 << 20) == pytest.approx(memcpy_seconds(100 << 20) * 2)  # scaled from 64 MiB
+    assert memcpy_seconds(0) == 0.0
+
+
 def test_received_checksums_must_match_what_was_sent():
     sent = [("a", [1.0, 2.0, 3]), ("b", [0.5, 0.25, 2])]
     check_received(sent, [("a", [1.0, 2.0, 3]), ("b", [0.5 + 1e-12, 0.25, 2])], "1")  # float noise passes

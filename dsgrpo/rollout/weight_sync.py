@@ -87,20 +87,24 @@ class SyncStats:
         return out
 
 
-_memcpy_rate: Dict[str, float] = {}
+_memcpy_rate: Dict[Tuple[str, int], float] = {}
+MEMCPY_PROBE_BYTES = (1 << 20, 64 << 20)  # the smallest and largest copy memcpy_seconds times
 
 
 def memcpy_seconds(nbytes: int) -> float:
-    """Seconds a plain copy of `nbytes` takes here (one measured 64 MiB copy, best of 5, scaled): what a sync is
-    compared with (sync/x_memcpy)."""
+    """Seconds a plain copy of `nbytes` takes here: what a sync is compared with (sync/x_memcpy). One copy of the
+    same size, clamped to 1-64 MiB, is timed (best of 5) once per process and size, and scaled. A sync smaller than
+    64 MiB is compared with a copy of its own size (the caches help both alike), and the probe costs a rank what
+    the sync moves, not 64 MiB of fresh pages: 0.6-0.85 s of the demo's first step on a loaded 2-core machine."""
     if nbytes <= 0:
         return 0.0
     from .. import device
 
     where = device.torch_device(torch.cuda.current_device()) if device.on_gpu() else torch.device("cpu")
-    key = str(where)
+    size = min(max(nbytes, MEMCPY_PROBE_BYTES[0]), MEMCPY_PROBE_BYTES[1])
+    key = (str(where), size)
     if key not in _memcpy_rate:
-        src = torch.ones(64 << 20, dtype=torch.uint8, device=where)
+        src = torch.ones(size, dtype=torch.uint8, device=where)
         dst = torch.empty_like(src)
         best = float("inf")
         for _ in range(5):
@@ -109,7 +113,7 @@ def memcpy_seconds(nbytes: int) -> float:
             dst.copy_(src)
             device.synchronize()
             best = min(best, time.perf_counter() - start)
-        _memcpy_rate[key] = src.numel() / best
+        _memcpy_rate[key] = size / best
     return nbytes / _memcpy_rate[key]
 
 
