@@ -37,8 +37,23 @@ HOSTFILE=${HOSTFILE:-}
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 
-launcher=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NUM_PROCS" --master_port "$MASTER_PORT")
-[[ -n "$HOSTFILE" ]] && launcher+=(--hostfile "$HOSTFILE")
+if [[ -n "$HOSTFILE" ]]; then
+  launcher=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NUM_PROCS" --master_port "$MASTER_PORT"
+            --hostfile "$HOSTFILE")
+else
+  # One node: the deepspeed launcher's node process (deepspeed.launcher.launch), which is all its runner starts
+  # here, with the command line the runner would write. The runner imports DeepSpeed only to write it (1.4 s of
+  # every start), and on one node it neither forwards SIGTERM nor respects CUDA_VISIBLE_DEVICES with --num_gpus;
+  # the node process does both. Devices: the first NUM_PROCS of CUDA_VISIBLE_DEVICES when set, else 0..N-1.
+  IFS=, read -r -a visible <<< "${CUDA_VISIBLE_DEVICES:-}"
+  devices=()
+  for ((i = 0; i < NUM_PROCS; i++)); do devices+=("${visible[i]:-$i}"); done
+  world_info=$("$PYTHON" -c 'import base64, json, sys
+print(base64.urlsafe_b64encode(json.dumps({"localhost": [int(d) for d in sys.argv[1:]]}).encode()).decode())' \
+               "${devices[@]}")
+  launcher=("$PYTHON" -u -m deepspeed.launcher.launch "--world_info=$world_info" --master_addr=127.0.0.1
+            "--master_port=$MASTER_PORT")
+fi
 echo "dsgrpo train.sh: NUM_PROCS=$NUM_PROCS MASTER_PORT=$MASTER_PORT HOSTFILE=${HOSTFILE:-none}"
 echo "dsgrpo train.sh: ${launcher[*]} --module dsgrpo.train $config $*"
 exec "${launcher[@]}" --module dsgrpo.train "$config" "$@"

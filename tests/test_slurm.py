@@ -168,6 +168,50 @@ def test_train_sh_runs_the_demo_config_on_two_cpu_ranks(tmp_path):
     assert "learning curve" in proc.stdout
 
 
+def test_train_sh_gives_its_ranks_the_visible_devices_and_its_sigterm(tmp_path):
+    """On one node train.sh execs the deepspeed launcher's node process (the runner it replaced did neither): the
+    ranks get the devices CUDA_VISIBLE_DEVICES names, and a SIGTERM to train.sh (a scheduler's, a Ctrl-C's) ends
+    every rank in seconds."""
+    import signal
+    import threading
+
+    import psutil
+
+    from dsgrpo.testing import tiny_model
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], PYTHONPATH=REPO,
+               MASTER_PORT=str(29500 + os.getpid() % 190), DEEPSPEED_TIMEOUT="3", CUDA_VISIBLE_DEVICES="5,7")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    proc = subprocess.Popen(["bash", os.path.join(REPO, "launch_scripts", "train.sh"), "examples/cpu_demo.yaml",
+                             "--model", tiny_model("qwen2"), "--max_steps", "1000", "--logging_steps", "1",
+                             "--output_dir", str(tmp_path / "demo")],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 300
+        while not any(line.startswith("step 2/") for line in list(lines)) and time.time() < deadline:
+            assert proc.poll() is None, "".join(lines)[-3000:]
+            time.sleep(0.5)
+        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if any(a.startswith("--local_rank=") for a in p.cmdline())]
+        assert len(ranks) == 2, "".join(lines)[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        gone, alive = psutil.wait_procs(ranks, timeout=15)
+        assert not alive, [r.cmdline() for r in alive]
+    finally:
+        try:  # whatever is left of the launch (its own session): a failed run must not outlive the test
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    reader.join(timeout=10)
+    assert "Setting CUDA_VISIBLE_DEVICES=5,7" in "".join(lines)
+
+
 def test_a_rank_killed_under_srun_is_named_and_the_job_fails_in_bounded_time(slurm, tmp_path):
     """No launcher kills the survivors under srun: rank 0 must notice rank 1's death by itself, name it and the
     phase, and exit (3), so the job fails instead of hanging until its time limit."""
