@@ -44,12 +44,13 @@ else
   # One node: the deepspeed launcher's node process (deepspeed.launcher.launch), which is all its runner starts
   # here, with the command line the runner would write. The runner imports DeepSpeed only to write it (1.4 s of
   # every start), and on one node it neither forwards SIGTERM nor respects CUDA_VISIBLE_DEVICES with --num_gpus;
-  # the node process does both. Devices: the first NUM_PROCS of CUDA_VISIBLE_DEVICES when set, else 0..N-1.
+  # the node process does both. Devices: the first NUM_PROCS of CUDA_VISIBLE_DEVICES when set (indices or UUIDs),
+  # else 0..N-1.
   IFS=, read -r -a visible <<< "${CUDA_VISIBLE_DEVICES:-}"
   devices=()
   for ((i = 0; i < NUM_PROCS; i++)); do devices+=("${visible[i]:-$i}"); done
   world_info=$("$PYTHON" -c 'import base64, json, sys
-print(base64.urlsafe_b64encode(json.dumps({"localhost": [int(d) for d in sys.argv[1:]]}).encode()).decode())' \
+print(base64.urlsafe_b64encode(json.dumps({"localhost": [int(d) if d.isdigit() else d for d in sys.argv[1:]]}).encode()).decode())' \
                "${devices[@]}")
   launcher=("$PYTHON" -u -m deepspeed.launcher.launch "--world_info=$world_info" --master_addr=127.0.0.1
             "--master_port=$MASTER_PORT")
