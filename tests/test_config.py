@@ -254,3 +254,18 @@ def test_bf16_reaches_a_deepspeed_config_without_a_bf16_section():
     assert fill_auto_values(plain, on, hidden_size=None)["bf16"] == {"enabled": True}
     assert fill_auto_values({**plain, "bf16": {"enabled": False}}, on, hidden_size=None)["bf16"] == {"enabled": False}
     assert "bf16" not in fill_auto_values(plain, GRPOConfig(output_dir="/tmp/unused", bf16=False), hidden_size=None)
+
+
+def test_auto_reduce_buckets_are_hidden_size_squared_but_never_tiny():
+    """transformers fills reduce_bucket_size with hidden_size**2; a tiny model got dozens of gradient all-reduces a
+    step from it (each waits for every rank). Below MIN_REDUCE_BUCKET elements the floor holds."""
+    from dsgrpo.engines.builder import MIN_REDUCE_BUCKET, fill_auto_values
+
+    args = GRPOConfig(output_dir="/tmp/unused")
+    zero2 = load_deepspeed_config("zero2.json")
+    bucket = lambda h: fill_auto_values(zero2, args, hidden_size=h)["zero_optimization"]["reduce_bucket_size"]  # noqa: E731
+    assert MIN_REDUCE_BUCKET == 4194304
+    assert bucket(128) == bucket(896) == MIN_REDUCE_BUCKET  # the demo's model, Qwen2.5-0.5B
+    assert bucket(2048) == 2048 * 2048 and bucket(4096) == 4096 * 4096  # 1.5B and up: transformers' value
+    zero3 = fill_auto_values(load_deepspeed_config("zero3.json"), args, hidden_size=128)["zero_optimization"]
+    assert zero3["reduce_bucket_size"] == MIN_REDUCE_BUCKET and zero3["stage3_prefetch_bucket_size"] == int(0.9 * 128 * 128)
