@@ -706,9 +706,9 @@ def engine_build_without_full_collections(enabled: bool = True):
         gc.collect = collect
 
 
-def eager_token_ranks_on_cpu() -> bool:
-    """The rank of each sampled token among the vocabulary, counted eagerly (CPU only). Returns whether it was
-    replaced.
+def eager_token_ranks_on_cpu() -> None:
+    """The rank of each sampled token among the vocabulary, counted eagerly (CPU only; a second call changes
+    nothing).
 
     vLLM 0.32's sampler counts, for every sampled token, the log-probs at least as large as its own through a
     torch.compile'd function (on GPU it saves a copy of the logits). On CPU its first call compiles it with inductor:
@@ -718,13 +718,12 @@ def eager_token_ranks_on_cpu() -> bool:
     import vllm.v1.sample.sampler as sampler
 
     if getattr(sampler.batched_count_greater_than, "_dsgrpo_eager", False):
-        return True
+        return
 
     def batched_count_greater_than(x, values):
         return (x >= values).sum(-1)
     batched_count_greater_than._dsgrpo_eager = True
     sampler.batched_count_greater_than = batched_count_greater_than
-    return True
 
 
 _exit_hook_registered = False

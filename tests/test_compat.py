@@ -175,8 +175,10 @@ def test_the_eager_token_rank_counts_as_vllms_compiled_function_does():
 
     compiled = sampler.batched_count_greater_than
     try:
-        assert compat.eager_token_ranks_on_cpu() and compat.eager_token_ranks_on_cpu()
+        compat.eager_token_ranks_on_cpu()
         eager = sampler.batched_count_greater_than
+        compat.eager_token_ranks_on_cpu()
+        assert sampler.batched_count_greater_than is eager  # replaced once
         assert eager is not compiled and eager is not logprobs_ops.batched_count_greater_than
         body = logprobs_ops.batched_count_greater_than.__wrapped__  # vLLM's code, not compiled
         torch.manual_seed(0)
