@@ -455,6 +455,22 @@ def test_printing_tests_score_as_python_would(isolation):
 
 
 
+def test_the_seccomp_filter_names_every_call_on_both_architectures():
+    """Every denied call has its number on each architecture the filter supports (inotify_init aside: aarch64
+    never had it), file watches among them (issue 53: inotify on the shared standard library showed the program
+    which modules a test imported)."""
+    from dsgrpo.rewards.sandbox import limits
+
+    assert {"inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark"} <= set(limits.DENIED)
+    for machine in limits.AUDIT_ARCH:
+        numbers = dict(limits.SYSCALLS[machine], **limits.COMMON)
+        missing = [n for n in limits.DENIED if n not in numbers and n not in limits.NOT_EVERYWHERE]
+        assert not missing, (machine, missing)
+        assert len(set(numbers.values())) == len(numbers), machine  # no two calls share a number
+        assert len(limits.filter_program(machine, new_processes=False)) % 8 == 0
+    assert limits.SYSCALLS["x86_64"]["inotify_init1"] == 294 and limits.SYSCALLS["aarch64"]["inotify_init1"] == 26
+
+
 def test_where_the_runs_cgroups_go():
     """cgroups.locate, a pure function of /proc/self/mountinfo and /proc/self/cgroup: v1 with one hierarchy per
     controller or cpu and cpuacct mounted together, v2, a mount whose root is not the hierarchy's, the override."""

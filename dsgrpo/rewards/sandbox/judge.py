@@ -271,7 +271,7 @@ def refused(name):
     libc = ctypes.CDLL(None, use_errno=True)
     keyctl = {"x86_64": 250, "aarch64": 219}[os.uname().machine]
     calls = {"keyctl": lambda: libc.syscall(keyctl, 0, -3, 0, 0, 0), "shmget": lambda: libc.shmget(0, 4096, 0o1600),
-             "unshare": lambda: libc.unshare(0x08000000)}
+             "unshare": lambda: libc.unshare(0x08000000), "inotify_init1": lambda: libc.inotify_init1(0)}
     return calls[name]() == -1 and ctypes.get_errno() == errno.EPERM
 def memory_cgroup():
     for line in open("/proc/self/cgroup"):
@@ -298,8 +298,8 @@ def _probe_tests(canary: str) -> List[tuple]:
         ("assert capabilities() == 0", "no capabilities left (capset)"),
         (f"assert uid() != {me} or {me} != 0", "a uid of its own when the trainer is root"),
         ("assert seccomp() == 2", "a seccomp filter (prctl PR_SET_SECCOMP)"),
-        ("assert refused('keyctl') and refused('shmget') and refused('unshare')",
-         "the kernel keyring, System V IPC and new namespaces refused (seccomp)"),
+        ("assert refused('keyctl') and refused('shmget') and refused('unshare') and refused('inotify_init1')",
+         "the kernel keyring, System V IPC, new namespaces and inotify refused (seccomp)"),
         ("assert memory_cgroup()", "a memory cgroup of the run's own (cgroup v1 or v2, writable)"),
         ("assert stdlib() == 7", "the interpreter's standard library readable inside the sandbox"),
         # the checker's own process: contained like the program
