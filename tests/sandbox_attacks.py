@@ -419,6 +419,8 @@ def containment_corpus(ctx: dict) -> list:
     third = 1 / 3
     return [
         # 1. a test's process reopens the tests' pipe and forges the next tests
+        ("eval: forged tests through /proc/self/fd", _eval_program(REOPEN), EVAL_TESTS, third),
+        ("pickle: forged tests through /proc/self/fd", _pickle_program(REOPEN), PICKLE_TESTS, third),
         # 2. which module the test imported, seen from the program
         ("inotify on the shared standard library", INOTIFY, ["import colorsys\nassert 'colorsys' in seen()"], 0.0),
         # 3. the supervisor must never wait on the program: stdin it stops reading

@@ -362,18 +362,23 @@ def prctl_dumpable_off() -> None:
 
 
 def _one_test(i: int, namespace: dict, link: Link, contained: bool, fds: dict) -> bytes:
-    """Run test i in a fresh child that reads the test itself: b'P' passed, b'F' failed, b'B' the program broke the
-    protocol, b'L' the child ended before it had read its test (which would then be read by the next one)."""
+    """Run test i in a fresh child: b'P' passed, b'F' failed, b'B' the program broke the protocol, b'L' the child
+    ended before it had read its test. The child holds no descriptor of the tests' pipe or the control pipe (one it
+    held could be reopened through /proc/self/fd for writing, where the pipe's owner is this uid, and forge the next
+    tests): this process moves test i's frame from the tests' pipe into a pipe of the child's own, in the kernel
+    (splice: the test's text is never in this process's memory, which later tests' processes would inherit)."""
     r, w = os.pipe()
+    frame_r, frame_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         outcome = b"F"
         try:
-            os.close(r)
-            os.close(fds["control"])
+            for fd in (r, frame_w, fds["control"], fds["tests"]):
+                os.close(fd)
             if contained:
                 install_seccomp(new_processes=False)
-            material = read_frame(fds["tests"])
+            material = read_frame(frame_r)
+            os.close(frame_r)
             os.write(w, b"R")
             if material.get("index") != i:
                 raise ProtocolError("tests out of order")
@@ -390,6 +395,13 @@ def _one_test(i: int, namespace: dict, link: Link, contained: bool, fds: dict) -
         finally:
             os._exit(0)
     os.close(w)
+    os.close(frame_r)
+    try:
+        _relay_frame(fds["tests"], frame_w)
+    except OSError:  # the child is gone (EPIPE): the frame cannot reach it
+        pass
+    finally:
+        os.close(frame_w)  # the child sees the frame end here, whatever it got
     os.waitpid(pid, 0)
     got = b""
     while True:
@@ -401,3 +413,20 @@ def _one_test(i: int, namespace: dict, link: Link, contained: bool, fds: dict) -
     if not got.startswith(b"R"):
         return b"L"
     return got[1:2] if got[1:2] in (b"P", b"B") else b"F"
+
+
+def _relay_frame(source: int, target: int) -> None:
+    """One frame from `source` to `target`: its 4-byte length read here, its body spliced pipe to pipe."""
+    head = b""
+    while len(head) < 4:  # byte-exact: the next frame stays in the pipe
+        chunk = os.read(source, 4 - len(head))
+        if not chunk:
+            raise ProtocolError("the tests' pipe ended")
+        head += chunk
+    write_all(target, head)
+    left = int.from_bytes(head, "big")
+    while left:
+        moved = os.splice(source, target, min(left, 1 << 16))
+        if not moved:
+            raise ProtocolError("the tests' pipe ended inside a frame")
+        left -= moved
