@@ -88,7 +88,16 @@ PINS: Tuple[Pin, ...] = (
     Pin("deepspeed.comm.torch:TorchBackend.__init__", "deepspeed 0.19.8",
         "the CPU shared-memory allreduce maps every local rank's /dev/shm segment at init and never unlinks it "
         "(unlink_deepspeed_cpu_shm_segment)", source_has=("shm_comm_op.initialize",)),
+    Pin("deepspeed.launcher.runner:main", "deepspeed 0.19.8",
+        "on one node the runner starts the node launcher and forwards no SIGTERM to it: the ranks follow the runner "
+        "themselves (deepspeed_runner_above)", source_has=("result = subprocess.Popen(cmd, env=env)",
+                                                           "args.launcher == PDSH_LAUNCHER and multi_node_exec")),
+    Pin("deepspeed.launcher.launch:main", "deepspeed 0.19.8",
+        "the node launcher, recognised by its module name in a rank's parent's command line (deepspeed_runner_above)"),
     # ---- torch.distributed
+    Pin("torch.distributed:TCPStore", "torch 2.13",
+        "the rank watcher speaks its wire protocol without torch (StoreWire: QueryType SET 1, GET 3, CHECK 5, "
+        "VALIDATE 0 with magic 0x3C85F7CE, keys prefixed '/'); test_compat round-trips it against both servers"),
     Pin("torch.distributed.distributed_c10d:_get_default_store", "torch 2.13",
         "the async claim counter falls back to the rendezvous store when MASTER_ADDR/PORT are unknown"),
     Pin("torch.distributed:ProcessGroupGloo", "torch 2.13",
@@ -523,6 +532,33 @@ def convert_to_universal(engine_dir: str, out_dir: str, workers: int = 1) -> Non
         raise RuntimeError(f"deepspeed.checkpoint.ds_to_universal failed (exit {proc.returncode}):\n{tail}")
 
 
+def deepspeed_runner_above(pid: int) -> Optional[int]:
+    """The pid of DeepSpeed's runner (`deepspeed --num_gpus N`) when `pid` (a rank's parent) is the node launcher
+    (deepspeed.launcher.launch) it started, else None. On one node the runner starts the node launcher with
+    subprocess.Popen and passes no signal on to it (only its PDSH multi-node path does), so a SIGTERM to the runner
+    leaves the node launcher and the ranks running (deepspeed 0.19.8: runner.main, launch.main)."""
+    def cmdline(p):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as fh:
+                return fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            return []
+
+    def parent(p):
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                return int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    if "deepspeed.launcher.launch" not in cmdline(pid):
+        return None
+    above = parent(pid)
+    args = cmdline(above) if above else []
+    is_runner = "deepspeed.launcher.runner" in args or any(a.rsplit("/", 1)[-1] == "deepspeed" for a in args[:2])
+    return above if is_runner else None
+
+
 # ================================================================================================ torch.distributed
 def default_store():
     """The rendezvous key-value store of the default process group."""
@@ -544,6 +580,54 @@ def broadcast_options(root: int):
     opts = tdist.BroadcastOptions()
     opts.rootRank, opts.rootTensor = root, 0
     return opts
+
+
+class StoreWire:
+    """A client of the rendezvous store (torch.distributed.TCPStore) in the standard library alone, for the rank
+    watcher (watcher.py): a process that must start in milliseconds and hold a few MB beside every rank, where
+    importing torch costs 2 s of a core and 300 MB. It speaks TCPStore's wire protocol as torch 2.13 writes it
+    (torch/csrc/distributed/c10d/TCPStoreBackend.hpp: a QueryType byte, little-endian uint64-sized strings, the
+    client's keys prefixed with "/"), the same for the libuv and the classic server; tests/test_compat.py checks
+    a round trip against both. Only SET, GET and CHECK: GET is sent only for a key CHECK found."""
+
+    VALIDATE, SET, GET, CHECK = 0, 1, 3, 5  # QueryType
+    MAGIC = 0x3C85F7CE                       # validationMagicNumber
+    READY = 0                                # CheckResponseType::READY
+
+    def __init__(self, host: str, port: int, timeout_s: float):
+        import socket
+        import struct
+        self._struct = struct
+        self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(bytes([self.VALIDATE]) + struct.pack("<I", self.MAGIC))
+
+    def _string(self, data: bytes) -> bytes:
+        return self._struct.pack("<Q", len(data)) + data
+
+    def _recv(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("the rendezvous store closed the connection")
+            out += chunk
+        return out
+
+    def set(self, key: str, value: bytes) -> None:
+        self.sock.sendall(bytes([self.SET]) + self._string(b"/" + key.encode()) + self._string(value))
+
+    def get(self, key: str) -> Optional[bytes]:
+        """The value, or None when the key is not there (no waiting for it)."""
+        name = self._string(b"/" + key.encode())
+        self.sock.sendall(bytes([self.CHECK]) + self._struct.pack("<Q", 1) + name)
+        if self._recv(1)[0] != self.READY:
+            return None
+        self.sock.sendall(bytes([self.GET]) + name)
+        return self._recv(self._struct.unpack("<Q", self._recv(8))[0])
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 # ================================================================================================ transformers

@@ -28,6 +28,8 @@ def init(timeout_s: float = 1800) -> None:
     `timeout_s` bounds every collective (TrainingArguments' ddp_timeout); DEEPSPEED_TIMEOUT (minutes) wins."""
     if dist.is_available() and dist.is_initialized():
         return
+    from .process_exit import end_with_launcher
+    end_with_launcher()  # before RANK is filled in below for a world of one
     adopt_slurm_env()
     if "RANK" not in os.environ:  # plain `python script.py` or a notebook: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",

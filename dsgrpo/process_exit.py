@@ -24,7 +24,16 @@ import threading
 from typing import NoReturn
 
 
+_exit_code: list = []
+
+
+def exit_code():
+    """The code leave() was called with (None before): what exit hooks see of how the process ends."""
+    return _exit_code[0] if _exit_code else None
+
+
 def leave(code: int = 0) -> NoReturn:
+    _exit_code.append(code)
     # CPython's own first exit step (private; 3.11-3.13): threading's exit hooks first, which tell idle
     # ThreadPoolExecutor workers to end, then the join of every non-daemon thread. Joining without the hooks waited
     # forever on a live executor's idle worker (a rank hung at exit now and then).
@@ -48,3 +57,39 @@ def leave(code: int = 0) -> NoReturn:
         except (OSError, ValueError, AttributeError):
             pass
     os._exit(code if isinstance(code, int) else 1)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Have the kernel send `sig` to this process when the thread that started it ends (Linux; False elsewhere)."""
+    import ctypes
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def end_with_launcher() -> None:
+    """A launched rank ends with the launcher that started it: SIGKILL from the kernel when its parent ends (a
+    SIGTERM would be taken as a preemption request, and a stopped rank cannot act on either). Launchers above the
+    parent that must be followed too (DeepSpeed's runner, which does not pass a SIGTERM on to its node launcher on
+    one node) are followed by the rank's watcher (launchers_to_follow). Called once, at the start of dist.init."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return  # not started by a launcher (a world of one, a notebook): its parent is a shell, not its job
+    import signal
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != _PARENT:  # the launcher ended between this process's start and the line above
+        os._exit(1)
+
+
+_PARENT = os.getppid()  # at import: the process that started this one
+
+
+def launchers_to_follow() -> dict:
+    """{pid: start time} of launchers above this rank's parent that it ends with (watcher.py checks them)."""
+    from .compat import deepspeed_runner_above
+    from .watcher import start_time
+    runner = deepspeed_runner_above(_PARENT)
+    return {runner: start_time(runner)} if runner else {}

@@ -10,7 +10,13 @@ process (or in torchrun's agent): when it cannot be reached at all, the lost ran
 
 The surviving ranks then end with RankLostError instead of a backend error without names. `dsgrpo train` prints
 it as one `dsgrpo: error:` block and exits at once with RANK_LOST_EXIT_CODE (a process whose peer is gone can
-hang in its own shutdown: engine threads, process-group teardown), bounded by ddp_timeout + DIAGNOSE_S."""
+hang in its own shutdown: engine threads, process-group teardown), bounded by ddp_timeout + DIAGNOSE_S.
+
+That explains a collective that failed; a collective that never fails (DeepSpeed's own: ZeRO's gradient reduction,
+its CPU shared-memory allreduce) or a C call holding the GIL would wait forever. So the heartbeat also starts the
+rank's watcher (watcher.py), a process of its own that beats for the rank from /proc (alive and running, not
+stopped, not blocked on a full pipe) and ends the rank, with the same message and exit code, once a peer's beats
+stop for ddp_timeout. Liveness is the watcher's count: a rank whose main thread holds the GIL is alive."""
 
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -26,11 +34,12 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from . import dist
+from .watcher import ALIVE_KEY, HEARTBEAT_KEY as KEY, RANK_LOST_EXIT_CODE, describe_process
 
 HEARTBEAT_S = 1.0
 DIAGNOSE_S = 3.0  # > 2 heartbeats: a live rank's count moves at least twice in this window
-RANK_LOST_EXIT_CODE = 3
-KEY = "dsgrpo/heartbeat/{rank}"
+LOST_SIGNAL = signal.SIGQUIT  # its handler is _exit, called with the signal's number: RANK_LOST_EXIT_CODE
+assert int(LOST_SIGNAL) == RANK_LOST_EXIT_CODE
 
 
 class RankLostError(RuntimeError):
@@ -56,7 +65,7 @@ class Heartbeat:
     """One per process; started once the process group exists; a daemon thread, and a beat whenever the main
     thread enters a phase (so the last beat of a killed rank says where it died)."""
 
-    def __init__(self, rank: int, world: int, step: Callable[[], int]):
+    def __init__(self, rank: int, world: int, step: Callable[[], int], watch: bool = True):
         from . import timing
         self.rank, self.world, self.step = rank, world, step
         self.store = dist.rendezvous_store_client(timeout_s=10)
@@ -70,14 +79,25 @@ class Heartbeat:
         timing.phase_listeners.append(self.beat)
         self._thread = threading.Thread(target=self._run, name="dsgrpo-heartbeat", daemon=True)
         self._thread.start()
+        self.watcher = start_watcher(rank, world, dist.collective_timeout_s()) if watch else None
         atexit.register(self.stop)  # beats until the process ends
 
     def stop(self) -> None:
-        """Join the beating thread before the interpreter finalizes. A daemon thread still inside the store's C++
-        call then is ended by a forced unwind through pybind11's noexcept frame, which aborts the whole process
-        ('terminate called without an active exception', SIGABRT after a finished run: seen once in a full test
-        run, rank 0 of a resumed run that had written all its results)."""
+        """Tell the watcher this rank ends on purpose, and join the beating thread before the interpreter finalizes.
+        A daemon thread still inside the store's C++ call then is ended by a forced unwind through pybind11's
+        noexcept frame, which aborts the whole process ('terminate called without an active exception', SIGABRT
+        after a finished run: seen once in a full test run, rank 0 of a resumed run that had written all its
+        results)."""
         self._stopping.set()
+        if self.watcher is not None:
+            from .process_exit import exit_code
+            failed = exit_code() not in (0, None) or getattr(sys, "last_value", None) is not None
+            try:  # a finished rank is never lost; a failed one is, to a peer waiting for it
+                self.watcher.stdin.write("failed\n" if failed else "finished\n")
+                self.watcher.stdin.close()
+            except (OSError, ValueError):
+                pass
+            self.watcher = None
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=HEARTBEAT_S + 10)  # one beat in flight at most (the client's timeout: 10 s)
 
@@ -112,15 +132,24 @@ class Heartbeat:
                 out[rank] = Beat.parse(self.store.get(key)) if self.store.check([key]) else None
         return out
 
+    def read_alive(self) -> Dict[int, Optional[dict]]:
+        """Every rank's watcher record ({count, note, done, ...}; None: no watcher beat for it)."""
+        out = {}
+        with self._lock:
+            for rank in range(self.world):
+                key = ALIVE_KEY.format(rank=rank)
+                out[rank] = json.loads(self.store.get(key)) if self.store.check([key]) else None
+        return out
+
     def diagnose(self, pause: float = DIAGNOSE_S, stuck_after: Optional[float] = None) -> Optional[str]:
         """A sentence naming every lost rank and where it was, or None when all are alive (the failure was
         something else). A rank is lost when its heartbeat stops (killed, or the whole process stopped), or,
         with `stuck_after` (a collective timed out), when it has been in one phase that long while its
         heartbeat goes on (its main thread is stuck there). Takes `pause` seconds."""
         try:
-            first = self.read()
+            first, alive_first = self.read(), self.read_alive()
             time.sleep(pause)
-            second = self.read()
+            second, alive = self.read(), self.read_alive()
         except (RuntimeError, OSError, TimeoutError) as exc:  # the rendezvous store is gone with its host
             host = "torchrun's agent" if os.environ.get("TORCHELASTIC_RUN_ID") else "rank 0"
             if self.rank == 0 and host == "rank 0":
@@ -128,9 +157,14 @@ class Heartbeat:
             return (f"lost {host}: the job's rendezvous store, which it hosts, cannot be reached "
                     f"({type(exc).__name__}: {exc})")
         others = [r for r in range(self.world) if r != self.rank]
-        lost = [r for r in others if second[r] is None or first[r] is None or second[r].count == first[r].count]
+
+        def still(r):  # the watcher's count when it beats for the rank (a GIL-holding rank is alive), else ours
+            if alive_first[r] is not None and alive[r] is not None:
+                return alive[r]["count"] == alive_first[r]["count"]
+            return second[r] is None or first[r] is None or second[r].count == first[r].count
+        lost = [r for r in others if still(r)]
         if lost:
-            return "; ".join(_describe(r, second[r]) for r in lost)
+            return "; ".join(_describe(r, second[r], (alive[r] or {}).get("note")) for r in lost)
         if stuck_after is not None:
             now = time.time()
             stuck = [r for r in others if now - second[r].since >= stuck_after]
@@ -141,28 +175,38 @@ class Heartbeat:
         return None
 
 
-def _describe(rank: int, beat: Optional[Beat]) -> str:
+def _describe(rank: int, beat: Optional[Beat], note: Optional[str] = None) -> str:
     if beat is None:
         return f"lost rank {rank}: it never sent a heartbeat"
     ago = time.time() - beat.time
     where = f"in phase '{beat.phase}' at step {beat.step}"
-    return f"lost rank {rank} (pid {beat.pid} on {beat.host}) {where}: {process_state(beat)}, last heartbeat {ago:.0f} s ago"
+    return (f"lost rank {rank} (pid {beat.pid} on {beat.host}) {where}: {describe_process(beat.pid, beat.host, note)}, "
+            f"last heartbeat {ago:.0f} s ago")
 
 
-def process_state(beat: Beat) -> str:
-    """What /proc says of the lost rank's process when it ran on this host."""
-    if beat.host != socket.gethostname():
-        return "it stopped sending heartbeats (another host: killed, stopped or hung)"
-    try:
-        with open(f"/proc/{beat.pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "the process is gone (killed or crashed)"
-    if state in ("T", "t"):
-        return "the process is stopped (SIGSTOP, or a debugger)"
-    if state == "Z":
-        return "the process is gone (killed or crashed)"
-    return f"the process is alive but not answering (state {state}: hung in a device, reward or I/O call?)"
+def install_lost_exit() -> None:
+    """The watcher ends its rank with LOST_SIGNAL, whose handler here is libc's _exit itself: a C handler runs
+    whatever the rank waits in (a collective that never returns, a C call holding the GIL), where a Python
+    handler would wait for the interpreter forever, and _exit(signal number) exits with RANK_LOST_EXIT_CODE."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.signal.argtypes, libc.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+    libc.signal(int(LOST_SIGNAL), ctypes.cast(libc._exit, ctypes.c_void_p))
+
+
+def start_watcher(rank: int, world: int, timeout_s: float) -> Optional[subprocess.Popen]:
+    """This rank's watcher process (watcher.py), started from the main thread: its death signal follows the
+    thread that starts it. Its stdin is the rank's goodbye (stop()); its stdout and stderr are the rank's."""
+    from .process_exit import launchers_to_follow
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    install_lost_exit()
+    spec = {"rank": rank, "world": world, "pid": os.getpid(), "addr": os.environ["MASTER_ADDR"],
+            "port": int(os.environ["MASTER_PORT"]), "timeout_s": timeout_s, "interval_s": HEARTBEAT_S,
+            "store_host": "torchrun's agent" if os.environ.get("TORCHELASTIC_RUN_ID") else "rank 0",
+            "follow": launchers_to_follow()}
+    return subprocess.Popen([sys.executable, "-m", "dsgrpo.watcher", json.dumps(spec)], stdin=subprocess.PIPE,
+                            text=True, close_fds=True)  # (no gloo socket held open past the rank's death)
 
 
 @contextmanager

@@ -191,3 +191,52 @@ def test_the_eager_token_rank_counts_as_vllms_compiled_function_does():
         assert eager(torch.tensor([[0.0, -1.0, -2.0]]), torch.tensor([[-1.0]])).tolist() == [2]
     finally:
         sampler.batched_count_greater_than = compiled
+
+
+@pytest.mark.parametrize("libuv", [True, False], ids=["libuv", "classic"])
+def test_the_watchers_store_client_speaks_tcpstores_wire_protocol(libuv):
+    """compat.StoreWire (the rank watcher's torch-free client) against a real TCPStore server of each backend: what
+    one writes the other reads, and a missing key reads as None without waiting."""
+    import datetime
+
+    import torch.distributed as tdist
+    server = tdist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, wait_for_workers=False, use_libuv=libuv,
+                            timeout=datetime.timedelta(seconds=10))
+    wire = compat.StoreWire("127.0.0.1", server.port, timeout_s=5)
+    try:
+        server.set("dsgrpo/alive/0", b'{"count": 1}')
+        assert wire.get("dsgrpo/alive/0") == b'{"count": 1}'
+        assert wire.get("dsgrpo/alive/1") is None
+        wire.set("dsgrpo/alive/1", b"x" * 70000)
+        assert server.get("dsgrpo/alive/1") == b"x" * 70000
+    finally:
+        wire.close()
+
+
+def test_a_rank_under_deepspeeds_runner_follows_the_runner(tmp_path):
+    """deepspeed_runner_above recognises DeepSpeed's node launcher by its module in a rank's parent's command line,
+    and the node launcher's parent as the runner by the console script's name (`deepspeed`)."""
+    import subprocess
+    import sys
+    import time
+    runner_script = tmp_path / "deepspeed"  # what `deepspeed --num_gpus N` runs: bin/deepspeed
+    runner_script.write_text("import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; "
+                             "time.sleep(30)', '-m', 'deepspeed.launcher.launch'])\n")
+    runner = subprocess.Popen([sys.executable, str(runner_script), "--num_gpus", "2"])
+    node_launcher = None
+    try:
+        for _ in range(200):
+            kids = open(f"/proc/{runner.pid}/task/{runner.pid}/children").read().split()
+            if kids:
+                node_launcher = int(kids[0])
+                break
+            time.sleep(0.05)
+        assert node_launcher is not None
+        assert compat.deepspeed_runner_above(node_launcher) == runner.pid
+        assert compat.deepspeed_runner_above(runner.pid) is None  # not a node launcher
+        assert compat.deepspeed_runner_above(os.getpid()) is None
+    finally:
+        if node_launcher is not None:
+            os.kill(node_launcher, 9)
+        runner.kill()
+        runner.wait()

@@ -1,0 +1,43 @@
+"""One pretend rank for tests/test_watchdog.py: a heartbeat and its watcher against the test's own TCPStore, no
+process group. `watched_rank.py RANK SCENARIO TIMEOUT_S`; every rank enters phase 'reward' at step 7, then:
+
+    stop      rank 1 SIGSTOPs itself; rank 0 waits in a C call that holds the GIL (ctypes.PyDLL's sleep)
+    gil       rank 1 holds the GIL in a C call for 2 x TIMEOUT_S (alive: must not be taken for lost); rank 0 waits
+    pipe      rank 1 writes to a pipe nobody reads (its stdout, replaced); rank 0 waits in a GIL-holding C call
+    finish    both finish; rank 1 at once, rank 0 after 2 x TIMEOUT_S (a finished peer is never lost)
+
+A rank that is not ended prints `SURVIVED` and exits 0."""
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+from dsgrpo import dist, watchdog
+from dsgrpo.process_exit import leave
+from dsgrpo.timing import phase
+
+rank, scenario, timeout_s = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+dist._timeout["s"] = timeout_s  # what dist.init sets from ddp_timeout
+beat = watchdog.start(rank, 2, step=lambda: 7)
+print(f"READY {rank}", flush=True)
+hold_gil = ctypes.PyDLL(None).sleep  # PyDLL: the GIL stays held for the whole call
+hold_gil.argtypes = [ctypes.c_uint]
+with phase("reward"):
+    time.sleep(2 * watchdog.HEARTBEAT_S)  # both ranks' beats say where they are
+    if scenario == "stop" and rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif scenario == "gil" and rank == 1:
+        hold_gil(int(2 * timeout_s))
+    elif scenario == "pipe" and rank == 1:
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 1)
+        sys.stdout.write("x" * (1 << 20))
+        sys.stdout.flush()
+    elif scenario == "finish" and rank == 1:
+        pass
+    else:
+        hold_gil(int(2 * timeout_s) + 3)
+print(f"SURVIVED {rank}", flush=True)
+leave(0)
