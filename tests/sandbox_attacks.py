@@ -424,6 +424,8 @@ def containment_corpus(ctx: dict) -> list:
         # 2. which module the test imported, seen from the program
         ("inotify on the shared standard library", INOTIFY, ["import colorsys\nassert 'colorsys' in seen()"], 0.0),
         # 3. the supervisor must never wait on the program: stdin it stops reading
+        ("stdin not read, then asleep", "import sys, time\nsys.stdin.readline()\ntime.sleep(3600)\n",
+         [{"input": BIG_STDIN, "output": "0"}], 0.0),
         # 4. every case's stdout kept until the row ends (the supervisor's memory; checked in check_row)
     ]
 

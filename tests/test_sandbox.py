@@ -455,6 +455,56 @@ def test_printing_tests_score_as_python_would(isolation):
 
 
 
+def test_a_program_that_stops_reading_stdin_ends_within_its_limits(isolation):
+    """Issue 53: a program that reads one line of a large stdin and then spins (or sleeps) held the supervisor in a
+    blocking write: 15 s of wall clock against a 3 s limit, 9 s of CPU against 1 s, its cgroups left behind. RLIMIT_CPU
+    is set far above the run's limit here, so only the supervisor's own checks can end it."""
+    limits = sandbox.SandboxLimits(timeout_s=1.0, wall_timeout_s=3.0, cpu_s=30)
+    case = [{"input": attacks.BIG_STDIN, "output": "0"}]
+    for ending, cpu_s, wall_s in (("while True:\n    pass", 1.0, 1.0), ("import time\ntime.sleep(3600)", 0.0, 3.0)):
+        figures: dict = {}
+        assert sandbox.run_tests(f"import sys\nsys.stdin.readline()\n{ending}\n", case, limits, figures=figures) == 0.0
+        run, = figures["runs"]
+        assert run["ended"] == "the time limit" and not figures["hung"], figures
+        assert run["cpu_s"] <= cpu_s + 0.25 and run["wall_s"] <= wall_s + 0.75, (ending, run)
+        assert attacks.cgroups_left(sandbox) == []
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_runs_cgroups_are_emptied_before_they_are_removed(isolation, stale):
+    """No cgroup stays, whatever is still running in it: RunCgroups.remove (the supervisor's) and remove_stale (the
+    judge's, after a supervisor that hung was killed) kill every process in the run's cgroups and wait for them to
+    be gone before removing them. Four processes here, one ignoring SIGTERM, sleeping in the program's part."""
+    where = cgroups.where_runs_go(os.environ.get("DSGRPO_SANDBOX_CGROUP") or None)
+    run = cgroups.RunCgroups(where, f"dsgrpo-{os.getpid()}-{9000 + stale}", 64 << 20, 64 << 20, 16)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            import signal
+            import time
+            run.join("program")
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            os.fork()
+            os.fork()
+            os.write(w, b"x")
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = b""
+    while len(got) < 4:
+        got += os.read(r, 4)
+    os.close(r)
+    if stale:
+        cgroups.remove_stale(where, os.getpid())
+    else:
+        run.remove()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
+    assert not any(os.path.exists(os.path.join(base, run.name)) for base in set(where["dirs"].values()))
+
+
 def test_the_seccomp_filter_names_every_call_on_both_architectures():
     """Every denied call has its number on each architecture the filter supports (inotify_init aside: aarch64
     never had it), file watches among them (issue 53: inotify on the shared standard library showed the program

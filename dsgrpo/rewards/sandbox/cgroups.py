@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 
 V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids")
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 PARTS = ("program", "checker")
+DRAIN_S = 10.0  # how long killed processes may take to leave their cgroup (a SIGKILL is acted on at once, except
+#                 by a process in an uninterruptible wait)
 
 
 class CgroupUnavailable(OSError):
@@ -177,37 +180,96 @@ class RunCgroups:
             return -1
 
     def remove(self) -> None:
-        """Remove the run's cgroups, children first. Called once every process of the run has exited; an exiting
-        process can hold its cgroup for a moment, hence the short retry."""
-        deadline = time.monotonic() + 2.0
-        for path in reversed(self.made):
-            while True:
-                try:
-                    os.rmdir(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.005)
+        """Remove the run's cgroups, children first, once every process in them is killed and gone (drain): the
+        supervisor calls it after the cells stopped, so normally there is nothing left to kill; whatever the
+        program did (a process that outlived its cell, a supervisor that gave up waiting), no cgroup stays."""
+        drain([p for p in self.made if os.path.basename(p) not in PARTS])
+        _rmdir_all(reversed(self.made))
         self.made = [p for p in self.made if os.path.isdir(p)]
 
 
+def _processes(run: str) -> set:
+    """Processes (their pids, as this process sees them) in a run's cgroup and its parts."""
+    pids = set()
+    for d in (run, *(os.path.join(run, part) for part in PARTS)):
+        try:
+            pids.update(int(line) for line in _read(os.path.join(d, "cgroup.procs")).split())
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def _still_in(pid: int, runs: list) -> bool:
+    """Whether `pid` (a pidfd of it is open, so the number cannot be reused meanwhile) is in one of `runs`."""
+    names = {os.path.basename(run) for run in runs}
+    try:
+        lines = _read(f"/proc/{pid}/cgroup").splitlines()
+    except OSError:
+        return False
+    return any(names & set(line.split(":", 2)[-1].split("/")) for line in lines)
+
+
+def drain(runs: list, timeout: float = DRAIN_S) -> bool:
+    """Kill every process in the run cgroups `runs` (directories, any hierarchy) and wait until none is left.
+    cgroup v2's cgroup.kill where the kernel has it (it also catches a process forked meanwhile); else each pid
+    read from cgroup.procs, through a pidfd and only while that process is still in the run (never a pid some
+    other process took since), until the cgroups read empty. True once they are."""
+    deadline = time.monotonic() + timeout
+    for run in runs:
+        if os.path.exists(os.path.join(run, "cgroup.kill")):
+            try:
+                _write(os.path.join(run, "cgroup.kill"), "1")
+            except OSError:
+                pass
+    while True:
+        pids = set().union(*(_processes(run) for run in runs)) if runs else set()
+        if not pids:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        for pid in pids:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone already
+            try:
+                if _still_in(pid, runs):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(pidfd)
+        time.sleep(0.005)
+
+
+def _rmdir_all(paths) -> None:
+    """rmdir each (children first); an exiting process can hold its cgroup for a moment, hence the short retry."""
+    deadline = time.monotonic() + 2.0
+    for path in paths:
+        while True:
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+
+
 def remove_stale(where: dict, supervisor_pid: int) -> None:
-    """Remove what a killed supervisor left behind (its processes are gone with it)."""
+    """Remove what a killed supervisor left behind: its cells die with it (PDEATHSIG), but not at once, and a
+    cgroup holding a process cannot be removed, so every process in them is killed and awaited first."""
     prefix = f"dsgrpo-{supervisor_pid}-"
+    runs = []
     for base in set(where["dirs"].values()):
         try:
-            names = [n for n in os.listdir(base) if n.startswith(prefix)]
+            runs += [os.path.join(base, n) for n in os.listdir(base) if n.startswith(prefix)]
         except OSError:
             continue
-        for name in names:
-            for part in PARTS + ("",):
-                try:
-                    os.rmdir(os.path.join(base, name, part))
-                except OSError:
-                    pass
+    drain(runs)
+    _rmdir_all([os.path.join(run, part) for run in runs for part in PARTS] + runs)
 
 
 def where_runs_go(base: str | None = None) -> dict:

@@ -92,6 +92,9 @@ class Supervisor:
                 if cgroups is not None:
                     cgroups.remove()
         output, pending = bytearray(), memoryview(stdin_data)
+        # never a blocking write: a program that stops reading its stdin would hold this process in write() past
+        # every limit (the deadline and the CPU count are checked between selects only)
+        os.set_blocking(in_w, False)
         if not pending:
             os.close(in_w)
             in_w = -1
