@@ -1,7 +1,12 @@
 """The program side (P): the completion's code runs here, contained, and then only answers questions.
 
 For test snippets P runs the code, sends the names it defined, and answers one request at a time ("call add(1, 2)",
-"len of that object"): plain data back (protocol.py), anything else kept here as an opaque handle. For a
+"len of that object"): plain data back (protocol.py). An object of the program's own class stays here as a handle,
+described by the exported names of the classes it is an instance of and, where it has one, its data view (a
+dataclass's fields, a str subclass's str): the checker decides what the test gets (checker.py's answer rule). After a
+call, the arguments' mutable containers whose state changed go back with the answer, so that the test's own objects
+change as in Python. A test's own callable arrives as a Callback: calling it asks the checker to run it (the test's
+code, in the test's process) and waits for its plain answer, serving the checker's questions meanwhile. For a
 stdin/stdout case P runs the code as a script. Nothing P says is believed: the checker compares, in a process P
 cannot see. Standard library only.
 """
@@ -9,10 +14,12 @@ cannot see. Standard library only.
 from __future__ import annotations
 
 import builtins
+import collections
+import operator
 import os
 import sys
 
-from .protocol import decode, encode, frame, read_frame, write_all
+from .protocol import Memo, data_view, decode, encode, frame, read_frame, write_all
 
 EXPORTED_VALUE_NODES, MAX_EXPORTS = 10_000, 10_000
 # Objects the program imported from these modules are reported by name, so that the checker can use its own copy
@@ -20,6 +27,9 @@ EXPORTED_VALUE_NODES, MAX_EXPORTS = 10_000, 10_000
 LIBRARY_MODULES = ("math", "cmath", "collections", "itertools", "functools", "operator", "heapq", "bisect",
                    "string", "re", "fractions", "decimal", "statistics", "typing", "random", "copy", "json",
                    "datetime", "array", "numbers", "dataclasses", "enum")
+# operators a test applies to the program's objects (the checker decides which it forwards: checker.Remote)
+OPERATORS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "lshift", "rshift", "and_", "or_",
+             "xor", "neg", "pos", "abs", "invert", "lt", "le", "gt", "ge", "eq", "ne", "contains", "index")
 
 
 def _library_module(name: str, value):
@@ -31,9 +41,45 @@ def _library_module(name: str, value):
     return None
 
 
-def exports(namespace: dict) -> dict:
+def exception_chain(cls) -> list:
+    """The names of an exception class and its bases up to the first of Python's own (which ends the list)."""
+    chain = []
+    for c in cls.__mro__:
+        chain.append(c.__name__)
+        if c.__module__ == "builtins":
+            break
+    return chain
+
+
+def _describe_class(cls):
+    """How the checker rebuilds a class of the program's that a test names: enums and namedtuples as data classes,
+    exceptions as local exception classes, any other class as a class of handles (checker.program_class)."""
+    import enum
+
+    from .protocol import enum_class, namedtuple_class
+
+    if issubclass(cls, enum.Enum) and cls.__members__:
+        member = encode(next(iter(cls.__members__.values())))
+        if "enum" in member:
+            enum_class(member["enum"][0])
+            return {"enum_class": member["enum"][0]}
+    if issubclass(cls, BaseException):
+        return {"exception_class": exception_chain(cls)}
+    fields = getattr(cls, "_fields", None)
+    if cls.__bases__ == (tuple,) and type(fields) is tuple and hasattr(cls, "_make"):
+        defaults = [encode(cls._field_defaults[f]) for f in fields if f in cls._field_defaults]
+        try:
+            namedtuple_class(cls.__name__, list(fields), defaults)
+            return {"namedtuple_class": [cls.__name__, list(fields), defaults]}
+        except (TypeError, ValueError):
+            pass
+    return {"class": cls.__name__}
+
+
+def exports(namespace: dict, class_names: dict) -> dict:
     """What the program defined, as the checker will see it: modules by name, objects imported from a library
-    module by that module's name, plain values copied, the rest as names to ask about."""
+    module by that module's name, plain values copied, classes described, the rest as names to ask about.
+    `class_names` receives id(class) -> name for the classes exported (the names handles are described by)."""
     import types
 
     out = {}
@@ -45,6 +91,12 @@ def exports(namespace: dict) -> dict:
             out[name] = {"module": str(getattr(value, "__name__", ""))}
         elif library is not None:
             out[name] = {"library": library}
+        elif isinstance(value, type):
+            try:
+                out[name] = _describe_class(value)
+            except Exception:
+                out[name] = {"class": name}
+            class_names.setdefault(id(value), (name, value))
         else:
             try:
                 out[name] = {"value": encode(value, budget=[EXPORTED_VALUE_NODES])}
@@ -55,68 +107,188 @@ def exports(namespace: dict) -> dict:
     return out
 
 
-def serve(code: str, requests: int, replies: int) -> None:
-    """After containment: the completion's code, then one answer per request until the checker hangs up."""
-    handles: list = []
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+class Callback:
+    """A callable of the test's: calling it asks the checker to run it with plain arguments."""
 
-    def handle_of(obj) -> int:
-        handles.append(obj)
-        return len(handles) - 1
+    def __init__(self, server, ident):
+        self._server, self._ident = server, ident
 
-    def reply(obj) -> None:
-        write_all(replies, frame(obj))
+    def __call__(self, *args, **kwargs):
+        return self._server.callback(self._ident, "call", list(args), kwargs)
 
-    try:
-        exec(compile(code, "solution.py", "exec"), namespace)
-        ready = {"ready": exports(namespace)}
-    except BaseException:  # the program failed: nothing it defined counts
-        ready = {"ready": None}
-    reply(ready)
-    if ready["ready"] is None:
-        os._exit(0)
-    resolve = handles.__getitem__
-    while True:
+
+class CallbackIterator(Callback):
+    """An iterator of the test's (a generator it passed): each item is asked of the checker."""
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._server.callback(self._ident, "next", [], {})
+
+
+class Server:
+    """The program's side of the link: one request at a time, re-entered while a callback of the test's runs."""
+
+    def __init__(self, namespace: dict, requests: int, replies: int, class_names: dict):
+        self.namespace, self.requests, self.replies, self.class_names = namespace, requests, replies, class_names
+        self.handles: list = []
+
+    def reply(self, obj) -> None:
+        write_all(self.replies, frame(obj))
+
+    def handle_of(self, obj):
+        classes = [self.class_names[id(c)][0] for c in type(obj).__mro__ if id(c) in self.class_names]
         try:
-            request = read_frame(requests)
-        except (EOFError, OSError, ValueError):
-            os._exit(0)
+            view = data_view(obj, self.handle_of)
+        except (TypeError, ValueError, RecursionError):
+            view = None
+        if view is not None and not classes:
+            return view
+        self.handles.append(obj)
+        return {"handle": [len(self.handles) - 1, classes, view]}
+
+    def resolve(self, tag, body):
+        if tag == "handle" and type(body) is int and 0 <= body < len(self.handles):
+            return self.handles[body]
+        if tag == "callback" and type(body) is list and len(body) == 2 and type(body[1]) is bool:
+            return (CallbackIterator if body[1] else Callback)(self, body[0])
+        raise ValueError("a malformed reference")
+
+    def serve(self) -> None:
+        while True:
+            try:
+                request = read_frame(self.requests)
+            except (EOFError, OSError, ValueError):
+                os._exit(0)
+            self.reply(self.answer(request))
+
+    def answer(self, request) -> dict:
         try:
-            answer = {"ok": encode(_answer(request, namespace, resolve), handle_of)}
+            if type(request) is dict and request.get("op") == "call":
+                memo = Memo(receiving=True)
+                args, kwargs = decode(request["args"], self.resolve, memo), decode(request["kwargs"], self.resolve, memo)
+                memo.receiving = False
+                before = [_snapshot(obj) for obj in memo.objects]
+                result = self.target(request)(*args, **kwargs)
+                after = [[k, encode(obj, self.handle_of, None, _only(memo, k))] for k, obj in enumerate(memo.objects)
+                         if not _same(before[k], obj)]
+                encoded = encode(result, self.handle_of, None, memo)
+                return {"okm": [encoded, after]} if after else {"ok": encoded}
+            return {"ok": encode(self.operate(request), self.handle_of)}
         except BaseException as exc:  # the program's own exception, reported by name
             try:
-                answer = {"raise": [type(exc).__name__, str(exc)[:300]]}
+                return {"raise": [type(exc).__name__, str(exc)[:300], exception_chain(type(exc))]}
             except BaseException:
-                answer = {"raise": ["Exception", ""]}
-        try:
-            reply(answer)
-        except (TypeError, ValueError, RecursionError):
-            reply({"raise": ["ValueError", "an answer that cannot be encoded"]})
+                return {"raise": ["Exception", "", ["Exception"]]}
+
+    def target(self, request):
+        ref = request["target"]
+        if ref is None:
+            return None
+        return self.namespace[ref["name"]] if "name" in ref else self.resolve("handle", ref["handle"])
+
+    def operate(self, request):
+        target, op = self.target(request), request["op"]
+        if op == "ping":
+            return True
+        if op == "getattr":
+            return getattr(target, request["name"])
+        if op == "setattr":
+            return setattr(target, request["name"], decode(request["value"], self.resolve))
+        if op == "getitem":
+            return target[decode(request["key"], self.resolve)]
+        if op == "setitem":
+            target[decode(request["key"], self.resolve)] = decode(request["value"], self.resolve)
+            return None
+        if op == "delitem":
+            del target[decode(request["key"], self.resolve)]
+            return None
+        if op == "len":
+            return len(target)
+        if op == "bool":
+            return bool(target)
+        if op == "str":
+            return str(target)
+        if op == "repr":
+            return repr(target)
+        if op == "hash":
+            return hash(target)
+        if op == "iter":
+            return iter(target)
+        if op == "next":
+            return next(target)
+        if op == "operator" and request["name"] in OPERATORS:
+            args = decode(request["args"], self.resolve)
+            return getattr(operator, request["name"])(*args)
+        raise ValueError(f"unknown operation {op!r}")
+
+    def callback(self, ident, how: str, args: list, kwargs: dict):
+        """Run a callable of the test's in the checker: ask, then serve the checker's questions until it answers."""
+        self.reply({"callback": [ident, how, encode(args, self.handle_of), encode(kwargs, self.handle_of)]})
+        while True:
+            try:
+                message = read_frame(self.requests)
+            except (EOFError, OSError, ValueError):
+                os._exit(0)
+            if type(message) is dict and message.get("op") == "return":
+                if "raise" in message:
+                    name = message["raise"]
+                    cls = getattr(builtins, name, None) if type(name) is str else None
+                    if isinstance(cls, type) and issubclass(cls, Exception):
+                        raise cls("raised by the test's callable")
+                    raise RuntimeError(f"the test's callable raised {name}")
+                return decode(message["value"], self.resolve)
+            self.reply(self.answer(message))
 
 
-def _answer(request: dict, namespace: dict, resolve):
-    ref = request["target"]
-    target = None if ref is None else namespace[ref["name"]] if "name" in ref else resolve(ref["handle"])
-    op = request["op"]
-    if op == "ping":
-        return True
-    if op == "call":
-        return target(*decode(request["args"], resolve), **decode(request["kwargs"], resolve))
-    if op == "getattr":
-        return getattr(target, request["name"])
-    if op == "getitem":
-        return target[decode(request["key"], resolve)]
-    if op == "len":
-        return len(target)
-    if op == "bool":
-        return bool(target)
-    if op == "str":
-        return str(target)
-    if op == "iter":
-        return iter(target)
-    if op == "next":
-        return next(target)
-    raise ValueError(f"unknown operation {op!r}")
+def _only(memo: Memo, k: int) -> Memo:
+    """A call's memo for encoding the state of its container k: k itself as a body, the others as references."""
+    view = Memo()
+    view.objects, view.ids = memo.objects, {i: j for i, j in memo.ids.items() if j != k}
+    return view
+
+
+def _snapshot(obj):
+    """A shallow copy of a mutable argument, to tell afterwards whether the call changed it."""
+    if type(obj) in (dict, collections.OrderedDict, collections.Counter, collections.defaultdict):
+        return list(obj.items())
+    if type(obj) is bytearray:
+        return bytes(obj)
+    return list(obj)
+
+
+def _same(before, obj) -> bool:
+    now = _snapshot(obj)
+    if type(now) is bytes or type(obj) is set:
+        return now == before if type(now) is bytes else set(now) == set(before) and len(now) == len(before)
+    if len(now) != len(before):
+        return False
+    scalars = (int, float, str, bool, bytes, type(None), complex)
+    for a, b in zip(before, now):
+        if type(obj) is not list and type(obj) is not collections.deque:  # pairs (key, value)
+            if a[0] is not b[0] and not (type(a[0]) in scalars and a[0] == b[0]):
+                return False
+            a, b = a[1], b[1]
+        if a is not b and not (type(a) is type(b) and type(a) in scalars and a == b):
+            return False
+    return True
+
+
+def serve(code: str, requests: int, replies: int) -> None:
+    """After containment: the completion's code, then one answer per request until the checker hangs up."""
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    class_names: dict = {}
+    try:
+        exec(compile(code, "solution.py", "exec"), namespace)
+        ready = {"ready": exports(namespace, class_names)}
+    except BaseException:  # the program failed: nothing it defined counts
+        ready = {"ready": None}
+    server = Server(namespace, requests, replies, class_names)
+    server.reply(ready)
+    if ready["ready"] is None:
+        os._exit(0)
+    server.serve()
 
 
 def run_script(code: str) -> None:
