@@ -63,6 +63,9 @@ def _inert(default: Any, why: str, text: str, factory=None):
 class GRPOConfig(ConfigChecks):
     """Configuration of a GRPO run. Every field has a `help` in its metadata; `dsgrpo train --help` lists them."""
 
+    # not a field (no annotation): True when use_vllm was left to choose (None) and chose vLLM (rollout/hf_generate.py)
+    use_vllm_chosen_automatically = False
+
     # ------------------------------------------------------------------ output, logging and checkpoints
     output_dir: Optional[str] = field(default=None, metadata=_help("Where checkpoints, metrics.jsonl, the resolved config and the final model go (None: 'trainer_output')."))
     seed: int = field(default=42, metadata=_help("Seed for model init, data order and sampling."))
@@ -338,6 +341,8 @@ class GRPOConfig(ConfigChecks):
         if self.use_vllm is None:
             from .compat import transformers_generate_replaced
             self.use_vllm = not transformers_generate_replaced()
+            # not a field: a generator that follows a later replacement of the policy's generate (hf_generate.py)
+            self.use_vllm_chosen_automatically = True
             if not self.use_vllm and int(os.environ.get("RANK", "0")) == 0:
                 print("dsgrpo: transformers' GenerationMixin.generate has been replaced in this process: generating "
                       "with it (use_vllm=False), as TRL's default does. Set use_vllm=True for vLLM anyway.",

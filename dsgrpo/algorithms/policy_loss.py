@@ -209,12 +209,17 @@ LOSS_TYPES.register("vespo")(LossType(_vespo_term, _global_token_mean, clip_metr
 SAMPLER_CORRECTIONS: Registry = Registry("vllm_importance_sampling_mode")
 
 
+def _log_ratio(old, sampler, mask):
+    # a token the sampler could not score (NaN: a generate that returns no scores) is no evidence of a mismatch
+    return torch.nan_to_num(masked(old - sampler, mask), nan=0.0)
+
+
 def _token_rho(old, sampler, mask):
-    return torch.exp(masked(old - sampler, mask))                                 # [B, T]
+    return torch.exp(_log_ratio(old, sampler, mask))                              # [B, T]
 
 
 def _sequence_rho(old, sampler, mask):
-    return torch.exp((masked(old - sampler, mask)).sum(-1, keepdim=True))         # [B, 1]
+    return torch.exp(_log_ratio(old, sampler, mask).sum(-1, keepdim=True))        # [B, 1]
 
 
 def _truncate(rho, lo, hi):
@@ -240,7 +245,7 @@ def sampler_correction(old_logps, sampler_logps, mask, mode, clip_min=None, clip
     """Importance weight ρ = π_old / π_sampler correcting for the generation engine's numerics (TIS/MIS,
     arXiv:2506.13585 and the "off-policy RL" notes). Token modes: [B, T]; sequence modes: [B, 1], the masked
     SUM of log-ratios. `*_truncate` clamps to [clip_min, clip_max]; `*_mask` zeroes ρ outside that range (a
-    bound of None is no bound)."""
+    bound of None is no bound). A token the sampler could not score (NaN) has ratio 1."""
     return SAMPLER_CORRECTIONS.get(mode)(old_logps.detach(), sampler_logps.detach(), mask, clip_min, clip_max)
 
 

@@ -34,7 +34,16 @@ def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dty
             from .tensor_parallel import TensorParallelGenerator
             dist.tensor_parallel_groups(args.vllm_tensor_parallel_size)
             return TensorParallelGenerator(VLLMGenerator(model_path, args, dtype=dtype, total_steps=total_steps))
-        return VLLMGenerator(model_path, args, dtype=dtype, total_steps=total_steps)
+        engine = VLLMGenerator(model_path, args, dtype=dtype, total_steps=total_steps)
+        if not args.use_vllm_chosen_automatically or policy_engine is None:
+            return engine
+        from .hf_generate import FollowsReplacedGenerate
+        return FollowsReplacedGenerate(engine, lambda: _hf_generator(args, policy_engine, tokenizer, zero3),
+                                       policy_engine.module)
+    return _hf_generator(args, policy_engine, tokenizer, zero3)
+
+
+def _hf_generator(args, policy_engine, tokenizer, zero3):
     from .hf_generate import HFGenerator
     return HFGenerator(policy_engine, tokenizer, zero3=zero3, gather_for_generation=args.ds3_gather_for_generation,
                        cache_implementation=args.cache_implementation)

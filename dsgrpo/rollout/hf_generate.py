@@ -107,3 +107,26 @@ def hf_generate_kwargs(sampling: SamplingConfig) -> dict:
 
     known = set(GenerationConfig().to_dict())
     return {k: v for k, v in sampling.extra.items() if k in known}
+
+
+class FollowsReplacedGenerate:
+    """use_vllm left to choose (None): vLLM generates, unless the code replaces the policy module's own `generate`
+    after the trainer is built (TRL's scripted-model tests patch `trainer.model.generate`, meaning generation with
+    transformers, TRL's default): from then on that method generates. Everything else is the vLLM generator's."""
+
+    def __init__(self, engine_generator, make_hf, module):
+        self.engine_generator, self.make_hf, self.module = engine_generator, make_hf, module
+        self.hf = None
+
+    def _replaced(self) -> bool:
+        return "generate" in vars(self.module)  # an instance attribute shadows the class's method
+
+    def generate(self, prompt_ids, counts, sampling, seeds=None) -> Rollout:
+        if not self._replaced():
+            return self.engine_generator.generate(prompt_ids, counts, sampling, seeds=seeds)
+        if self.hf is None:
+            self.hf = self.make_hf()
+        return self.hf.generate(prompt_ids, counts, sampling, seeds=seeds)
+
+    def __getattr__(self, name):
+        return getattr(self.engine_generator, name)
