@@ -21,13 +21,22 @@ from .engines.forward import packing_leak
 from .plan import ASSUMED_PROMPT_LENGTH, Hardware, choose_deepspeed
 from .run_identity import deepspeed_auto_of
 from .rollout import check_against_checkpoint
+from .rollout.environments import environment_prompts
 
 
 class TrainerSetup:
     """Mixed into GRPOTrainer: the start-up steps its __init__ runs."""
 
-    def _check_supported(self, args, tools) -> None:
+    def _check_supported(self, args, tools, environment_factory=None) -> None:
         """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
+        if environment_factory is not None:
+            refused = [what for what, on in (("partial_rollout=True", args.partial_rollout),
+                                             ("vllm_tensor_parallel_size > 1", args.vllm_tensor_parallel_size > 1),
+                                             ("the asynchronous trainer", self.rollout_source.generates_while_training))
+                       if on]
+            if refused:
+                raise NotImplementedError(f"environment_factory with {refused[0]}: environments run on the "
+                                          "synchronous trainer (colocated vLLM, HF generate or a vLLM server) for now.")
         if args.partial_rollout and (tools or self.rollout_func is not None):
             raise ValueError("partial_rollout=True continues plain completions token by token across rounds; tool "
                              "turns and rollout_func make their own. Set partial_rollout=False.")
@@ -140,6 +149,10 @@ class TrainerSetup:
         template_kwargs = dict(args.chat_template_kwargs or {})
         if self.tool_runner is not None:
             template_kwargs["tools"] = self.tool_runner.schemas  # the chat template lists them in the prompt
+        elif self.environment_set is not None:  # each rollout's prompt is rendered with its own environment's tools;
+            template_kwargs["tools"] = self.environment_set.all_schemas()  # these are for the length checks
+            train_dataset = environment_prompts(train_dataset, args.resolved_generation_batch_size(self.world)
+                                                // args.num_generations)
         context = args.vllm_max_model_length or getattr(model_config, "max_position_embeddings", None)
         common = dict(max_prompt_length=args.max_prompt_length, context_length=context,
                       max_completion_length=args.max_completion_length, chat_template_kwargs=template_kwargs,
@@ -147,7 +160,9 @@ class TrainerSetup:
         train = make_prompt_source(load_dataset_spec(train_dataset), self.tokenizer, **common)
         if train.streaming:
             streaming_limits(args)
-        if self.tool_runner is not None and not train.conversational:
+        if self.environment_set is not None:
+            self.environment_set.check_dataset(train)
+        if (self.tool_runner is not None or self.environment_set is not None) and not train.conversational:
             raise ValueError("tools need conversational prompts (lists of messages): the chat template is what shows "
                              "the model the tools. Give train_dataset a 'prompt' column of message lists.")
         # eval_dataset: one set, or a dict of named sets (metrics then prefixed eval_<name>_, as transformers does)

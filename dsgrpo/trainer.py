@@ -40,6 +40,7 @@ from .rollout.batch import Batch, BatchBuilder
 from .rollout.generating_rank import GeneratingRank
 from .rollout.samplers import make_sampler
 from .rollout.sources import GenerationSource, RolloutSetup
+from .rollout.environments import Environments, check_data_source
 from .rollout.tools import ToolRunner
 from .schedule import Schedule
 from .startup import TrainerSetup
@@ -64,25 +65,27 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
     # How each round's batch is made (rollout/sources.py). AsyncGRPOTrainer's one difference is its source.
     rollout_source = GenerationSource
 
-    def __init__(self, model, reward_funcs, args: Optional[GRPOConfig] = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
-                 peft_config=None, tools=None, rollout_func=None):
+    def __init__(self, model, reward_funcs=None, args: Optional[GRPOConfig] = None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
+                 optimizers=(None, None), peft_config=None, tools=None, rollout_func=None, environment_factory=None):
         lora.check_lora_model(model, peft_config)
         self.peft_config = lora.as_lora_config(peft_config) if peft_config is not None else None
         adapter_config = self.peft_config or (model.peft_config[model.active_adapter] if lora.is_peft_model(model) else None)
         self.adapter = lora.fingerprint(adapter_config) if adapter_config is not None else None  # a LoRA policy's shape
         if rollout_func is not None and not callable(rollout_func):
             raise TypeError(f"rollout_func must be a function (prompts, trainer) -> dict, not {type(rollout_func).__name__}.")
-        if rollout_func is not None and tools:
-            raise ValueError("rollout_func replaces the trainer's generation, so the trainer cannot run `tools` for "
-                             "it: call the tools inside rollout_func (and return env_mask), or drop rollout_func.")
+        if rollout_func is not None and (tools or environment_factory is not None):
+            raise ValueError("rollout_func replaces the trainer's generation, so the trainer cannot run `tools` or "
+                             "environments for it: call them inside rollout_func (and return env_mask), or drop "
+                             "rollout_func.")
         self.rollout_func = rollout_func
         self.args = args = args or GRPOConfig()
         if rollout_func is not None and not args.eval_do_sample:
             raise ValueError("eval_do_sample=False makes evaluation greedy, but rollout_func generates the "
                              "completions itself: sample greedily inside rollout_func, or leave eval_do_sample=True.")
         # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
-        self._check_supported(args, tools)
+        self._check_supported(args, tools, environment_factory)
+        check_data_source(train_dataset, environment_factory, args)
         device.prepare_process(dist.local_world_size(), args.num_threads)
         device.set_tf32(args.tf32)
         dist.init(timeout_s=args.ddp_timeout)
@@ -105,9 +108,14 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         self.model_path, model_config = self._model_source(model, processing_class)
         router_aux_coef(args, model_config)  # router_aux_loss_coef on a dense model is refused before loading
         self.tokenizer = self._tokenizer(processing_class)
+        # environments are probed now (reset, tools' schemas); those that own a reward add a source of weight 1
+        self.environment_set = (Environments(environment_factory, tools or [], args.tool_timeout_s)
+                                if environment_factory is not None else None)
         self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none,
-                                   trust_remote_code=args.trust_remote_code, code_sandbox=args.code_sandbox)
-        self.tool_runner = ToolRunner(tools, args.tool_timeout_s) if tools else None  # checks the schemas now
+                                   trust_remote_code=args.trust_remote_code, code_sandbox=args.code_sandbox,
+                                   extra_sources=self.environment_set.reward_sources if self.environment_set else ())
+        self.tool_runner = (ToolRunner(tools, args.tool_timeout_s)  # checks the schemas now
+                            if tools and self.environment_set is None else None)
         self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
         self.correctness_column = evaluation.check(args, self.rewards.names)  # pass@k's right / wrong
         checkpoint.check_best_metric(args, evaluation.metric_names(args, list(self.eval_prompts or {}), self.rewards.names))
@@ -166,7 +174,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                                         connected=self.server, total_steps=self.state.max_steps)
         self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
                                     max_tool_calling_iterations=args.max_tool_calling_iterations,
-                                    rollout_func=rollout_func, trainer=self)
+                                    rollout_func=rollout_func, trainer=self, environments=self.environment_set)
         setup = RolloutSetup(
             args=args, prompts=self.train_prompts, sampler=self.sampler, generator=self.generator,
             build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),
@@ -198,6 +206,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             if self.resume_path:
                 checkpoint.check_resume(self.resume_path, self.args, self.world, self.policy.module.config
                                         if self.placement.trains else None, self.adapter, self.rollout_source)
+        if self.environment_set is not None:  # every row names a known environment, before any round is generated
+            self.environment_set.check_dataset(self.train_prompts, names_too=True)
         try:
             if self.generating_rank is not None:  # split placement: this rank samples for the trainers until they stop
                 resumed = checkpoint.generator_state(self.resume_path, dist.rank(dist.EVERYONE)) if self.resume_path else None
@@ -377,7 +387,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                              torch.tensor([len(p) for p in r.prompt_ids], dtype=torch.float32)], dim=1)  # [L, 3]
         gathered = dist.all_gather(torch.cat([local, extra], dim=1))                                       # [N, K+3]
         rewards, lengths, truncated, prompt_lens = gathered[:, :-3], gathered[:, -3], gathered[:, -2], gathered[:, -1]
-        adv, stats = compute_advantages(rewards, group, reward_weights=args.reward_weights,
+        adv, stats = compute_advantages(rewards, group, reward_weights=self.rewards.weights,
                                         scale_rewards=args.scale_rewards_mode,
                                         multi_objective_aggregation=args.multi_objective_aggregation)
         self._scored = (stats["rewards"], rewards)  # every rank's weighted totals [N] and per function [N, K]

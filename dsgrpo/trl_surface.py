@@ -59,6 +59,35 @@ class TRLSurface:
         return self.rewards.names
 
     @property
+    def reward_funcs(self) -> list:
+        return self.rewards.funcs
+
+    @property
+    def reward_weights(self) -> torch.Tensor:
+        """TRL's: the weight of each reward source ([K]), environment-owned ones (1.0) included."""
+        return torch.tensor(self.rewards.weights, dtype=torch.float32)
+
+    # environment_factory (rollout/environments.py), under TRL's names
+    @property
+    def tools(self) -> list:
+        if self.environment_set is not None:
+            return self.environment_set.all_tools()
+        return list(self.tool_runner.tools.values()) if self.tool_runner is not None else []
+
+    @property
+    def environments(self) -> Optional[list]:
+        """The environment instances of this rank's latest rollout, one per completion (None without environments)."""
+        return self.environment_set.last if self.environment_set is not None else None
+
+    @property
+    def _env_tools(self) -> dict:
+        return self.environment_set.tools if self.environment_set is not None else {}
+
+    @property
+    def _environment_pool(self) -> dict:
+        return self.environment_set.pool if self.environment_set is not None else {}
+
+    @property
     def optimizer(self):
         return self.policy.optimizer if self.placement.trains else None
 

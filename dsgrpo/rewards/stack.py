@@ -36,12 +36,17 @@ class RewardError(ValueError):
 
 class RewardStack:
     def __init__(self, reward_funcs: Any, reward_weights=None, reward_processing_classes=None,
-                 errors_as_none: bool = False, trust_remote_code: bool = False, code_sandbox: str = "isolated"):
+                 errors_as_none: bool = False, trust_remote_code: bool = False, code_sandbox: str = "isolated",
+                 extra_sources: Sequence[Callable] = ()):
+        """`extra_sources`: reward sources the run adds after the user's (environments that own a reward), each of
+        weight 1 and without a processing class."""
         self.trust_remote_code = trust_remote_code
         self.code_sandbox = code_sandbox
-        sources = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if not sources:
-            raise ValueError("reward_funcs is empty: give at least one reward function or model.")
+        sources = ([] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, (list, tuple))
+                   else [reward_funcs])
+        if not sources and not extra_sources:
+            raise ValueError("No reward source provided: pass reward_funcs (functions, built-in names or reward "
+                             "models), or an environment_factory whose environment defines get_reward().")
         # TRL's rule: None applies to every source; one processing class is a list of one
         tokenizers = ([None] * len(sources) if reward_processing_classes is None else list(reward_processing_classes)
                       if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes])
@@ -54,15 +59,20 @@ class RewardStack:
         self._model_configs: Dict[int, Any] = {}    # index → the reward model's transformers config
         for i, (src, tok) in enumerate(zip(sources, tokenizers)):
             self.funcs.append(self._resolve(src, tok, i))
+        self.funcs += list(extra_sources)
+        self.given_tokenizers = tokenizers + [None] * len(extra_sources)
         self.names = [self._name(i, f) for i, f in enumerate(self.funcs)]
         for f in self.funcs:  # before any compute: a remote scorer that is down or refuses the token, a code
             if isinstance(f, (RemoteReward, CodeReward)):  # sandbox that cannot be built on this machine
                 f.check()
         self.model_indices = sorted(self.pending_models)
         self.errors_as_none = errors_as_none
-        if reward_weights is not None and len(reward_weights) != len(self.funcs):
-            raise ValueError(f"reward_weights has {len(reward_weights)} entries but there are {len(self.funcs)} "
+        if reward_weights is not None and len(reward_weights) != len(sources):
+            raise ValueError(f"reward_weights has {len(reward_weights)} entries but there are {len(sources)} "
                              "reward functions; give one weight per function.")
+        # the weight of each source, as advantages apply them: the user's (None: 1.0), then 1.0 per extra source
+        self.weights = [float(w) for w in (reward_weights if reward_weights is not None else [1.0] * len(sources))]
+        self.weights += [1.0] * len(extra_sources)
 
     @property
     def remote_names(self) -> List[str]:

@@ -5,6 +5,7 @@ worker's chunk, a split-placement generator) makes them through the one call
 
 - `GeneratorSampler`: the prompts' token ids through a generator (colocated vLLM, or the policy's HF generate);
 - `ToolSampler`: the same, answering tool calls between turns (rollout/tools.py), around any generator;
+- `EnvironmentSampler`: tool turns against an environment instance per completion (rollout/environments.py);
 - `RolloutFuncSampler`: the user's `rollout_func(prompts, trainer)` (rollout/custom.py), its extra keys kept as
   the rollout's columns for the reward functions.
 
@@ -16,6 +17,7 @@ from typing import Callable, List, Optional, Protocol
 
 from .base import Generator, Rollout, SamplingConfig
 from .custom import rollout_from_func_output
+from .environments import EnvironmentSampler
 from .tools import ToolRunner, run_tool_turns
 
 
@@ -69,12 +71,14 @@ class RolloutFuncSampler:
 
 def make_sampler(generator: Optional[Generator], sampling: SamplingConfig, *, tokenizer,
                  tool_runner: Optional[ToolRunner] = None, max_tool_calling_iterations: Optional[int] = None,
-                 rollout_func: Optional[Callable] = None, trainer=None):
+                 rollout_func: Optional[Callable] = None, trainer=None, environments=None):
     """The sampler the trainer's arguments ask for (None where this rank has no generator and no rollout_func)."""
     if rollout_func is not None:
         return RolloutFuncSampler(rollout_func, trainer, tokenizer, sampling.max_tokens)
     if generator is None:
         return None
+    if environments is not None:
+        return EnvironmentSampler(generator, sampling, tokenizer, environments, max_tool_calling_iterations)
     if tool_runner is not None:
         return ToolSampler(generator, sampling, tokenizer, tool_runner, max_tool_calling_iterations)
     return GeneratorSampler(generator, sampling)

@@ -19,7 +19,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .base import Generator, Rollout, SamplingConfig, round_seed
 
@@ -130,10 +130,12 @@ class ToolRunner:
     tool keeps its thread (and whatever it holds) until it returns or the process exits, but the rollout goes on.
     Calls run one after another, so tools need not be thread-safe. `async def` tools are awaited."""
 
-    def __init__(self, tools: Sequence[Callable], timeout_s: float):
+    def __init__(self, tools: Sequence[Callable], timeout_s: float, schemas: Optional[List[dict]] = None):
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s={timeout_s!r}: a tool's time limit must be a positive number of seconds.")
-        self.schemas = tool_schemas(tools)   # fails here, before any generation, for an undescribable tool
+        # fails here, before any generation, for an undescribable tool; `schemas`: already described (an
+        # environment's methods, bound to each rollout's instance, are described once from a probe)
+        self.schemas = schemas if schemas is not None else tool_schemas(tools)
         self.tools = {schema["function"]["name"]: fn for schema, fn in zip(self.schemas, tools)}
         self.timeout_s = timeout_s
 
@@ -262,7 +264,8 @@ def _routes_of(row: _Row):
 
 
 def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]], counts: List[int],
-                   sampling: SamplingConfig, seeds: Optional[List[int]], runner: ToolRunner,
+                   sampling: SamplingConfig, seeds: Optional[List[int]],
+                   runner: Union[ToolRunner, Sequence[ToolRunner]],
                    max_tool_calling_iterations: Optional[int], *,
                    chat_template_kwargs: Optional[dict] = None) -> Tuple[Rollout, ToolStats]:
     """Generate counts[j] completions for prompt j (as `generator.generate`), answering tool calls.
@@ -273,12 +276,17 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
     that calls tools after the last iteration stays unanswered. The whole completion, tool turns included, is held
     to `sampling.max_tokens`: what goes past it is cut and the completion marked truncated.
 
+    `runner`: one for every row, or one per row (each rollout's environment: rollout/environments.py).
+
     Returns the Rollout (rows prompt by prompt as in `generate`, with `tool_mask`) and this call's ToolStats.
     Continuations are seeded from (seeds[j], iteration, position in the group), so a rerun samples the same."""
     if max_tool_calling_iterations is not None and max_tool_calling_iterations < 0:
         raise ValueError(f"max_tool_calling_iterations={max_tool_calling_iterations}: use a count >= 0, or None "
                          "for no limit.")
     first = generator.generate(prompt_ids, counts, sampling, seeds=seeds)
+    runners = [runner] * len(first) if isinstance(runner, ToolRunner) else list(runner)
+    if len(runners) != len(first):
+        raise ValueError(f"{len(runners)} tool runners for {len(first)} completions: give one, or one per completion.")
     rows = [_Row(list(first.prompt_ids[i]), [], [], [], first.truncated[i]) for i in range(len(first))]
     for i, (row, ids, logprobs) in enumerate(zip(rows, first.completion_ids, first.sampler_logprobs)):
         row.take_routes(None if first.routes is None else first.routes[i])
@@ -300,7 +308,7 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
             calls = parse_tool_calls(tokenizer.decode(row.ids[row.turn_start:], skip_special_tokens=False))
             if not calls:
                 continue
-            results = [runner.run(call) for call in calls]
+            results = [runners[i].run(call) for call in calls]
             row.calls += len(calls)
             row.failures += sum(not ok for _, ok in results)
             turn = tool_result_ids(tokenizer, [(c.name, text) for c, (text, _) in zip(calls, results)],

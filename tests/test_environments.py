@@ -1,0 +1,212 @@
+"""Environments (dsgrpo/rollout/environments.py, TRL's `environment_factory`): one instance per rollout, reset with its
+row, its methods as tools across turns, its reward, and the errors a user gets before any compute. Generation is a
+scripted generator standing in for vLLM (a unit test); TRL's own environment tests run the real trainer
+(../shared/trl_tests, TRL_TESTS_FILE=test_grpo_environments.py)."""
+
+import json
+
+import pytest
+from datasets import Dataset
+
+from dsgrpo.data import PromptSource
+from dsgrpo.rollout.base import Rollout, SamplingConfig
+from dsgrpo.rollout.environments import EnvironmentSampler, Environments, environment_prompts
+from dsgrpo.rollout.tools import tool_result_ids
+
+
+class GuessEnv:
+    """Guess a number over several turns; the environment keeps the guesses."""
+
+    def reset(self, target, **row):
+        self.target, self.guesses, self.row = target, [], dict(row, target=target)
+        return " Guess a number from 1 to 9."
+
+    def guess(self, number: int) -> str:
+        """Guess the number.
+
+        Args:
+            number: Your guess.
+        """
+        self.guesses.append(number)
+        return "correct" if number == self.target else "higher" if number < self.target else "lower"
+
+    def broken(self, x: int) -> str:
+        """A tool whose environment fails.
+
+        Args:
+            x: Anything.
+        """
+        raise RuntimeError("the environment fell over")
+
+    def get_reward(self) -> float:
+        return 1.0 if self.target in self.guesses else 0.0
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from dsgrpo.testing import tiny_tokenizer
+    return AutoTokenizer.from_pretrained(tiny_tokenizer())
+
+
+def call_text(name, arguments):
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+class ScriptedGenerator:
+    """Stands in for vLLM: a row's next turn is `script(prompt text, turns answered so far)` plus eos; records what
+    it sampled so the trained ids can be compared with it."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script, self.sampled, self.calls = tok, script, [], []
+
+    def generate(self, prompt_ids, counts, sampling, seeds=None):
+        assert counts == [1] * len(prompt_ids)  # every rollout has a prompt of its own
+        self.calls.append({"n": len(prompt_ids), "seeds": seeds})
+        out = Rollout([], [], [], [])
+        for p in prompt_ids:
+            text = self.tok.decode(p)
+            ids = self.tok(self.script(text, text.count("<tool_response>")), add_special_tokens=False)["input_ids"]
+            ids = (ids + [self.tok.eos_token_id])[:sampling.max_tokens]
+            self.sampled.append(ids)
+            out.prompt_ids.append(list(p))
+            out.completion_ids.append(ids)
+            out.sampler_logprobs.append([-t / 1000 for t in ids])
+            out.truncated.append(False)
+        return out
+
+
+def script(text, answered):
+    """Rollout 0 (prompt says 'A'): guesses 3, then 5, then stops. Rollout 1 ('B'): calls the broken tool, then
+    stops. Rollout 2 ('C'): answers without a tool."""
+    player = text.split("Play ", 1)[1][0]
+    turns = {"A": [call_text("guess", {"number": 3}), call_text("guess", {"number": 5}), "Got it."],
+             "B": [call_text("broken", {"x": 1}), "I give up."], "C": ["Five?"]}[player]
+    return turns[min(answered, len(turns) - 1)]
+
+
+def prompt_source(tok, rows):
+    return PromptSource(Dataset.from_list(rows), tok, max_prompt_length=None, context_length=None,
+                        max_completion_length=256)
+
+
+def test_each_rollout_acts_in_its_own_environment_across_turns(tok):
+    envs = Environments(GuessEnv, [], timeout_s=5)
+    rows = [{"prompt": [{"role": "user", "content": f"Play {p}."}], "target": 5} for p in "ABC"]
+    prompts = prompt_source(tok, rows)
+    generator = ScriptedGenerator(tok, script)
+    sampler = EnvironmentSampler(generator, SamplingConfig(max_tokens=200), tok, envs, max_iterations=None)
+    rollout = sampler.sample(prompts, [0, 1, 2], [1, 1, 1], seeds=[7, 8, 9])
+    instances = rollout.columns["environments"]
+    assert len({id(e) for e in instances}) == 3 and envs.last == instances
+    # reset(**row): the whole row; its string is appended to the last user message of the prompt the model sees
+    assert [e.row["prompt"][0]["content"] for e in instances] == ["Play A.", "Play B.", "Play C."]
+    assert "Play A. Guess a number from 1 to 9." in tok.decode(rollout.prompt_ids[0])
+    assert '"name": "guess"' in tok.decode(rollout.prompt_ids[0])  # its tools are listed in the prompt
+    # the environment kept its state across turns; the failing method became a message, not a crash
+    assert instances[0].guesses == [3, 5] and instances[1].guesses == [] and instances[2].guesses == []
+    assert rollout.tool_counts == [[2, 0], [1, 1], [0, 0]]
+    tool_turns = [m for m in rollout.messages[1] if m["role"] == "tool"]
+    assert tool_turns == [{"role": "tool", "name": "broken",
+                           "content": "Error: tool 'broken' raised RuntimeError: the environment fell over"}]
+    # token-exact: the trained ids are the sampled ones and the tool turns' rendered ids, in order, and the loss
+    # mask is 1 exactly on the sampled ones
+    answers = ["higher", "correct"]
+    expected, expected_mask = [], []
+    sampled_a = [ids for ids, p in zip(generator.sampled, [0, 1, 2, 0, 1, 0]) if p == 0]
+    for k, ids in enumerate(sampled_a):
+        expected += ids
+        expected_mask += [1] * len(ids)
+        if k < 2:
+            turn = tool_result_ids(tok, [("guess", answers[k])])
+            if turn[0] == ids[-1]:
+                turn = turn[1:]  # the sampled eos is the template's end of turn
+            expected += turn
+            expected_mask += [0] * len(turn)
+    assert rollout.completion_ids[0] == expected and rollout.tool_mask[0] == expected_mask
+    assert [lp for lp, m in zip(rollout.sampler_logprobs[0], expected_mask) if m] == \
+        [-t / 1000 for t, m in zip(expected, expected_mask) if m]
+    # each rollout is seeded from its group's seed and place; the reward it owns scores its own state
+    assert len(set(generator.calls[0]["seeds"])) == 3
+    assert envs.reward_sources[0](environments=instances) == [1.0, 0.0, 0.0]
+    assert envs.reward_sources[0].__name__ == "GuessEnv"
+
+
+def test_instances_are_reused_round_after_round_and_the_pool_grows_to_the_largest_round(tok):
+    envs = Environments(GuessEnv, [], timeout_s=5)
+    assert len(envs.pool[None]) == 1  # the probe seeds the pool
+    first = envs.take([None, None])
+    second = envs.take([None])
+    assert len(envs.pool[None]) == 2 and second[0] is first[0]
+
+
+def test_a_dict_shows_each_rollout_only_its_environments_tools(tok):
+    class Counter:
+        def reset(self, **row):
+            self.count = 0
+
+        def increment(self, step: int) -> int:
+            """Add to the counter.
+
+            Args:
+                step: How much.
+            """
+            self.count += step
+            return self.count
+
+    envs = Environments({"guess": GuessEnv, "counter": Counter}, [], timeout_s=5)
+    assert [f.__name__ for f in envs.tools["counter"]] == ["increment"]
+    assert [f.__name__ for f in envs.tools["guess"]] == ["broken", "guess"]
+    assert len(envs.reward_sources) == 1  # only GuessEnv owns a reward
+    rows = [{"prompt": [{"role": "user", "content": "Play C."}], "target": 5, "environment": "guess"},
+            {"prompt": [{"role": "user", "content": "Play C."}], "target": 0, "environment": "counter"}]
+    prompts = prompt_source(tok, rows)
+    rollout = EnvironmentSampler(ScriptedGenerator(tok, script), SamplingConfig(max_tokens=64), tok, envs,
+                                 max_iterations=2).sample(prompts, [0, 1], [1, 1], seeds=None)
+    guess_prompt, counter_prompt = (tok.decode(ids) for ids in rollout.prompt_ids)
+    assert '"name": "guess"' in guess_prompt and '"increment"' not in guess_prompt
+    assert '"name": "increment"' in counter_prompt and '"guess"' not in counter_prompt
+    assert [type(e).__name__ for e in rollout.columns["environments"]] == ["GuessEnv", "Counter"]
+    assert envs.reward_sources[0](environments=rollout.columns["environments"]) == [0.0, None]
+
+
+def test_bad_environments_are_refused_before_any_compute_naming_the_fix(tok):
+    class NoReset:
+        def act(self, x: int) -> int:
+            """Act.
+
+            Args:
+                x: A value.
+            """
+            return x
+
+    class Undescribed:
+        def reset(self, **row):
+            pass
+
+        def act(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="without a callable `reset`"):
+        Environments(NoReset, [], timeout_s=5)
+    with pytest.raises(ValueError, match=r"environment_factory \(Undescribed\): tool 'act' cannot be described"):
+        Environments(Undescribed, [], timeout_s=5)
+    with pytest.raises(TypeError, match="is not callable"):
+        Environments({"a": 3}, [], timeout_s=5)
+    with pytest.raises(ValueError, match="empty dict"):
+        Environments({}, [], timeout_s=5)
+    envs = Environments({"guess": GuessEnv}, [], timeout_s=5)
+    no_column = prompt_source(tok, [{"prompt": [{"role": "user", "content": "x"}]}])
+    with pytest.raises(ValueError, match="routes each example by its 'environment' column"):
+        envs.check_dataset(no_column)
+    unknown = prompt_source(tok, [{"prompt": [{"role": "user", "content": "x"}], "environment": "maze"}])
+    with pytest.raises(ValueError, match="environment='maze', which is not among the environments"):
+        envs.check_dataset(unknown, names_too=True)
+
+
+def test_environment_owned_data_gets_empty_prompts_that_reset_fills():
+    owned = environment_prompts(None, rows=3)
+    assert owned["prompt"] == [[{"role": "user", "content": ""}]] * 3
+    routed = environment_prompts(Dataset.from_dict({"environment": ["a", "b"]}), rows=3)
+    assert routed.column_names == ["environment", "prompt"] and len(routed) == 2
