@@ -423,10 +423,13 @@ def containment_corpus(ctx: dict) -> list:
         ("pickle: forged tests through /proc/self/fd", _pickle_program(REOPEN), PICKLE_TESTS, third),
         # 2. which module the test imported, seen from the program
         ("inotify on the shared standard library", INOTIFY, ["import colorsys\nassert 'colorsys' in seen()"], 0.0),
-        # 3. the supervisor must never wait on the program: stdin it stops reading
-        ("stdin not read, then asleep", "import sys, time\nsys.stdin.readline()\ntime.sleep(3600)\n",
-         [{"input": BIG_STDIN, "output": "0"}], 0.0),
+        # 3. the supervisor must never wait on the program: stdin it stops reading, in four spinning processes
+        # (each within its own RLIMIT_CPU: only the run's count can stop them; test_sandbox.py has one asleep)
+        ("stdin not read, four processes spinning", "import os, sys\nsys.stdin.readline()\nfor _ in range(3):\n"
+         "    if os.fork() == 0:\n        break\nwhile True:\n    pass\n", [{"input": BIG_STDIN, "output": "0"}], 0.0),
         # 4. every case's stdout kept until the row ends (the supervisor's memory; checked in check_row)
+        ("~1 MiB of stdout in each of many cases", STDOUT_MIB,
+         [{"input": str(i), "output": "8"} for i in range(STDOUT_CASES)], 0.0),
     ]
 
 MALFORMED = {
@@ -501,7 +504,8 @@ def kernel_objects() -> dict:
 
 
 def cgroups_left(sandbox) -> list:
-    """Run cgroups (dsgrpo-<supervisor pid>-<n>) still present where the sandbox makes them."""
+    """Run cgroups (dsgrpo-<supervisor pid>-<n>) still present where the sandbox makes them once their supervisor
+    is gone (a live supervisor's are another run's: the machine may score other rows meanwhile)."""
     import importlib
     import re
 
@@ -513,7 +517,8 @@ def cgroups_left(sandbox) -> list:
     left = []
     for base in set(where["dirs"].values()):
         try:
-            left += [os.path.join(base, n) for n in os.listdir(base) if re.fullmatch(r"dsgrpo-\d+-\d+", n)]
+            left += [os.path.join(base, n) for n in os.listdir(base) if re.fullmatch(r"dsgrpo-\d+-\d+", n)
+                     and not os.path.exists(f"/proc/{n.split('-')[1]}")]
         except OSError:
             pass
     return left

@@ -7,6 +7,7 @@ library only, so that this module loads on its own in tests and the supervisor r
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -29,6 +30,7 @@ _SUPERVISOR_MAIN = ("import sys, types; package = types.ModuleType('dsgrpo_sandb
 ISOLATION_MODES = ("isolated", "none")
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _INT = re.compile(r"[+-]?\d+\Z")
+_SPACE = re.compile(r"\s")  # what str.split() splits on
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -45,7 +47,10 @@ class SandboxLimits:
     checker_memory_bytes: int = 256 << 20  # memory of the checker: the tests and the decoding of answers
     file_bytes: int = 16 << 20      # largest file it may write (in its private /tmp)
     processes: int = 16             # processes and threads of the program
-    output_bytes: int = 1 << 20     # stdout + stderr; beyond it the run is killed and scores 0
+    output_bytes: int = 1 << 20     # stdout + stderr of one run; beyond it the run is killed and the row scores 0
+    row_output_bytes: int = 64 << 20  # stdout + stderr of all a row's stdin/stdout cases together (each case's
+    #                                   stdout reaches the trainer, is compared and dropped); beyond it the row
+    #                                   stops and scores 0
     message_bytes: int = 16 << 20   # one answer of the program's, at most
     tmp_bytes: int = 16 << 20       # its private /tmp and /dev/shm (tmpfs: memory)
 
@@ -86,13 +91,12 @@ def outputs_match(got: bytes, expected: str, float_tolerance: Optional[float] = 
     accepts a number within `float_tolerance` (absolute or relative), as competitive-programming checkers do;
     None: text and integers only."""
     try:
-        got_tokens = got.decode("utf-8").split()
+        text = got.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    want_tokens = expected.split()
-    if len(got_tokens) != len(want_tokens):
-        return False
-    for g, w in zip(got_tokens, want_tokens):
+    for g, w in itertools.zip_longest(_tokens(text), _tokens(expected)):
+        if g is None or w is None:  # not as many tokens
+            return False
         if g == w:
             continue
         if _INT.match(w):
@@ -111,6 +115,18 @@ def outputs_match(got: bytes, expected: str, float_tolerance: Optional[float] = 
     return True
 
 
+def _tokens(text: str, chunk: int = 1 << 16):
+    """text.split(), a chunk at a time: a case's megabyte of output never becomes a list of every token at once."""
+    start, n = 0, len(text)
+    while start < n:
+        end = start + chunk
+        if end < n:
+            space = _SPACE.search(text, end)  # a chunk ends at whitespace: no token is cut
+            end = space.start() if space else n
+        yield from text[start:end].split()
+        start = end
+
+
 def _frame(obj) -> bytes:
     data = json.dumps(obj).encode()
     return struct.pack(">I", len(data)) + data
@@ -120,12 +136,14 @@ def _wall_s(limits: SandboxLimits) -> float:
     return limits.wall_timeout_s or 2 * limits.timeout_s + 1
 
 
-def _run(code: str, snippets: List[str], inputs: List[str], limits: SandboxLimits, isolation: str,
-         setup: str = "", entry_points: Sequence[str] = ()) -> dict:
-    """One supervisor process: the checker's verdicts on the snippets and the program's outputs for the inputs."""
+def _run(code: str, snippets: List[str], cases: List[dict], limits: SandboxLimits, isolation: str,
+         setup: str = "", entry_points: Sequence[str] = (), float_tolerance: Optional[float] = 1e-6) -> dict:
+    """One supervisor process: the checker's verdicts on the snippets, and a verdict per stdin/stdout case. Each
+    case's stdout arrives once that case has ended, is compared here (the expected outputs never leave this
+    process) and dropped: what is held at any time is one case's output."""
     result_r, result_w = os.pipe()
     job = {"isolated": isolation == "isolated", "limits": asdict(limits), "code": code, "n_tests": len(snippets),
-           "inputs": [s.encode().hex() for s in inputs], "base": "/tmp", "binds": _binds(),
+           "inputs": [c["input"].encode().hex() for c in cases], "base": "/tmp", "binds": _binds(),
            "cgroup_base": os.environ.get("DSGRPO_SANDBOX_CGROUP") or None, "result_fd": result_w}
     # the tests follow in a frame of their own, read by the supervisor only after the program has forked
     material = {"tests": snippets, "setup": setup, "entry_points": list(entry_points)}
@@ -136,24 +154,41 @@ def _run(code: str, snippets: List[str], inputs: List[str], limits: SandboxLimit
                                 env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, cwd="/", pass_fds=(result_w,))
     finally:
         os.close(result_w)
-    budget = (len(inputs) + (1 if snippets else 0)) * (_wall_s(limits) + 2.0) + 10.0
-    out = bytearray()
+    budget = (len(cases) + (1 if snippets else 0)) * (_wall_s(limits) + 2.0) + 10.0
+    result: dict = {"io": []}
+    failure: list = []
+    received = [0]  # bytes of stdout so far
 
-    def read_result():  # the verdict travels on a pipe of its own: nothing printed by anyone can reach it
-        while True:
-            chunk = os.read(result_r, 1 << 16)
-            if not chunk:
-                return
-            out.extend(chunk)
+    def on_case(run: dict, stdout: bytes) -> None:
+        received[0] += len(stdout)
+        if received[0] > limits.row_output_bytes:  # the supervisor stops a row there; checked again here
+            run.update(ok=False, fatal=True, ended=run["ended"] or "the row's output limit")
+        run["passed"] = bool(run["ok"]) and outputs_match(stdout, cases[run["case"]]["output"], float_tolerance)
+        result["io"].append(run)
 
-    reader = threading.Thread(target=read_result, daemon=True)
+    def read_results():  # the verdicts travel on a pipe of their own: nothing printed by anyone can reach it
+        try:
+            while True:
+                message = _read_message(result_r)
+                if message is None:
+                    return
+                if "case" not in message:
+                    result.update(message, complete=True)
+                    continue
+                if message["case"] != len(result["io"]) or message["case"] >= len(cases):
+                    raise ValueError(f"case {message['case']} out of order")
+                on_case(message, _read_exact(result_r, message["stdout_bytes"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a fault of the supervisor's: said below
+            failure.append(exc)
+
+    reader = threading.Thread(target=read_results, daemon=True)
     reader.start()
     try:
         _, err = proc.communicate(payload, timeout=budget)
         reader.join()
     except subprocess.TimeoutExpired:
         # the supervisor itself hangs (it should not: every wait in it has a deadline): its holders and cells die
-        # with it (PDEATHSIG), their namespaces with them; what it made in the cgroups is removed here
+        # with it (PDEATHSIG), their namespaces with them; what it made in the cgroups is emptied and removed here
         proc.kill()
         proc.communicate()
         reader.join(5)
@@ -161,10 +196,31 @@ def _run(code: str, snippets: List[str], inputs: List[str], limits: SandboxLimit
         return {"hung": True}
     finally:
         os.close(result_r)
-    if len(out) < 4 or len(out) != 4 + struct.unpack(">I", out[:4])[0]:
-        raise RuntimeError(f"the sandbox supervisor failed (exit {proc.returncode}): "
+    if failure or not result.pop("complete", False):
+        why = f"{failure[0]}; " if failure else ""
+        raise RuntimeError(f"the sandbox supervisor failed (exit {proc.returncode}): {why}"
                            f"{err.decode(errors='replace')[-2000:]}")
-    return json.loads(bytes(out[4:]))
+    return result
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            raise ValueError("the result pipe ended inside a frame")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_message(fd: int):
+    """One JSON frame of the supervisor's, or None at the end of the stream."""
+    head = os.read(fd, 4)
+    if not head:
+        return None
+    head += _read_exact(fd, 4 - len(head))
+    return json.loads(_read_exact(fd, struct.unpack(">I", head)[0]))
 
 
 def _remove_stale_cgroups(base, pid: int) -> None:
@@ -193,7 +249,7 @@ def run_tests(code: str, tests: Sequence, limits: Optional[SandboxLimits] = None
         return 0.0
     snippets, cases = _split_tests(tests)
     try:
-        result = _run(code, snippets, [c["input"] for c in cases], limits, isolation, setup, entry_points)
+        result = _run(code, snippets, cases, limits, isolation, setup, entry_points, float_tolerance)
     except RuntimeError as exc:  # a fault of the supervisor's own (no program can reach it): said, never a reward
         _warn_once(f"code_reward: a sandbox run failed and scores 0.0: {exc}")
         return 0.0
@@ -206,11 +262,12 @@ def run_tests(code: str, tests: Sequence, limits: Optional[SandboxLimits] = None
                              for run in result.get("io", []) + ([result["asserts"]] if "asserts" in result else [])])
     if result.get("hung"):
         return 0.0
-    passed = 0
-    for case, run in zip(cases, result["io"]):
-        if run.get("fatal"):  # the output limit, a malformed run: an attack, not a wrong answer
-            return 0.0
-        passed += bool(run["ok"]) and outputs_match(bytes.fromhex(run["stdout"]), case["output"], float_tolerance)
+    if any(run["fatal"] for run in result["io"]):  # an output limit, a malformed run: an attack, not a wrong answer
+        return 0.0
+    if len(result["io"]) != len(cases) or (snippets and "asserts" not in result):
+        _warn_once("code_reward: a sandbox run ended without every verdict and scores 0.0")
+        return 0.0
+    passed = sum(run["passed"] for run in result["io"])
     if snippets:
         passed += sum(1 for v in result["asserts"]["passed"] if v is True)
     return passed / len(tests)

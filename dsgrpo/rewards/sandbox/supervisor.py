@@ -12,6 +12,10 @@ S builds the run (its cgroups, both cells), feeds stdin and reads stdout for std
 snippets waits for C's verdicts while it counts P's output, the run's CPU time and both cells' memory (the
 kernel's count, in cgroups.py). The tests reach S only after P is running, so P was never forked with them in its
 memory. Any limit broken ends the run: it scores 0. Frames on every pipe: protocol.py.
+
+On the result pipe to the judge: per stdin/stdout case, as soon as it ends, a JSON frame {"case": i, "ok", "fatal",
+"ended", figures, "stdout_bytes": n} and then n raw bytes of its stdout (S keeps no case's output past its frame);
+at the end one JSON frame without "case": {"asserts": ...} and S's own peak memory, or {"unavailable": why}.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Supervisor:
     def __init__(self, job: dict, mode: str):
         self.job, self.mode, self.limits = job, mode, job["limits"]
         self.runs = 0
+        self.row_output = 0  # stdout + stderr of the row's stdin/stdout cases so far
         self.devnull = os.open("/dev/null", os.O_RDWR)
         self.where = None
         if mode != "none":
@@ -71,15 +76,16 @@ class Supervisor:
         return Cell(self.job, self.mode, role, uid, cgroups, self._rlimits(role), stdio, fds, body, reaper)
 
     # -------- a stdin/stdout case
-    def stdio_case(self, stdin_data: bytes) -> dict:
-        """The program as a script, fed one case's input; its stdout goes back to the judge, which alone holds the
-        expected output. A time-out fails the case; the output limit or a setup failure fails the completion."""
+    def stdio_case(self, stdin_data: bytes) -> tuple:
+        """The program as a script, fed one case's input: (how it ended, its stdout), the stdout for the judge,
+        which alone holds the expected output. A time-out fails the case; an output limit (the run's or the row's)
+        or a setup failure fails the completion."""
         code = self.job["code"]
         cgroups = self._cgroups()
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        watch = Watch(self.limits, self.mode, cgroups)
+        watch = Watch(self.limits, self.mode, cgroups, self.limits["row_output_bytes"] - self.row_output)
         cell = None
         try:
             cell = self._cell("program", cgroups, (in_r, out_w, err_w), {}, lambda fds: program.run_script(code),
@@ -131,10 +137,13 @@ class Supervisor:
             cell.stop()
             _close(in_w, out_r, err_r)
             watch.finish()
+        self.row_output += watch.output_bytes
         ok = watch.broken is None and cell.exit_code == 0
         fatal = watch.broken not in (None, "the time limit")
-        return {"stdout": bytes(output).hex() if ok else "", "ok": ok, "fatal": fatal,
-                "ended": watch.broken or (None if ok else f"exit code {cell.exit_code}"), **watch.figures()}
+        if not ok:
+            output = bytearray()
+        return {"ok": ok, "fatal": fatal, "ended": watch.broken or (None if ok else f"exit code {cell.exit_code}"),
+                "stdout_bytes": len(output), **watch.figures()}, output
 
     # -------- test snippets
     def snippets(self) -> dict:
@@ -254,8 +263,12 @@ class Watch:
     does not count against it), a wall-clock backstop for a run that waits, both cells' memory (the kernel's OOM
     count in each cgroup), and the program's output. Without containment (`none`), the wall clock alone."""
 
-    def __init__(self, limits: dict, mode: str, cgroups):
+    def __init__(self, limits: dict, mode: str, cgroups, row_left=None):
         self.limits, self.cgroups = limits, cgroups
+        # what this run may print: the run's own limit, or what is left of the row's when that is less
+        self.output_left, self.output_limit = limits["output_bytes"], "the output limit"
+        if row_left is not None and row_left < self.output_left:
+            self.output_left, self.output_limit = row_left, "the row's output limit"
         self.start = time.monotonic()
         wall = limits["wall_timeout_s"] or 2 * limits["timeout_s"] + 1
         self.deadline = self.start + (wall if cgroups is not None else limits["timeout_s"])
@@ -290,8 +303,8 @@ class Watch:
 
     def output(self, n: int) -> None:
         self.output_bytes += n  # stdout and stderr together
-        if self.output_bytes > self.limits["output_bytes"]:
-            self.fail("the output limit")
+        if self.output_bytes > self.output_left:
+            self.fail(self.output_limit)
 
     def finish(self) -> None:
         """After the run's processes are gone: last figures, and the cgroups removed."""
@@ -336,9 +349,19 @@ def main() -> int:
             job["workdir"] = tempfile.mkdtemp(prefix="dsgrpo-sandbox-")
         checker.helper_names()  # imported once here, not in every checker
         supervisor = Supervisor(job, mode)
-        # stdin/stdout cases first: their programs fork before any test snippet is in this process
-        result["io"] = [supervisor.stdio_case(bytes.fromhex(data)) for data in job["inputs"]]
-        if job["n_tests"]:
+        # stdin/stdout cases first: their programs fork before any test snippet is in this process. Each case's
+        # stdout goes to the judge as soon as the case ends, and is not kept; after a limit that fails the row,
+        # nothing more runs
+        fatal = False
+        for i, data in enumerate(job["inputs"]):
+            run, stdout = supervisor.stdio_case(bytes.fromhex(data))
+            write_all(job["result_fd"], frame({"case": i, **run}))
+            write_all(job["result_fd"], stdout)
+            del stdout
+            if run["fatal"]:
+                fatal = True
+                break
+        if job["n_tests"] and not fatal:
             result["asserts"] = supervisor.snippets()
         if mode == "none":
             import shutil
