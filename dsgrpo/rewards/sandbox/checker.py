@@ -37,7 +37,7 @@ import sys
 
 from .limits import install_seccomp
 from .program import LIBRARY_MODULES
-from .protocol import (Memo, ProtocolError, decode, encode, enum_class, frame, namedtuple_class, read_frame,
+from .protocol import (Memo, ProtocolError, builtin_name, decode, encode, enum_class, frame, namedtuple_class, read_frame,
                        read_untrusted_frame, write_all)
 
 
@@ -180,6 +180,12 @@ class ProgramObject(Remote):
 
     def __contains__(self, item):
         return bool(self._sbx_link.ask("operator", None, name="contains", args=[self, item]))
+
+    def __enter__(self):
+        return ProgramObject.__getattr__(self, "__enter__")()
+
+    def __exit__(self, kind, value, traceback):  # the exception's class crosses by name when it is Python's own
+        return ProgramObject.__getattr__(self, "__exit__")(kind if builtin_name(kind) else None, None, None)
 
 
 def _binary(op, reflected):
@@ -350,8 +356,9 @@ class Link:
                 raise ValueError("a malformed answer")
         except (ValueError, TypeError, RecursionError, OverflowError, MemoryError):
             self.fail("a malformed answer")
-        if inert and callable(value) and not isinstance(value, (Remote, type)):
-            return Refused(str(request.get("name", "an item")))  # a builtin as the method of an inert object
+        if inert and callable(value) and not isinstance(value, (Remote, ProgramClass)):
+            # a builtin (object() is truthy) or a class as the method of an inert object: it exists, never runs
+            return Refused(str(request.get("name", "an item")))
         return value
 
     def resolve(self, tag, body, callable_=True):
@@ -564,7 +571,8 @@ def build_namespace(link: Link, exported, entries: set, free: set) -> dict:
     """The globals every test starts from (before the setup code runs in the test's own process)."""
     if type(exported) is not dict or not all(type(k) is str for k in exported):
         link.fail("a malformed answer")
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    current: set = set()
+    namespace = {"__name__": "__main__", "__builtins__": ProgramValues(builtins.__dict__, link, current)}
     builtin_names = set(dir(builtins))
     stdlib = set(getattr(sys, "stdlib_module_names", ()))
     for name in free | entries:
@@ -586,13 +594,15 @@ def build_namespace(link: Link, exported, entries: set, free: set) -> dict:
             value = _real_module(name) if kind is not None and name in stdlib else None
         elif kind == "value":
             try:
-                value = decode(body)
+                decode(body)
             except (ValueError, TypeError, RecursionError, OverflowError, MemoryError):
                 link.fail("a malformed answer")
+            current.add(name)  # read from the program when the test reads it: as the calls left it
+            value = None
         elif kind == "object":  # a function or an object the test names: the test delegates to it
             value = ProgramObject(link, {"name": name})
         elif kind in ("class", "enum_class", "namedtuple_class", "exception_class"):
-            value = _program_class(link, name, kind, body)
+            value = _program_class(link, name, kind, body, exported, entries)
         else:
             value = Missing(name) if name in builtin_names else None
         if value is not None:
@@ -600,10 +610,25 @@ def build_namespace(link: Link, exported, entries: set, free: set) -> dict:
     return namespace
 
 
-def _program_class(link: Link, name: str, kind: str, body):
+class ProgramValues(dict):
+    """The tests' builtins, through which a module-level value of the program's (`history = []`, `count = 0`) is read
+    from the program each time a test reads it, as plain data: a test that calls `log('a')` then reads `history`
+    sees what the call left, as in Python (a name the test binds itself is a global and shadows it)."""
+
+    def __init__(self, base: dict, link: Link, names: set):
+        super().__init__(base)
+        self._link, self._names = link, names
+
+    def __missing__(self, name):
+        if name in self._names:
+            return self._link.ask("value", {"name": name})
+        raise KeyError(name)
+
+
+def _program_class(link: Link, name: str, kind: str, body, exported: dict, entries: set, depth: int = 0):
     """A class of the program's that the test names: enums and namedtuples rebuilt here as data classes (the same
     class their members and instances decode to), exceptions as exception classes here, any other class a
-    stand-in whose instances are the program's objects."""
+    stand-in whose instances are the program's objects, derived from the stand-ins of its bases the test names."""
     try:
         if kind == "enum_class":
             return enum_class(body)
@@ -613,7 +638,19 @@ def _program_class(link: Link, name: str, kind: str, body):
             return exception_class(body)
     except (ValueError, TypeError):
         pass
-    cls = link.classes[name] = program_class(link, name)
+    if name in link.classes:
+        return link.classes[name]
+    bases = []
+    if kind == "class" and type(body) is list and len(body) == 2 and type(body[1]) is list and depth < 32:
+        for base in body[1]:
+            entry = exported.get(base) if type(base) is str and base in entries else None
+            if type(entry) is dict and "class" in entry:
+                bases.append(_program_class(link, base, "class", entry["class"], exported, entries, depth + 1))
+    try:
+        cls = program_class(link, name, tuple(bases))
+    except TypeError:  # no consistent order of the bases
+        cls = program_class(link, name)
+    link.classes[name] = cls
     return cls
 
 

@@ -73,7 +73,7 @@ def _describe_class(cls):
             return {"namedtuple_class": [cls.__name__, list(fields), defaults]}
         except (TypeError, ValueError):
             pass
-    return {"class": cls.__name__}
+    return {"class": [cls.__name__, []]}  # its bases' names follow once every class has its name (exports)
 
 
 def exports(namespace: dict, class_names: dict) -> dict:
@@ -95,7 +95,7 @@ def exports(namespace: dict, class_names: dict) -> dict:
             try:
                 out[name] = _describe_class(value)
             except Exception:
-                out[name] = {"class": name}
+                out[name] = {"class": [name, []]}
             class_names.setdefault(id(value), (name, value))
         else:
             try:
@@ -104,6 +104,10 @@ def exports(namespace: dict, class_names: dict) -> dict:
                 out[name] = {"object": True}
         if len(out) >= MAX_EXPORTS:
             break
+    for name, entry in out.items():  # a class's bases among the exported classes (issubclass(Square, Shape))
+        if "class" in entry:
+            cls = namespace[name]
+            entry["class"][1] = [class_names[id(b)][0] for b in cls.__bases__ if id(b) in class_names]
     return out
 
 
@@ -192,6 +196,8 @@ class Server:
         target, op = self.target(request), request["op"]
         if op == "ping":
             return True
+        if op == "value":  # a module-level value of the program's, as it is now
+            return target
         if op == "getattr":
             return getattr(target, request["name"])
         if op == "setattr":
