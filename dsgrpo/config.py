@@ -194,7 +194,8 @@ class GRPOConfig(ConfigChecks):
     vllm_importance_sampling_clip_min: Optional[float] = field(default=None, metadata=_help("Lower bound C_min of the sampler correction (None: no lower bound)."))
     vllm_importance_sampling_cap: Optional[float] = field(default=None, metadata=_help("Deprecated in TRL: the old name of vllm_importance_sampling_clip_max (set here, it sets that)."))
     max_tool_calling_iterations: Optional[int] = field(default=None, metadata=_help("With `tools`: most rounds of tool calls per completion (None: until the model stops calling tools or max_completion_length is reached)."))
-    tool_timeout_s: float = field(default=10.0, metadata=_help("With `tools`: seconds a tool call may run; a call past it is answered with an error message."))
+    tool_timeout_s: float = field(default=10.0, metadata=_help("With `tools` or `environment_factory`: seconds a tool call (an environment's method) may run; a call past it is answered with an error message and counted in env/timeouts."))
+    tool_call_format: str = field(default="auto", metadata=_help("How the model writes tool calls: 'auto' (the tokenizer's own parser where it has a response_template, else from its chat template's markers), 'hermes' (Qwen2.5/Qwen3/Hermes <tool_call> blocks), 'llama3' (Llama 3.x JSON), 'mistral' ([TOOL_CALLS]) or 'transformers' (tokenizer.parse_response).", choices=("auto", "hermes", "llama3", "mistral", "transformers")))
 
     # ------------------------------------------------------------------ logging completions (TRL GRPOConfig)
     log_completions: bool = field(default=False, metadata=_help("Log every rank's (prompt, completion, rewards, advantage) rows at each logging step: printed on rank 0 and in completions.jsonl."))

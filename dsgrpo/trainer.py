@@ -174,7 +174,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                                         connected=self.server, total_steps=self.state.max_steps)
         self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
                                     max_tool_calling_iterations=args.max_tool_calling_iterations,
-                                    rollout_func=rollout_func, trainer=self, environments=self.environment_set)
+                                    rollout_func=rollout_func, trainer=self, environments=self.environment_set,
+                                    tool_call_format=args.tool_call_format)
         setup = RolloutSetup(
             args=args, prompts=self.train_prompts, sampler=self.sampler, generator=self.generator,
             build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),

@@ -127,6 +127,29 @@ def test_tool_calls_run_and_their_results_are_masked_out_of_the_loss(results):
     assert any("timed out after 0.5 s" in r["inserted"] for r in rows)
 
 
+def test_environments_act_per_rollout_with_their_methods_as_tools_and_own_a_reward(results):
+    runs = part(results, "environments")
+    for run in runs:
+        assert run["reward_names"] == ["environment_reward", "Ledger"] and run["weights"] == [1.0, 1.0]
+        history = [h for h in run["history"] if "tools/call_frequency" in h]
+        assert len(history) == 2 and all(h["tools/call_frequency"] >= 0.5 for h in history), history
+        assert all(0.2 <= h["tools/failure_frequency"] <= 0.9 for h in history), history
+        # the environment's failures are named: explode raises (env/errors), stall outlives tool_timeout_s
+        assert sum(h["env/errors"] + h["env/timeouts"] for h in history) > 0 and \
+            all(h["episode/turns"] >= 1 for h in history), history
+        check_tool_rows(run["rows"])
+        # one instance per rollout, reset with its own row; the instance's state is what its tool turns did
+        assert run["instances"] == run["distinct"] == run["batch_rows"] > 0 and run["env_prompts_match"]
+        assert run["env_adds"] == run["answered_calls"]  # answered calls (some, over all rows: below)
+        assert run["seen"] and all(same_length and distinct for same_length, distinct in run["seen"])
+        assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3, history[0]
+    # the environment's reward, logged under its class name, is the mean of the instances' get_reward()
+    own = [x for run in runs for x in run["own_rewards"]]
+    assert runs[0]["history"][-1]["rewards/Ledger/mean"] == pytest.approx(sum(own) / len(own), abs=1e-6)
+    rows = [r for run in runs for r in run["rows"]]
+    check_answers_and_failures(rows)
+
+
 def test_rollout_func_feeds_its_extra_keys_to_the_rewards(results):
     for rank, run in enumerate(part(results, "rollout_func")):
         assert len(run["history"]) == 2

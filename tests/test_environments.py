@@ -11,7 +11,7 @@ from datasets import Dataset
 from dsgrpo.data import PromptSource
 from dsgrpo.rollout.base import Rollout, SamplingConfig
 from dsgrpo.rollout.environments import EnvironmentSampler, Environments, environment_prompts
-from dsgrpo.rollout.tools import tool_result_ids
+from dsgrpo.rollout.tools import COUNTS, ToolStats, tool_result_ids
 
 
 class GuessEnv:
@@ -106,7 +106,13 @@ def test_each_rollout_acts_in_its_own_environment_across_turns(tok):
     assert '"name": "guess"' in tok.decode(rollout.prompt_ids[0])  # its tools are listed in the prompt
     # the environment kept its state across turns; the failing method became a message, not a crash
     assert instances[0].guesses == [3, 5] and instances[1].guesses == [] and instances[2].guesses == []
-    assert rollout.tool_counts == [[2, 0], [1, 1], [0, 0]]
+    counts = [dict(zip(COUNTS, row)) for row in rollout.tool_counts]
+    assert [(c["calls"], c["failures"], c["errors"], c["parse_failures"], c["timeouts"], c["turns"]) for c in counts] \
+        == [(2, 0, 0, 0, 0, 3), (1, 1, 1, 0, 0, 2), (0, 0, 0, 0, 0, 1)]
+    metrics = ToolStats.of(rollout).metrics()
+    assert metrics["env/errors"] == pytest.approx(1 / 3) and metrics["episode/turns"] == pytest.approx(2.0)
+    assert metrics["tools/calls_per_episode"] == pytest.approx(1.0) and metrics["tools/failure_frequency"] == \
+        pytest.approx(1 / 3)
     tool_turns = [m for m in rollout.messages[1] if m["role"] == "tool"]
     assert tool_turns == [{"role": "tool", "name": "broken",
                            "content": "Error: tool 'broken' raised RuntimeError: the environment fell over"}]

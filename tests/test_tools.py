@@ -85,6 +85,11 @@ class ScriptedGenerator:
         return out
 
 
+def trl_metrics(stats):
+    """The two tools/* metrics TRL logs (the others: test_tool_stats_metrics_and_weights)."""
+    return {k: v for k, v in stats.metrics().items() if k in ("tools/call_frequency", "tools/failure_frequency")}
+
+
 def call_text(name, arguments):
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
 
@@ -211,11 +216,19 @@ def test_runner_formats_non_text_results_and_awaits_async_tools():
 
 
 def test_tool_stats_metrics_and_weights():
-    # 4 completions made 3 calls, 1 failed: 3/4 calls per completion (weight 4), 1/3 failures per call (weight 3)
-    stats = ToolStats(completions=4, calls=3, failures=1)
-    assert stats.metrics() == {"tools/call_frequency": 0.75, "tools/failure_frequency": pytest.approx(1 / 3)}
-    assert stats.weights() == {"tools/call_frequency": 4.0, "tools/failure_frequency": 3.0}
-    assert ToolStats(completions=2).metrics() == {"tools/call_frequency": 0.0, "tools/failure_frequency": 0.0}
+    # 4 completions made 3 calls, 1 failed: 3/4 calls per completion (weight 4), 1/3 failures per call (weight 3);
+    # per episode (weight 4): 1 parse failure, 2 errors, 1 timeout, 6 turns; 900 ms over 3 calls: 0.3 s a call
+    stats = ToolStats(completions=4, calls=3, failures=1, parse_failures=1, errors=2, timeouts=1, turns=6, tool_ms=900)
+    assert stats.metrics() == {"tools/call_frequency": 0.75, "tools/failure_frequency": pytest.approx(1 / 3),
+                               "tools/calls_per_episode": 0.75, "tools/parse_failures": 0.25, "env/errors": 0.5,
+                               "env/timeouts": 0.25, "env/step_s": pytest.approx(0.3), "episode/turns": 1.5}
+    assert stats.weights() == {"tools/call_frequency": 4.0, "tools/failure_frequency": 3.0,
+                               "tools/calls_per_episode": 4.0, "tools/parse_failures": 4.0, "env/errors": 4.0,
+                               "env/timeouts": 4.0, "env/step_s": 3.0, "episode/turns": 4.0}
+    assert ToolStats(completions=2).metrics()["tools/failure_frequency"] == 0.0
+    # rows of a checkpoint written before the counts grew ([calls, failures]) read the rest as 0
+    old = ToolStats.of(Rollout([[1]], [[2]], [[0.0]], [False], tool_counts=[[2, 1]]))
+    assert (old.calls, old.failures, old.turns) == (2, 1, 0)
 
 
 # ================================================================================================== the loop
@@ -263,7 +276,7 @@ def test_a_tool_call_is_answered_and_the_model_continues(tok):
     assert gen.calls[1] == {"prompt_ids": [prompt + sampled_1 + turn], "counts": [1],
                             "max_tokens": 200 - len(sampled_1 + turn), "seeds": [round_seed(11, 1, 0)]}
     assert (stats.completions, stats.calls, stats.failures) == (2, 1, 0)
-    assert stats.metrics() == {"tools/call_frequency": 0.5, "tools/failure_frequency": 0.0}
+    assert trl_metrics(stats) == {"tools/call_frequency": 0.5, "tools/failure_frequency": 0.0}
     # tool tokens stay in input_ids but leave the loss
     t = rollout.tensors(tok.pad_token_id)
     P, T = len(prompt), len(rollout.completion_ids[0])
@@ -305,7 +318,7 @@ def test_failing_tools_are_reported_to_the_model_and_the_run_continues(tok):
                                                        ("tool", "unknown"), ("tool", "search")]
     assert [m["content"] for m in tools] == responses
     assert last == {"role": "assistant", "content": "Done."}
-    assert stats.metrics() == {"tools/call_frequency": 5.0, "tools/failure_frequency": 0.8}
+    assert trl_metrics(stats) == {"tools/call_frequency": 5.0, "tools/failure_frequency": 0.8}
 
 
 def test_iteration_limit_leaves_later_calls_unanswered(tok):

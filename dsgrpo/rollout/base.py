@@ -126,7 +126,7 @@ class Rollout:
     # with tools: each completion as TRL's reward functions see it, the turns as messages (assistant turns with
     # their "tool_calls", then the tool results); None: the decoded text is the one assistant message
     messages: Optional[List[List[dict]]] = None
-    # with tools: [calls, failed calls] of each completion (the tools/* metrics)
+    # with tools: the counts of each completion (rollout/tools.py COUNTS: calls, failed calls, ...; the tools/* metrics)
     tool_counts: Optional[List[List[int]]] = None
     # extra per-row columns for the reward functions (what a rollout_func returns beside the tokens)
     columns: Optional[Dict[str, list]] = None

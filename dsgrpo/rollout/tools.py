@@ -1,4 +1,5 @@
-"""Tool calling during rollout (TRL's `GRPOTrainer(tools=[...])`): the model writes Qwen2.5-style calls,
+"""Tool calling during rollout (TRL's `GRPOTrainer(tools=[...])`): the model writes calls in its family's format
+(rollout/tool_formats.py; Qwen2.5's by default),
 
     <tool_call>
     {"name": "calculator", "arguments": {"expression": "2 + 3"}}
@@ -16,17 +17,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import re
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .base import Generator, Rollout, SamplingConfig, round_seed
+from .tool_formats import HermesFormat, ToolCall, ToolCallFormat
 
-# Qwen2.5's wrapper. An unclosed block (the model stopped inside it) reaches the end of the text and is
-# reported to the model as a failed call.
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
-CALL_FORMAT = '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+HERMES = HermesFormat()
+
+# Qwen2.5's call, the default format (the others: rollout/tool_formats.py)
+CALL_FORMAT = HermesFormat.example
 
 
 def tool_schemas(tools: Sequence[Callable]) -> List[dict]:
@@ -59,68 +61,54 @@ def tool_schemas(tools: Sequence[Callable]) -> List[dict]:
     return schemas
 
 
-@dataclass
-class ToolCall:
-    """One parsed call. `error` is set (and the call is not run) when the block could not be read."""
-    name: Optional[str]
-    arguments: Dict[str, Any]
-    error: Optional[str] = None
+def parse_tool_calls(text: str, call_format: Optional[ToolCallFormat] = None) -> List[ToolCall]:
+    """Every tool call of a sampled turn, in order, in `call_format` (default: Qwen2.5's <tool_call> blocks).
+    Never raises: a call that cannot be read becomes a ToolCall with `error`, which the model is shown."""
+    return (call_format or HERMES).parse(text)
 
 
-def parse_tool_calls(text: str) -> List[ToolCall]:
-    """Every <tool_call> block of `text`, in order. Never raises: a block that is not valid JSON, lacks a name or
-    has non-object arguments becomes a ToolCall with `error`, which the model is shown as the tool's result."""
-    calls = []
-    for match in TOOL_CALL_RE.finditer(text):
-        body, closed = match.group(1).strip(), bool(match.group(2))
-        if not closed:
-            error = f"<tool_call> without a closing </tool_call>. Write calls as {CALL_FORMAT}"
-            calls.append(ToolCall(None, {}, error))
-            continue
-        calls.append(_parse_call_body(body))
-    return calls
-
-
-def _parse_call_body(body: str) -> ToolCall:
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        return ToolCall(None, {}, f"the tool call is not valid JSON ({e}). Write calls as {CALL_FORMAT}")
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return ToolCall(None, {}, f"the tool call has no \"name\" string. Write calls as {CALL_FORMAT}")
-    arguments = obj.get("arguments", {})
-    if isinstance(arguments, str):  # some models emit the arguments as a JSON string (OpenAI's wire format)
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
-    if not isinstance(arguments, dict):
-        return ToolCall(obj["name"], {}, f"the \"arguments\" of {obj['name']!r} must be a JSON object, got "
-                                         f"{json.dumps(arguments)}.")
-    return ToolCall(obj["name"], arguments)
+# what each completion's row of Rollout.tool_counts holds, in order (rows written before a field existed are shorter:
+# the missing counts read 0)
+COUNTS = ("calls", "failures", "parse_failures", "errors", "timeouts", "turns", "tool_ms")
 
 
 @dataclass
 class ToolStats:
     """Counts of one rollout, reduced over ranks as weighted means (`dist.reduce_metrics(stats.metrics(),
-    stats.weights())`): calls per completion weighted by completions, failures per call weighted by calls."""
+    stats.weights())`): calls per completion weighted by completions, failures per call weighted by calls; and
+    per episode (a completion: all its turns) the calls that could not be parsed, that raised in the tool or its
+    environment, that timed out, and the sampled turns; the seconds a tool call took, weighted by calls."""
     completions: int = 0
     calls: int = 0
     failures: int = 0   # calls that could not be parsed, named an unknown tool, raised or timed out
+    parse_failures: int = 0
+    errors: int = 0     # calls whose tool (an environment's method) raised
+    timeouts: int = 0
+    turns: int = 0
+    tool_ms: int = 0
 
     @classmethod
     def of(cls, rollout: Rollout) -> "ToolStats":
         """The counts of a rollout's rows (Rollout.tool_counts): the same for a round generated at once and for
         one cut from groups generated in the background."""
-        counts = rollout.tool_counts or []
-        return cls(len(rollout), sum(c for c, _ in counts), sum(f for _, f in counts))
+        totals = [0] * len(COUNTS)
+        for row in rollout.tool_counts or []:
+            for k, v in enumerate(row[:len(COUNTS)]):
+                totals[k] += v
+        return cls(len(rollout), *totals)
 
     def metrics(self) -> Dict[str, float]:
-        return {"tools/call_frequency": self.calls / max(self.completions, 1),
-                "tools/failure_frequency": self.failures / max(self.calls, 1)}
+        episodes = max(self.completions, 1)
+        return {"tools/call_frequency": self.calls / episodes,
+                "tools/failure_frequency": self.failures / max(self.calls, 1),
+                "tools/calls_per_episode": self.calls / episodes,
+                "tools/parse_failures": self.parse_failures / episodes,
+                "env/errors": self.errors / episodes, "env/timeouts": self.timeouts / episodes,
+                "env/step_s": self.tool_ms / 1000 / max(self.calls, 1), "episode/turns": self.turns / episodes}
 
     def weights(self) -> Dict[str, float]:
-        return {"tools/call_frequency": float(self.completions), "tools/failure_frequency": float(self.calls)}
+        per_call = ("tools/failure_frequency", "env/step_s")
+        return {k: float(self.calls if k in per_call else self.completions) for k in self.metrics()}
 
 
 class ToolRunner:
@@ -141,11 +129,17 @@ class ToolRunner:
 
     def run(self, call: ToolCall) -> Tuple[str, bool]:
         """(text the model sees, ok). Every failure becomes an 'Error: ...' text instead of an exception."""
+        text, kind, _ = self.call(call)
+        return text, kind == "ok"
+
+    def call(self, call: ToolCall) -> Tuple[str, str, float]:
+        """(text the model sees, how it ended, seconds it ran): "ok", "parse" (the call could not be read),
+        "unknown" (no such tool), "raised" (the tool raised: its message is the text) or "timeout"."""
         if call.error is not None:
-            return f"Error: {call.error}", False
+            return f"Error: {call.error}", "parse", 0.0
         fn = self.tools.get(call.name)
         if fn is None:
-            return f"Error: unknown tool {call.name!r}. Available tools: {', '.join(sorted(self.tools))}.", False
+            return f"Error: unknown tool {call.name!r}. Available tools: {', '.join(sorted(self.tools))}.", "unknown", 0.0
         outcome: Dict[str, Any] = {}
 
         def target():
@@ -155,15 +149,17 @@ class ToolRunner:
             except BaseException as e:  # noqa: BLE001 - anything a tool raises is reported to the model
                 outcome["error"] = e
 
+        start = time.perf_counter()
         thread = threading.Thread(target=target, name=f"tool-{call.name}", daemon=True)
         thread.start()
         thread.join(self.timeout_s)
+        seconds = time.perf_counter() - start
         if thread.is_alive():
-            return f"Error: tool {call.name!r} timed out after {self.timeout_s:g} s.", False
+            return f"Error: tool {call.name!r} timed out after {self.timeout_s:g} s.", "timeout", seconds
         if "error" in outcome:
             e = outcome["error"]
-            return f"Error: tool {call.name!r} raised {type(e).__name__}: {e}", False
-        return _result_text(outcome["value"]), True
+            return f"Error: tool {call.name!r} raised {type(e).__name__}: {e}", "raised", seconds
+        return _result_text(outcome["value"]), "ok", seconds
 
 
 def _result_text(value: Any) -> str:
@@ -175,11 +171,12 @@ def _result_text(value: Any) -> str:
         return str(value)
 
 
-def assistant_message(text: str) -> dict:
-    """A sampled turn as TRL hands it to reward functions: its text without the tool-call blocks, and the calls
-    that could be read (name and arguments) under "tool_calls"."""
-    message = {"role": "assistant", "content": TOOL_CALL_RE.sub("", text).strip()}
-    calls = [c for c in parse_tool_calls(text) if c.error is None]
+def assistant_message(text: str, call_format: Optional[ToolCallFormat] = None, prefix: str = "") -> dict:
+    """A sampled turn as TRL hands it to reward functions: its text without the tool calls, and the calls that could
+    be read (name and arguments) under "tool_calls"."""
+    call_format = call_format or HERMES
+    message = {"role": "assistant", "content": call_format.content(text, prefix)}
+    calls = [c for c in call_format.parse(text, prefix) if c.error is None]
     if calls:
         message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                                  for c in calls]
@@ -221,6 +218,8 @@ class _Row:
     turn_start: int = 0   # where the latest sampled segment begins: only its tool calls are still unanswered
     calls: int = 0
     failures: int = 0
+    counts: Dict[str, float] = field(default_factory=dict)  # parse failures, errors, timeouts, tool seconds
+    turns: int = 1
     messages: List[dict] = field(default_factory=list)  # the conversation so far, for the reward functions
     routes: Any = None    # a MoE sampler's experts of prompt + ids so far ([tokens, layers, k]; see take_routes)
 
@@ -247,9 +246,29 @@ class _Row:
         merged[:len(old)][known] = old[known]
         self.routes = merged
 
-    def close_turn(self, tokenizer) -> None:
+    def close_turn(self, tokenizer, call_format: ToolCallFormat) -> None:
         """The latest sampled segment becomes an assistant message of the conversation."""
-        self.messages.append(assistant_message(tokenizer.decode(self.ids[self.turn_start:], skip_special_tokens=True)))
+        # decoded whole: some families' call markers are special tokens (Mistral's [TOOL_CALLS], Llama's
+        # <|python_tag|>); the special tokens left in the content (its end of turn) are then dropped
+        text = tokenizer.decode(self.ids[self.turn_start:], skip_special_tokens=False)
+        message = assistant_message(text, call_format, self.prefix(tokenizer, call_format))
+        for token in tokenizer.all_special_tokens:
+            message["content"] = message["content"].replace(token, "")
+        message["content"] = message["content"].strip()
+        self.messages.append(message)
+
+    def prefix(self, tokenizer, call_format: ToolCallFormat) -> str:
+        """What came before the latest turn, for parsers that read it (the tokenizer's own: tool_formats.py)."""
+        if not call_format.needs_prefix:
+            return ""
+        return tokenizer.decode(self.prompt + self.ids[:self.turn_start], skip_special_tokens=False)
+
+
+def _counts(row: _Row) -> List[int]:
+    """A row's Rollout.tool_counts, in COUNTS' order."""
+    c = row.counts
+    return [row.calls, row.failures, int(c.get("parse", 0)), int(c.get("raised", 0)), int(c.get("timeout", 0)),
+            row.turns, int(round(c.get("seconds", 0.0) * 1000))]
 
 
 def _routes_of(row: _Row):
@@ -267,7 +286,8 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
                    sampling: SamplingConfig, seeds: Optional[List[int]],
                    runner: Union[ToolRunner, Sequence[ToolRunner]],
                    max_tool_calling_iterations: Optional[int], *,
-                   chat_template_kwargs: Optional[dict] = None) -> Tuple[Rollout, ToolStats]:
+                   chat_template_kwargs: Optional[dict] = None,
+                   call_format: Optional[ToolCallFormat] = None) -> Tuple[Rollout, ToolStats]:
     """Generate counts[j] completions for prompt j (as `generator.generate`), answering tool calls.
 
     Each iteration takes the completions whose latest turn ended (not truncated) with tool calls, runs the calls,
@@ -277,12 +297,14 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
     to `sampling.max_tokens`: what goes past it is cut and the completion marked truncated.
 
     `runner`: one for every row, or one per row (each rollout's environment: rollout/environments.py).
+    `call_format`: how the model writes calls (rollout/tool_formats.py; default Qwen2.5's <tool_call> blocks).
 
     Returns the Rollout (rows prompt by prompt as in `generate`, with `tool_mask`) and this call's ToolStats.
     Continuations are seeded from (seeds[j], iteration, position in the group), so a rerun samples the same."""
     if max_tool_calling_iterations is not None and max_tool_calling_iterations < 0:
         raise ValueError(f"max_tool_calling_iterations={max_tool_calling_iterations}: use a count >= 0, or None "
                          "for no limit.")
+    call_format = call_format or HERMES
     first = generator.generate(prompt_ids, counts, sampling, seeds=seeds)
     runners = [runner] * len(first) if isinstance(runner, ToolRunner) else list(runner)
     if len(runners) != len(first):
@@ -305,17 +327,22 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
             row = rows[i]
             if row.truncated:
                 continue
-            calls = parse_tool_calls(tokenizer.decode(row.ids[row.turn_start:], skip_special_tokens=False))
+            calls = call_format.parse(tokenizer.decode(row.ids[row.turn_start:], skip_special_tokens=False),
+                                      row.prefix(tokenizer, call_format))
             if not calls:
                 continue
-            results = [runners[i].run(call) for call in calls]
+            outcomes = [runners[i].call(call) for call in calls]
+            results = [(text, kind == "ok") for text, kind, _ in outcomes]
             row.calls += len(calls)
             row.failures += sum(not ok for _, ok in results)
+            for _, kind, seconds in outcomes:
+                row.counts[kind] = row.counts.get(kind, 0) + 1
+                row.counts["seconds"] = row.counts.get("seconds", 0.0) + seconds
             turn = tool_result_ids(tokenizer, [(c.name, text) for c, (text, _) in zip(calls, results)],
                                    chat_template_kwargs)
             if row.ids and turn and row.ids[-1] == turn[0] and turn[0] in special:
                 turn = turn[1:]   # the model already sampled the end-of-turn token (its eos) the template starts with
-            row.close_turn(tokenizer)
+            row.close_turn(tokenizer, call_format)
             row.append(turn)
             row.turn_start = len(row.ids)
             if len(row.ids) >= limit:   # no room left to answer: the tool turn is cut, not part of the conversation
@@ -341,13 +368,14 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
             row.turn_start = len(row.ids)
             row.truncated = more.truncated[n] or len(ids) > room[n]
             row.append(ids[:room[n]], logprobs[:room[n]])
+            row.turns += 1
         candidates = continuing
     for row in rows:  # the last sampled turn (or the only one)
         if row.ids[row.turn_start:] or not row.messages:
-            row.close_turn(tokenizer)
+            row.close_turn(tokenizer, call_format)
     rollout = Rollout([r.prompt for r in rows], [r.ids for r in rows], [r.logprobs for r in rows],
                       [r.truncated for r in rows], tool_mask=[r.mask for r in rows], messages=[r.messages for r in rows],
-                      tool_counts=[[r.calls, r.failures] for r in rows])
+                      tool_counts=[_counts(r) for r in rows])
     if rows and all(r.routes is not None for r in rows):
         rollout.routes = [_routes_of(r) for r in rows]
     return rollout, ToolStats.of(rollout)

@@ -99,6 +99,74 @@ def _():
             "prompt_shows_tools": "<tools>" in tok.decode(trainer.train_prompts.prompt_ids[0])}
 
 
+# ------------------------------------------------------------------ 1b. environment_factory: the same tools, as an environment's methods
+class Ledger:
+    """Keeps the sum of what `add` returned across the rollout's turns; owns a reward (1 when the sum is 5)."""
+
+    def reset(self, **row):
+        self.total, self.calls, self.prompt = 0, [], row["prompt"][-1]["content"]
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        self.calls.append((a, b))
+        self.total += a + b
+        return a + b
+
+    def explode(self, x: int) -> int:
+        """A tool that always fails.
+
+        Args:
+            x: Any number.
+        """
+        raise ValueError("the environment broke on purpose")
+
+    def stall(self, x: int) -> int:
+        """A tool that never answers in time.
+
+        Args:
+            x: Any number.
+        """
+        time.sleep(30)
+        return x
+
+    def get_reward(self) -> float:
+        return float(self.total == 5)
+
+
+environments_seen = []
+
+
+def environment_reward(completions, environments, **kwargs):
+    """Records what reward functions receive: one environment per completion, each its own instance."""
+    environments_seen.append([len(environments) == len(completions), len({id(e) for e in environments}) == len(completions)])
+    return [0.0] * len(completions)
+
+
+@check("environments")
+def _():
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(12)])
+    trainer = GRPOTrainer(TOOL_MODEL, environment_reward, train_dataset=data, environment_factory=Ledger, args=config(
+        "environments", max_completion_length=96, temperature=0.3, max_tool_calling_iterations=2, tool_timeout_s=0.5,
+        shuffle_dataset=False))
+    KEEP.append(trainer)
+    batches = spy_batches(trainer)
+    trainer.train()
+    last = trainer.environments
+    counts = batches[-1].rollout.tool_counts
+    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches),
+            "reward_names": trainer.reward_func_names, "weights": trainer.reward_weights.tolist(),
+            "instances": len(last), "distinct": len({id(e) for e in last}), "batch_rows": len(batches[-1].rollout),
+            "env_adds": sum(len(e.calls) for e in last), "answered_calls": sum(c[0] - c[1] for c in counts),
+            "env_prompts_match": [e.prompt for e in last] == [p[-1]["content"] for p in batches[-1].prompts],
+            "own_rewards": [float(e.total == 5) for e in last],
+            "seen": environments_seen}
+
+
 # ------------------------------------------------------------------ 2. rollout_func: bring your own generation
 tags_seen = []
 
