@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional
 GiB = 2 ** 30
 _highest = 0  # the largest phase peak this process has seen (resetting the mark must not lose the process's peak)
 _phases: Dict[int, List[str]] = {}  # thread id → the phases it is in (innermost last): what the heartbeat reports
+_failed_in: List[str] = []  # the innermost phase an exception left on the main thread, until it enters another
 phase_listeners: List[Callable[[], None]] = []  # called when the main thread enters a phase (the heartbeat)
 
 
@@ -22,12 +23,17 @@ def phase(name: str):
     """Label what this thread is doing (the heartbeat names the main thread's phase when a rank is lost). An
     exception leaving it carries the innermost phase it left, as `exc.dsgrpo_phase`."""
     stack = _phases.setdefault(threading.get_ident(), [])
+    main = threading.get_ident() == threading.main_thread().ident
+    if main:
+        _failed_in.clear()
     stack.append(name)
     _changed()
     try:
         yield
     except BaseException as exc:
         if getattr(exc, "dsgrpo_phase", None) is None:
+            if main:  # while the error unwinds (a collective that timed out, being diagnosed) the rank is still there
+                _failed_in[:] = [name]
             try:
                 exc.dsgrpo_phase = name
             except AttributeError:  # an exception type without a __dict__
@@ -44,8 +50,14 @@ def _changed() -> None:
 
 
 def current_phase() -> str:
-    stack = _phases.get(threading.main_thread().ident) or ["startup"]
-    return stack[-1] if stack else "between phases"
+    """The main thread's innermost phase: 'startup' before it entered any, the phase an error is leaving while it
+    unwinds, 'between phases' between two."""
+    stack = _phases.get(threading.main_thread().ident)
+    if stack is None:
+        return "startup"
+    if stack:
+        return stack[-1]
+    return _failed_in[0] if _failed_in else "between phases"
 
 
 class PhaseTimer:

@@ -91,7 +91,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         dist.init(timeout_s=args.ddp_timeout)
         # every rank's heartbeat, so a failed collective can name the rank that was lost and where (watchdog.py)
         watchdog.start(dist.rank(dist.EVERYONE), dist.world_size(dist.EVERYONE),
-                       step=lambda: self.state.global_step if hasattr(self, "state") else 0)
+                       step=lambda: self.state.global_step if hasattr(self, "state") else 0, lost_after_s=args.ddp_timeout)
         set_log_levels(args)
         if dist.is_main():
             compat.warn_if_untested()
@@ -114,6 +114,10 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none,
                                    trust_remote_code=args.trust_remote_code, code_sandbox=args.code_sandbox,
                                    extra_sources=self.environment_set.reward_sources if self.environment_set else ())
+        if self.environment_set is not None and self.rewards.has_models and self.rollout_source.generates_while_training:
+            raise NotImplementedError("environment_factory with a reward model on AsyncGRPOTrainer: its rollouts are "
+                                      "scored away from the worker that keeps their environments. Use GRPOTrainer, "
+                                      "or reward functions (and get_reward) instead of a reward model.")
         self.tool_runner = (ToolRunner(tools, args.tool_timeout_s)  # checks the schemas now
                             if tools and self.environment_set is None else None)
         self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
@@ -181,7 +185,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),
             reward_matrix=self._reward_matrix, scores_anywhere=not self.rewards.has_models, placement=self.placement,
             prompts_per_round=self.prompts_per_round, steps_per_round=self._steps_per_round(),
-            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer)
+            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer, reward_weights=self.rewards.weights)
         # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
         self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
         self.source = self.rollout_source(setup) if self.placement.trains else None
@@ -245,7 +249,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                 if end.log:
                     self.sinks.log(state.global_step, metrics)
                     if args.log_completions:
-                        self._log_completions()
+                        with phase("log"):  # a collective: every rank's rows
+                            self._log_completions()
                     if not end.stop:  # the last round's rows also go into the summary row, as TRL's do
                         self._since_log = []
                     self.control = self.callbacks.fire("on_log", args, state, self.control, logs=metrics)
@@ -278,7 +283,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         wanted = torch.tensor([float(preempt_requested), float(c.should_log or log), float(c.should_evaluate or evaluate),
                                float(c.should_save or save or self._save_pending),
                                float(c.should_training_stop or s.global_step >= s.max_steps)])
-        preempted, log, evaluate, save, stop = (dist.all_reduce_max(wanted) > 0).tolist()
+        with phase("round end"):  # where a rank waits when a peer is lost after its own sync (the heartbeat says so)
+            preempted, log, evaluate, save, stop = (dist.all_reduce_max(wanted) > 0).tolist()
         c.should_log = c.should_evaluate = c.should_save = False  # done; a callback asks again for a later round
         c.should_training_stop = stop
         # a checkpoint waits for a round that ends on an optimizer-step boundary (steps that span rounds): DeepSpeed

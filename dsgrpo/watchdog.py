@@ -65,7 +65,8 @@ class Heartbeat:
     """One per process; started once the process group exists; a daemon thread, and a beat whenever the main
     thread enters a phase (so the last beat of a killed rank says where it died)."""
 
-    def __init__(self, rank: int, world: int, step: Callable[[], int], watch: bool = True):
+    def __init__(self, rank: int, world: int, step: Callable[[], int], watch: bool = True,
+                 lost_after_s: Optional[float] = None):
         from . import timing
         self.rank, self.world, self.step = rank, world, step
         self.store = dist.rendezvous_store_client(timeout_s=10)
@@ -79,7 +80,8 @@ class Heartbeat:
         timing.phase_listeners.append(self.beat)
         self._thread = threading.Thread(target=self._run, name="dsgrpo-heartbeat", daemon=True)
         self._thread.start()
-        self.watcher = start_watcher(rank, world, dist.collective_timeout_s()) if watch else None
+        lost_after_s = dist.collective_timeout_s() if lost_after_s is None else lost_after_s
+        self.watcher = start_watcher(rank, world, lost_after_s) if watch else None
         atexit.register(self.stop)  # beats until the process ends
 
     def stop(self) -> None:
@@ -228,12 +230,14 @@ def _launcher_signals_held():
 _heartbeat: List[Heartbeat] = []
 
 
-def start(rank: int, world: int, step: Callable[[], int]) -> Optional[Heartbeat]:
-    """Start this process's heartbeat (idempotent; none in a world of one)."""
+def start(rank: int, world: int, step: Callable[[], int], lost_after_s: Optional[float] = None) -> Optional[Heartbeat]:
+    """Start this process's heartbeat and watcher (idempotent; none in a world of one). The watcher ends the rank
+    once a peer's beats stop for `lost_after_s` (ddp_timeout; default: the collectives' timeout), also where
+    DEEPSPEED_TIMEOUT gives collectives longer."""
     if world < 2:
         return None
     if not _heartbeat:
-        _heartbeat.append(Heartbeat(rank, world, step))
+        _heartbeat.append(Heartbeat(rank, world, step, lost_after_s=lost_after_s))
     _heartbeat[0].step = step
     return _heartbeat[0]
 

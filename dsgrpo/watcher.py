@@ -300,7 +300,10 @@ def main(argv: List[str]) -> None:
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != spec["pid"]:  # the rank ended before the line above: nothing to watch
         os._exit(0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the rank; it ends us with it
+    # A terminal's Ctrl-C, and a launcher's SIGTERM to the rank's process group (torchrun's killpg), are for the
+    # rank: the watcher ends with it (PDEATHSIG), and must outlive a stopped rank's SIGTERM to SIGKILL it.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     Watcher(spec["rank"], spec["world"], spec["pid"], spec["addr"], spec["port"], spec["timeout_s"],
             spec["interval_s"], spec["store_host"], {int(k): v for k, v in spec["follow"].items()}).run(sys.stdin)
     os._exit(0)
