@@ -447,16 +447,24 @@ MALFORMED = {
 
 
 def processes_left() -> list:
-    """Processes in a PID namespace other than ours that we can see: a run's leftovers (daemons, bombs)."""
+    """Processes in a PID namespace other than ours that we can see: a run's leftovers (daemons, bombs). A process
+    in the cgroup of a run whose supervisor is alive belongs to a run still going (another row's, scored on this
+    machine meanwhile), not to one that ended."""
+    import re
+
     mine = os.stat("/proc/self/ns/pid").st_ino
     left = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}/ns/pid").st_ino != mine:
-                    left.append(int(entry))
+                if os.stat(f"/proc/{entry}/ns/pid").st_ino == mine:
+                    continue
+                with open(f"/proc/{entry}/cgroup") as fh:
+                    run = re.search(r"/dsgrpo-(\d+)-\d+(/|$)", fh.read(), re.M)
             except OSError:
-                pass
+                continue
+            if run is None or not os.path.exists(f"/proc/{run.group(1)}"):
+                left.append(int(entry))
     return left
 
 

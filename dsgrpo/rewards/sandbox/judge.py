@@ -180,6 +180,8 @@ def _run(code: str, snippets: List[str], cases: List[dict], limits: SandboxLimit
                 on_case(message, _read_exact(result_r, message["stdout_bytes"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a fault of the supervisor's: said below
             failure.append(exc)
+            while os.read(result_r, 1 << 16):  # read on, so that the supervisor is never held in a write
+                pass
 
     reader = threading.Thread(target=read_results, daemon=True)
     reader.start()
