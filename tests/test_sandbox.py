@@ -511,7 +511,8 @@ def test_each_cases_stdout_is_compared_as_it_arrives_and_dropped(isolation):
     the supervisor 129 MiB and the trainer +344 MiB. Each case's stdout now reaches the judge raw, right after the
     case, is compared and dropped. bench/sandbox_stdout_memory.py, in a process of its own (its peak is its own)."""
     out = subprocess.run([sys.executable, os.path.join(HERE, "..", "bench", "sandbox_stdout_memory.py"), "--cases",
-                          "60"], capture_output=True, text=True, timeout=300)
+                          "60", "--sandbox", os.path.dirname(sandbox.__file__)], capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     figures = dict(line.split(": ", 1) for line in out.stdout.splitlines())
     assert "score 1.0" in figures["cases"], out.stdout  # every case compared, all right
