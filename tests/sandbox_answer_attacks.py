@@ -123,6 +123,9 @@ CORPUS = [
     ("__iter__ that yields whatever it is compared with", "class Echo:\n    def __eq__(self, o):\n"
      "        return True\n    __hash__ = object.__hash__\nclass It:\n    def __iter__(self):\n"
      "        yield Echo()\ndef dedupe(xs):\n    return It()\n", LIST_WRONG, LIST_TESTS),
+    # a task named like a builtin, bound to None: Python's builtin must not answer for it
+    ("pow = None, so that the builtin pow answers", "pow = None\n",
+     "def pow(a, b):\n    return a * b\n", ["assert pow(2, 3) == 8", "assert pow(3, 2) == 9", "assert pow(2, 2) == 4"]),
     # the program's own exception claiming the test's expected one
     ("an exception class named like the expected one", "class ValueError(Exception):\n    pass\n"
      "def check(x):\n    raise ValueError('bad')\n", "def check(x):\n    raise KeyError('bad')\n",

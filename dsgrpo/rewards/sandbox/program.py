@@ -32,11 +32,14 @@ OPERATORS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",
              "xor", "neg", "pos", "abs", "invert", "lt", "le", "gt", "ge", "eq", "ne", "contains", "index")
 
 
+_NOTHING = object()
+
+
 def _library_module(name: str, value):
     """The library module `value` is the attribute `name` of, if the program imported it from one."""
     for module in LIBRARY_MODULES:
         loaded = sys.modules.get(module)
-        if loaded is not None and getattr(loaded, name, None) is value:
+        if loaded is not None and getattr(loaded, name, _NOTHING) is value:  # (None is a value: `pow = None`)
             return module
     return None
 
