@@ -41,36 +41,11 @@ at = int(at or 0)
 target, _, how = target.partition(":")
 
 
-# A stopped rank cannot act on the launcher's SIGTERM once the survivor has gone; torchrun SIGKILLs it only after
-# a 30 s grace its fault path does not let one shorten. This watcher kills it as soon as a SIGTERM is pending.
-KILL_ONCE_TERMINATED = r"""
-import os, sys, time
-pid = int(sys.argv[1])
-while True:
-    try:
-        status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines())
-    except (FileNotFoundError, ProcessLookupError):
-        break
-    if status["State"].split()[0] in "ZX":
-        break
-    if (int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)) & (1 << (15 - 1)):  # SIGTERM pending
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-        break
-    time.sleep(0.2)
-"""
-
-
 def die():
     if target and int(target) != dist.rank():
         return
     print(f"FAULT rank {dist.rank()} {'stops' if how == 'stop' else 'dies'} at {FAULT} t={time.time():.3f}",
           file=sys.stderr, flush=True)
-    if how == "stop":
-        import subprocess
-        subprocess.Popen([sys.executable, "-c", KILL_ONCE_TERMINATED, str(os.getpid())], start_new_session=True)
     os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 

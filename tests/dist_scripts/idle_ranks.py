@@ -1,0 +1,15 @@
+"""Ranks that start as a trainer's do (dist.init, then the heartbeat and its watcher) and then wait: what a test
+kills the launcher of (tests/test_launcher_death_dist.py). Prints `READY <rank> <pid>` once its watcher runs."""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from dsgrpo import dist, watchdog  # noqa: E402
+
+dist.init(timeout_s=60)
+watchdog.start(dist.rank(), dist.world_size(), step=lambda: 0)
+print(f"READY {dist.rank()} {os.getpid()}", flush=True)
+time.sleep(300)
