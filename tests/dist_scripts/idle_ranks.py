@@ -1,5 +1,5 @@
 """Ranks that start as a trainer's do (dist.init, then the heartbeat and its watcher) and then wait: what a test
-kills the launcher of (tests/test_launcher_death_dist.py). Prints `READY <rank> <pid>` once its watcher runs."""
+kills the launcher of (tests/test_stopped_rank_dist.py). Prints `READY <rank> <pid>` once its watcher runs."""
 
 import os
 import sys

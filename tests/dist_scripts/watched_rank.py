@@ -2,9 +2,9 @@
 process group. `watched_rank.py RANK SCENARIO TIMEOUT_S`; every rank enters phase 'reward' at step 7, then:
 
     stop      rank 1 SIGSTOPs itself; rank 0 waits in a C call that holds the GIL (ctypes.PyDLL's sleep)
-    gil       rank 1 holds the GIL in a C call for 2 x TIMEOUT_S (alive: must not be taken for lost); rank 0 waits
+    gil       rank 1 holds the GIL in a C call for TIMEOUT_S + 2 s (alive: must not be taken for lost); rank 0 waits
     pipe      rank 1 writes to a pipe nobody reads (its stdout, replaced); rank 0 waits in a GIL-holding C call
-    finish    both finish; rank 1 at once, rank 0 after 2 x TIMEOUT_S (a finished peer is never lost)
+    finish    both finish; rank 1 at once, rank 0 after TIMEOUT_S + 3 s (a finished peer is never lost)
 
 A rank that is not ended prints `SURVIVED` and exits 0."""
 
@@ -29,7 +29,7 @@ with phase("reward"):
     if scenario == "stop" and rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif scenario == "gil" and rank == 1:
-        hold_gil(int(2 * timeout_s))
+        hold_gil(int(timeout_s) + 2)
     elif scenario == "pipe" and rank == 1:
         read_end, write_end = os.pipe()
         os.dup2(write_end, 1)
@@ -38,6 +38,7 @@ with phase("reward"):
     elif scenario == "finish" and rank == 1:
         pass
     else:
-        hold_gil(int(2 * timeout_s) + 3)
+        # a survivor of stop / pipe is ended by its watcher within this (pipe: its grace, then TIMEOUT_S)
+        hold_gil(int(timeout_s) + 3 if scenario in ("gil", "finish") else int(3 * timeout_s) + 3)
 print(f"SURVIVED {rank}", flush=True)
 leave(0)
