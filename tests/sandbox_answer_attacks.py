@@ -123,6 +123,19 @@ CORPUS = [
     ("__iter__ that yields whatever it is compared with", "class Echo:\n    def __eq__(self, o):\n"
      "        return True\n    __hash__ = object.__hash__\nclass It:\n    def __iter__(self):\n"
      "        yield Echo()\ndef dedupe(xs):\n    return It()\n", LIST_WRONG, LIST_TESTS),
+    # a helper the tests call without importing it (Python's, never the program's), through a variable
+    ("defines isclose; the test binds the answer first", "def isclose(*a, **k):\n    return True\n"
+     "def area(r):\n    return 0.0\n", "def area(r):\n    return 3.0 * r * r\n",
+     ["r = area(1)\nassert isclose(r, 3.14159, rel_tol=1e-3)", "for x in [area(2)]:\n    assert isclose(x, 12.566, rel_tol=1e-3)",
+      "assert area(0) == 0"]),
+    ("defines Counter; the test compares a variable with it", "def Counter(*a, **k):\n    return 'same'\n"
+     "def count(s):\n    return 'same'\n", "def count(s):\n    return {}\n",
+     ["c = count('aab')\nassert c == Counter({'a': 2, 'b': 1})", "assert count('') == Counter()"]),
+    # a subclass of StopIteration raised by a call ends the test's map() early, as StopIteration would
+    ("a StopIteration subclass ends the test's map early", "class Done(StopIteration):\n    pass\n"
+     "def add(a, b):\n    if a or b:\n        raise Done\n    return 0\n", "def add(a, b):\n    return a - b\n",
+     ["assert all(map(lambda c: add(*c[0]) == c[1], [((1, 2), 3), ((2, 2), 4)]))", "assert add(0, 0) == 0",
+      "assert add(5, 5) == 10"]),
     # a task named like a builtin, bound to None: Python's builtin must not answer for it
     ("pow = None, so that the builtin pow answers", "pow = None\n",
      "def pow(a, b):\n    return a * b\n", ["assert pow(2, 3) == 8", "assert pow(3, 2) == 9", "assert pow(2, 2) == 4"]),

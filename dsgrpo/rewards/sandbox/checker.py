@@ -424,7 +424,7 @@ class Link:
         if not (type(body) is list and len(body) == 3 and type(body[0]) is str and type(body[1]) is str):
             self.fail("a malformed answer")
         name, text, chain = body
-        if name in _ITERATION_ENDS:
+        if name in _ITERATION_ENDS or (type(chain) is list and any(n in _ITERATION_ENDS for n in chain)):
             # only `next` ends an iteration; anywhere else it would end the test's own loop early (a map() over
             # the cases, a generator expression), so it arrives as an error, as PEP 479 does for generators
             if op == "next" and name == "StopIteration":
@@ -488,8 +488,9 @@ _helper_names = None
 
 
 def _calls(source: str, builtin_names: set) -> tuple:
-    """(names a snippet calls, names among them it uses as helpers: a call of one has another call of a
-    non-builtin name among its arguments, or is compared with one)."""
+    """(names a snippet calls, names among them it uses as helpers: a call of one takes another call of a
+    non-builtin name, or a name bound from one, among its arguments, or is compared with such a value:
+    `isclose(area(1), 3.14)`, `r = area(1); isclose(r, 3.14)`, `count('') == Counter()`)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -498,22 +499,40 @@ def _calls(source: str, builtin_names: set) -> tuple:
     def callee(node):
         return node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
 
-    def calls_in(nodes, other_than):
-        return any(callee(n) not in (None, other_than) and callee(n) not in builtin_names
+    def answers(nodes, other_than):  # an answer of another name's call: the call itself, or a name bound from one
+        return any(isinstance(n, ast.Name) and n.id in carrying
+                   or callee(n) not in (None, other_than) and callee(n) not in builtin_names
                    for node in nodes for n in ast.walk(node))
 
+    carrying: set = set()
+    bindings = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bindings.append((targets, node.value))
+        elif isinstance(node, (ast.For, ast.comprehension)):
+            bindings.append(([node.target], node.iter))
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            bindings.append(([node.optional_vars], node.context_expr))
+    for _ in range(len(bindings) + 1):  # until nothing new carries an answer
+        before = len(carrying)
+        for targets, value in bindings:
+            if answers([value], None):
+                carrying.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        if len(carrying) == before:
+            break
     called, helping = set(), set()
     for node in ast.walk(tree):
         name = callee(node)
         if name is not None:
             called.add(name)
-            if calls_in(node.args + [k.value for k in node.keywords], name):
+            if answers(node.args + [k.value for k in node.keywords], name):
                 helping.add(name)
         if isinstance(node, ast.Compare):
             operands = [node.left] + node.comparators
             for i, operand in enumerate(operands):
                 name = callee(operand)
-                if name is not None and calls_in(operands[:i] + operands[i + 1:], name):
+                if name is not None and answers(operands[:i] + operands[i + 1:], name):
                     helping.add(name)
     return called, helping
 
