@@ -3,7 +3,7 @@ vLLM, fp32 on CPU, long-tailed completions (generation also stops at 13 token id
 trained groups (positions, tokens, sampler log-probs, versions), the groups left in flight after each round, the
 metrics, and a resumed run's first rounds; tests/test_partial_rollout_dist.py asserts on them.
 
-Usage: torchrun --nproc_per_node 2 tests/dist_scripts/partial_rollout_checks.py OUT_DIR
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/partial_rollout_checks.py OUT_DIR [CHECK,CHECK...]
 """
 
 import io
@@ -25,7 +25,7 @@ from recorder import SHARDED_ZERO3, digit_fraction, recorder  # noqa: E402
 
 OUT = sys.argv[1]
 results = {}
-check = recorder(results)
+check = recorder(results, set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None)  # [CHECK,...]: a rerun by hand
 prompts = Dataset.from_list([{"prompt": f"Count from {i} and keep going:"} for i in range(64)])
 MODEL = tiny_model("qwen2")
 
@@ -189,11 +189,78 @@ class HoldTheWorkerMidGroup:
             self.held = None
 
 
+class MixVersionsAtASync:
+    """Make sure a weight sync stops a completion that then finishes on the new weights, and that its group is
+    trained. Left to timing, a group in flight at a sync could finish after a younger group of the next version,
+    the cut took its batch without it, and a round later it was too stale to train (no mixed-version group trained:
+    1 run in 3 on a busy machine). So, right after a batch cut: hold the worker still and list the groups of the
+    current version r, pooled or in flight (every rank's: a collective). A group held mid-completion now goes on
+    with version r + 1's weights after the sync, and the next cut takes the oldest groups, by (version, position):
+    with the worker held until the sync no other group of version r can appear, so the in-flight group G with the
+    lowest position is taken if fewer than a batch's groups of version r come before it. Then hold the worker
+    through the sync and, before the next cut, wait until G is pooled. Otherwise let the worker go and try again
+    after the next cut (in practice the first try holds)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.held, self.waiting, self.done = trainer, False, None, False
+        source = trainer.source
+        self.worker, self.pool = source.exchange.worker, source.exchange.pool
+        inner_cut, inner_sync = source.exchange.cut, source.sync_weights
+
+        def cut(round_index):
+            self._wait_for_the_held_group()
+            out = inner_cut(round_index)
+            if not self.done and round_index + 1 < trainer.state.max_steps:
+                self._try_to_hold()
+            return out
+
+        def sync_weights(*a, **k):
+            inner_sync(*a, **k)
+            if self.held:  # the new weights are in: the stopped completions go on with them
+                self._release()
+
+        source.exchange.cut, source.sync_weights = cut, sync_weights
+
+    def _release(self):
+        with self.worker._pause_lock:
+            self.worker._pause_requests -= 1
+        self.held = False
+
+    def _try_to_hold(self):
+        w = self.worker
+        with w._pause_lock:
+            w._pause_requests += 1       # the worker takes no further engine step ...
+        with w._work:                    # ... once the one it is in has ended
+            version = w.version          # (a member whose oldest token is older starts again: it is younger then)
+            mine = [(p, any(c.versions and min(c.versions) == version and not c.finished for c in g.members))
+                    for p, g in w.inflight.groups.items() if any(c.versions and min(c.versions) == version
+                                                                 for c in g.members)]
+            mine += [(p, False) for p, g in self.pool.groups.items() if g.version == version]
+        ranks = dist.all_gather_object(mine, group=dist.EVERYONE)
+        everyone = sorted((p, mid, r) for r, part in enumerate(ranks) for p, mid in part)
+        first_mid = next((i for i, (_, mid, _) in enumerate(everyone) if mid), None)
+        if first_mid is not None and first_mid < self.trainer.prompts_per_round:
+            position, _, rank = everyone[first_mid]
+            self.held, self.done = True, True
+            self.waiting = position if rank == dist.rank(dist.EVERYONE) else None
+        else:
+            self._release()
+
+    def _wait_for_the_held_group(self):
+        deadline = time.monotonic() + 120
+        while self.waiting is not None and time.monotonic() < deadline:
+            with self.worker._work:
+                if self.waiting not in self.worker.inflight.groups:
+                    self.waiting = None  # pooled: the next cut takes it
+            time.sleep(0.005)
+
+
 @check("async")
 def _():
     args = config("async", save_strategy="steps", save_steps=3, async_chunk_groups=1)
     t = AsyncGRPOTrainer(MODEL, digit_fraction, args=args, train_dataset=prompts)
     t.add_callback(HoldTheWorkerMidGroup(t, step=3))
+    MixVersionsAtASync(t)
     rounds = recording_async(t)
     t.train()
     rows = [h for h in t.state.log_history if "loss" in h]
