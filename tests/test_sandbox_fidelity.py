@@ -669,6 +669,13 @@ MORE = [
     R("import json\ndef roundtrip(obj):\n    return json.loads(json.dumps(obj))\n",
       ["assert roundtrip({'a': [1, 2.5, None]}) == {'a': [1, 2.5, None]}", "assert roundtrip((1, 2)) == [1, 2]"],
       ("json.loads(json.dumps(obj))", "json.loads(json.dumps(obj, default=str)) if isinstance(obj, dict) else obj")),
+    R("def double(x):\n    return 2 * x\ndef apply(f, x):\n    return f(x)\n",
+      ["assert apply(double, 3) == 6", "assert apply(lambda x: double(x) + 1, 3) == 7", "assert list(map(double, [1, 2])) == [2, 4]"],
+      ("return 2 * x", "return x + 2")),
+    R("class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, xs):\n        self.items.extend(xs)\n"
+      "        xs.clear()\ndef make(cls):\n    return cls()\n",
+      ["assert isinstance(make(Stack), Stack)", "s = make(Stack)\nxs = [1, 2]\ns.push(xs)\nassert xs == [] and s.items == [1, 2]"],
+      ("        xs.clear()\n", "")),
     R("def stable(pairs):\n    return sorted(pairs, key=lambda p: p[0])\n",
       ["assert stable([(1, 'b'), (0, 'z'), (1, 'a')]) == [(0, 'z'), (1, 'b'), (1, 'a')]"], ("key=lambda p: p[0]", "key=None")),
 ]
