@@ -20,6 +20,9 @@ from dsgrpo.timing import phase
 
 rank, scenario, timeout_s = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 dist._timeout["s"] = timeout_s  # what dist.init sets from ddp_timeout
+store = dist.rendezvous_store_client(timeout_s=60)  # both start together, as dist.init's rendezvous makes ranks do
+store.set(f"ready/{rank}", b"1")
+store.wait([f"ready/{1 - rank}"])
 beat = watchdog.start(rank, 2, step=lambda: 7)
 print(f"READY {rank}", flush=True)
 hold_gil = ctypes.PyDLL(None).sleep  # PyDLL: the GIL stays held for the whole call
