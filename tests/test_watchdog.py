@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch.distributed as tdist
 
 from dsgrpo import watchdog
@@ -58,6 +59,7 @@ def _end(proc, within):
         return None, out, err
 
 
+@pytest.mark.slow  # 8 processes, ~20 s: mostly the ddp_timeout each case must wait out
 def test_the_watcher_ends_a_rank_whose_peer_is_stopped_or_blocked_and_spares_live_and_finished_peers():
     """A stopped peer and a peer blocked writing to a full stdout pipe are lost after TIMEOUT_S without a beat; the
     survivor is ended by its watcher with RANK_LOST_EXIT_CODE while its main thread holds the GIL in a C call (so
