@@ -31,12 +31,12 @@ class TrainerSetup:
         """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
         if environment_factory is not None:
             refused = [what for what, on in (("partial_rollout=True", args.partial_rollout),
-                                             ("vllm_tensor_parallel_size > 1", args.vllm_tensor_parallel_size > 1),
-                                             ("the asynchronous trainer", self.rollout_source.generates_while_training))
+                                             ("vllm_tensor_parallel_size > 1", args.vllm_tensor_parallel_size > 1))
                        if on]
             if refused:
-                raise NotImplementedError(f"environment_factory with {refused[0]}: environments run on the "
-                                          "synchronous trainer (colocated vLLM, HF generate or a vLLM server) for now.")
+                raise NotImplementedError(f"environment_factory with {refused[0]}: environments run on GRPOTrainer "
+                                          "(colocated vLLM, HF generate or a vLLM server) and AsyncGRPOTrainer for "
+                                          "now; set partial_rollout=False and vllm_tensor_parallel_size=1.")
         if args.partial_rollout and (tools or self.rollout_func is not None):
             raise ValueError("partial_rollout=True continues plain completions token by token across rounds; tool "
                              "turns and rollout_func make their own. Set partial_rollout=False.")

@@ -114,6 +114,10 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none,
                                    trust_remote_code=args.trust_remote_code, code_sandbox=args.code_sandbox,
                                    extra_sources=self.environment_set.reward_sources if self.environment_set else ())
+        if self.environment_set is not None and self.rewards.has_models and self.rollout_source.generates_while_training:
+            raise NotImplementedError("environment_factory with a reward model on AsyncGRPOTrainer: its rollouts are "
+                                      "scored away from the worker that keeps their environments. Use GRPOTrainer, "
+                                      "or reward functions (and get_reward) instead of a reward model.")
         self.tool_runner = (ToolRunner(tools, args.tool_timeout_s)  # checks the schemas now
                             if tools and self.environment_set is None else None)
         self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
@@ -181,7 +185,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),
             reward_matrix=self._reward_matrix, scores_anywhere=not self.rewards.has_models, placement=self.placement,
             prompts_per_round=self.prompts_per_round, steps_per_round=self._steps_per_round(),
-            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer)
+            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer, reward_weights=self.rewards.weights)
         # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
         self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
         self.source = self.rollout_source(setup) if self.placement.trains else None

@@ -180,6 +180,19 @@ def test_async_trainer_runs_tools_in_its_rollout_workers(results):
     check_answers_and_failures([r for run in part(results, "async_tools") for r in run["rows"]])
 
 
+def test_async_trainer_acts_in_environments_in_its_rollout_workers(results):
+    for run in part(results, "async_environments"):
+        assert run["reward_names"] == ["environment_reward", "Ledger"]
+        history = run["history"]
+        assert len(history) == 2
+        for h in history:
+            assert h["tools/call_frequency"] >= 0.5 and "rewards/Ledger/mean" in h and "async/groups_stolen" in h, h
+        check_tool_rows(run["rows"])
+        # the worker's scorer got one live instance per completion
+        assert run["seen"] and all(same_length and distinct for same_length, distinct in run["seen"])
+        assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3, history[0]
+
+
 def test_async_trainer_feeds_rollout_func_columns_to_the_rewards(results):
     ranks = part(results, "async_rollout_func")
     seen = {t for run in ranks for t in run["tags_seen"]}

@@ -84,7 +84,7 @@ class GroupExchange:
                 pool=self.pool, score=self._score_groups if setup.scores_anywhere else None,
                 balanced=a.async_load_balancing, chunk_groups=a.async_chunk_groups or default_chunk_groups(
                     self.stream.P, workers=self.placement.generators // max(1, a.vllm_tensor_parallel_size)),
-                max_staleness=a.max_staleness, drop_zero_std=a.drop_zero_std_groups, reward_weights=a.reward_weights,
+                max_staleness=a.max_staleness, drop_zero_std=a.drop_zero_std_groups, reward_weights=setup.reward_weights,
                 rank=me, version=0, slot=me - self.placement.first_generator, link=link)
 
     def is_last(self, round_index: int) -> bool:

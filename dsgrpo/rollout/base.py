@@ -110,6 +110,8 @@ def decode_routes(value, tokens: Optional[List[int]] = None, source: str = "rout
     return [row.reshape(n, *shape).clone() for row, n in zip(flat.split([n * per_token for n in counts]), counts)]
 
 ROLLOUT_LISTS = ("prompt_ids", "completion_ids", "sampler_logprobs", "truncated")
+# columns of live objects (each rollout's environment instance): scored where they were made, never serialised
+LOCAL_COLUMNS = ("environments",)
 ROLLOUT_OPTIONAL = ("tool_mask", "messages", "tool_counts", "weight_versions")
 
 
@@ -163,15 +165,19 @@ class Rollout:
         for k in ("messages", "tool_counts", "weight_versions"):
             if parts and all(getattr(p, k) is not None for p in parts):
                 setattr(out, k, [x for p in parts for x in getattr(p, k)])
-        if parts and all(p.columns is not None for p in parts):
-            out.columns = {c: [v for p in parts for v in p.columns[c]] for c in parts[0].columns}
+        if parts and all(p.columns is not None for p in parts):  # a column some parts lack (LOCAL_COLUMNS, not
+            out.columns = {c: [v for p in parts for v in p.columns[c]]  # sent with a group another rank made) is left
+                           for c in parts[0].columns if all(c in p.columns for p in parts)}
         if parts and all(p.routes is not None for p in parts):
             out.routes = [r for p in parts for r in p.routes]
         return out
 
     def to_json(self) -> dict:
-        """Plain lists and dicts (a checkpoint's pool, a split-placement exchange). `columns` must be JSON-able."""
+        """Plain lists and dicts (a checkpoint's pool, a split-placement exchange). `columns` must be JSON-able, but
+        for live objects that stay on the rank that made them (LOCAL_COLUMNS: environments, already scored)."""
         out = {k: getattr(self, k) for k in ROLLOUT_LISTS + ROLLOUT_OPTIONAL + ("columns",)}
+        if self.columns is not None:
+            out["columns"] = {c: v for c, v in self.columns.items() if c not in LOCAL_COLUMNS}
         out["routes"] = None if self.routes is None else encode_routes(self.routes)
         return out
 

@@ -60,6 +60,7 @@ class RolloutSetup:
     max_steps: int
     tied: bool                           # tied embeddings: lm_head.weight is sent too
     timer: object                        # PhaseTimer: sources may add phases (time/wait_for_weights)
+    reward_weights: Optional[list] = None  # each reward source's weight (the stack's: environments' included)
 
 
 class RolloutSource:

@@ -224,6 +224,22 @@ def _():
             "rewards_saw_tool_results": sum(b for _, b in saw_tool_messages), "rewards_rows": len(saw_tool_messages)}
 
 
+@check("async_environments")
+def _():
+    """AsyncGRPOTrainer with environments: the worker thread acts and scores them; the trainer trains the groups."""
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(12)])
+    environments_seen.clear()
+    trainer = AsyncGRPOTrainer(TOOL_MODEL, environment_reward, train_dataset=data, environment_factory=Ledger,
+                               args=config("async_environments", max_steps=2, max_completion_length=96,
+                                           temperature=0.3, max_tool_calling_iterations=2, tool_timeout_s=0.5,
+                                           shuffle_dataset=False, max_staleness=1, async_chunk_groups=1))
+    KEEP.append(trainer)
+    batches = spy_batches(trainer)
+    trainer.train()
+    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches), "seen": environments_seen,
+            "reward_names": trainer.reward_func_names}
+
+
 # ------------------------------------------------------------------ 4. rollout_func under AsyncGRPOTrainer
 async_tags_seen = []
 
