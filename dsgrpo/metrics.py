@@ -3,6 +3,7 @@ Names ending in /min or /max keep the extreme; others are weighted means (weight
 
 from __future__ import annotations
 
+import math
 from typing import Dict, List
 
 import torch
@@ -50,3 +51,22 @@ def round_metrics(stats: dict, rewards: torch.Tensor, names: List[str], lengths:
         metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards[:, k]).item()
         metrics[f"rewards/{name}/std"] = nan_std(rewards[:, k], dim=0).item()
     return metrics
+
+
+def completion_rows(batch, advantages, totals, per_function, names, group: int, rank: int) -> List[dict]:
+    """This rank's rows of TRL's completions table: prompt, completion, reward (weighted total) and advantage; and,
+    for `dsgrpo report`'s episodes, each function's reward, the group (rank, prompt) and, for multi-turn episodes,
+    the turns as messages (assistant turns with their tool calls, the tools' or environment's answers)."""
+    messages = batch.rollout.messages
+    rows, label, size, previous = [], -1, 0, None
+    for i, (p, c) in enumerate(zip(batch.prompts, batch.completions)):
+        if str(p) != previous or size == group:  # a group: consecutive rows of one prompt, at most G of them
+            label, size, previous = label + 1, 0, str(p)
+        size += 1
+        row = {"prompt": str(p), "completion": str(c), "advantage": float(advantages[i]), "reward": float(totals[i]),
+               "rank": rank, "group": f"{rank}/{label}",
+               "rewards": {n: (None if math.isnan(v) else v) for n, v in zip(names, per_function[i].tolist())}}
+        if messages is not None:
+            row["messages"] = messages[i]
+        rows.append(row)
+    return rows

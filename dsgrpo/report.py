@@ -5,8 +5,9 @@ resolved_config.yaml; memory.json) and writes one self-contained `report.html` (
 is fetched) plus the same PNGs beside it. Several run folders are overlaid, one colour per run, for comparison.
 
 Figures: reward and each reward function, KL, entropy, completion lengths and the clipped ratio, loss and
-grad norm, learning rate, tokens/s, the time of each phase (stacked), async metrics, eval curves; then a
-table of sampled completions with their rewards. A figure whose metrics no run logged is left out and named
+grad norm, learning rate, tokens/s, the time of each phase (stacked), tool and environment health, async metrics,
+eval curves; then a table of sampled completions with their rewards, and multi-turn episodes (tools, environments)
+group by group, side by side, each turn with its tool calls and the answers. A figure whose metrics no run logged is left out and named
 under "Not logged" (KL needs beta > 0, eval curves an eval_dataset, the table log_completions)."""
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 MAX_TABLE_ROWS = 12  # completions shown per run and step (the first and the last logged step)
+MAX_GROUPS = 4       # groups of multi-turn episodes shown per run (of its last logged step)
+TOOL_HEALTH = ("tools/calls_per_episode", "tools/failure_frequency", "tools/parse_failures", "env/errors",
+               "env/timeouts", "env/step_s", "episode/turns")
 
 
 @dataclass
@@ -212,6 +216,11 @@ def figures(runs: List[Run]) -> tuple:
         ("eval", "Evaluation", "Mean reward (per-function means; pass@k, avg@n, maj@k when asked) on the eval set at each evaluation.",
          lambda: plot.lines([(k, k) for k in eval_keys], rows_of=lambda run: run.evals)),
     ]
+    if any(k in keys for k in TOOL_HEALTH):  # only runs with tools or environments log these: no "not logged" line
+        specs.insert(-2, ("tools", "Tool and environment health", "Per episode (a completion with all its turns): "
+                          "tool calls, calls that could not be parsed, tool or environment errors, timeouts and "
+                          "sampled turns; the failed share of calls and the seconds a call took (env/step_s).",
+                          lambda: plot.lines([(k, k) for k in TOOL_HEALTH if k in keys])))
     made, missing = [], []
     for slug, title, caption, draw in specs:
         png = draw()
@@ -232,12 +241,28 @@ figure { margin: 14px 0; } figure img { max-width: 100%; border: 1px solid #eee;
 figcaption { color: #555; font-size: 13px; } .muted { color: #777; } code, pre { font-size: 12.5px; }
 .swatch { display: inline-block; width: 11px; height: 11px; border-radius: 2px; margin-right: 6px; }
 td.text { font-family: ui-monospace, monospace; white-space: pre-wrap; max-width: 520px; }
+td.episode { min-width: 220px; max-width: 360px; } .turn { margin: 4px 0; padding: 3px 6px; border-radius: 4px; }
+.turn pre { white-space: pre-wrap; margin: 2px 0; } .turn.assistant { background: #eef4ff; }
+.turn.tool { background: #f3f3f3; } .who { font-size: 11px; color: #666; } .call { color: #0b5; font-size: 12.5px; }
+th[data-reward] { cursor: pointer; }
 """
 
 # Marks on <body> what the browser made of the page: how many plots decoded, so a reader (or a test in a headless
 # browser) can tell a broken image from a missing one.
 SCRIPT = """
 window.addEventListener("load", () => {
+  // an episodes table re-sorts its columns by reward when a header is clicked (best first, then worst first)
+  document.querySelectorAll("table.episodes").forEach((table) => {
+    table.querySelectorAll("th[data-reward]").forEach((th) => th.addEventListener("click", () => {
+      const [head, body] = table.rows;
+      const order = Array.from(head.cells).map((c, i) => [parseFloat(c.dataset.reward), i]);
+      const ascending = table.dataset.ascending !== "1";
+      order.sort((a, b) => ascending ? a[0] - b[0] : b[0] - a[0]);
+      table.dataset.ascending = ascending ? "1" : "0";
+      const heads = order.map(([, i]) => head.cells[i]), cells = order.map(([, i]) => body.cells[i]);
+      heads.forEach((c) => head.appendChild(c)); cells.forEach((c) => body.appendChild(c));
+    }));
+  });
   const images = Array.from(document.querySelectorAll("figure img"));
   const decoded = images.filter((img) => img.complete && img.naturalWidth > 0);
   document.body.dataset.plots = String(images.length);
@@ -301,6 +326,46 @@ def _completions_table(run: Run) -> str:
     return "\n".join(parts)
 
 
+def _turn_html(message: dict) -> str:
+    """One turn of an episode: the policy's text and its tool calls, or the answer a tool or environment gave."""
+    role = str(message.get("role", ""))
+    text = html.escape(str(message.get("content") or ""))
+    if role == "tool":
+        return (f"<div class='turn tool'><span class='who'>{html.escape(str(message.get('name') or 'tool'))} "
+                f"answered</span><pre>{text}</pre></div>")
+    calls = "".join(f"<div class='call'>&rarr; {html.escape(str(c.get('function', c).get('name')))}"
+                    f"({html.escape(json.dumps(c.get('function', c).get('arguments'), ensure_ascii=False))})</div>"
+                    for c in message.get("tool_calls") or [] if isinstance(c, dict))
+    return f"<div class='turn {html.escape(role)}'><span class='who'>{html.escape(role)}</span><pre>{text}</pre>{calls}</div>"
+
+
+def _episodes(run: Run) -> str:
+    """Multi-turn episodes as people read them: each group of the last logged step side by side, best reward first
+    (a click on a reward header re-sorts), every turn with its tool calls, the answers and the rewards."""
+    rows = [r for r in run.completions if r.get("messages")]
+    if not rows:
+        return ""
+    step = max(r["step"] for r in rows)
+    groups: Dict[str, List[dict]] = {}
+    for r in rows:
+        if r["step"] == step:
+            groups.setdefault(str(r.get("group", r.get("prompt"))), []).append(r)
+    parts = [f"<h3>{html.escape(run.name)}: step {step}, {len(groups)} groups</h3>"]
+    for label, members in list(groups.items())[:MAX_GROUPS]:
+        members = sorted(members, key=lambda r: -float(r.get("reward", 0.0)))
+        parts.append(f"<p class='muted'>prompt: {html.escape(members[0].get('prompt', '')[:300])}</p>"
+                     "<table class='episodes sortable'><tr>")
+        for r in members:
+            own = ", ".join(f"{html.escape(k)} {_fmt(v)}" for k, v in (r.get("rewards") or {}).items() if v is not None)
+            parts.append(f"<th data-reward='{float(r.get('reward', 0.0))}'>reward {_fmt(r.get('reward', ''))} "
+                         f"<span class='muted'>({own}; advantage {_fmt(r.get('advantage', ''))})</span></th>")
+        parts.append("</tr><tr>")
+        for r in members:
+            parts.append("<td class='episode'>" + "".join(_turn_html(m) for m in r["messages"]) + "</td>")
+        parts.append("</tr></table>")
+    return "\n".join(parts)
+
+
 def render_html(runs: List[Run], made: List[Figure], missing: List[str], colors: Dict[str, str]) -> str:
     title = "dsgrpo report: " + ", ".join(run.name for run in runs)
     body = [f"<h1>{html.escape(title)}</h1>", _summary_table(runs, colors)]
@@ -313,6 +378,9 @@ def render_html(runs: List[Run], made: List[Figure], missing: List[str], colors:
     body.append("<h2 id='completions'>Sampled completions</h2>")
     body.append("\n".join(tables) if tables else "<p class='muted'>No completions.jsonl: run with "
                                                  "<code>log_completions: true</code> to see them here.</p>")
+    episodes = [t for t in (_episodes(run) for run in runs) if t]
+    if episodes:
+        body.append("<h2 id='episodes'>Episodes</h2>" + "\n".join(episodes))
     if missing:
         body.append("<h2>Not logged</h2><p class='muted'>No run logged the metrics of: "
                     + html.escape(", ".join(missing)) + ".</p>")

@@ -30,7 +30,7 @@ from .engines.forward import packed_forward
 from .engines.weights import mix_partitions
 from .hub import make_pusher
 from .logging import MetricSinks, set_log_levels
-from .metrics import round_metrics
+from .metrics import completion_rows, round_metrics
 from . import evaluation
 from .plan import check_at_start as check_memory_at_start
 from .preemption import Preemption
@@ -406,9 +406,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             metrics.update({f"rewards/{name}/retries": n.item() for name, n in zip(self.rewards.remote_names, retries)})
         if args.log_completions:  # the rows of this round (written at the next logging step) or evaluation
             offset = dist.rank() * L
-            self._completion_rows = [{"prompt": str(p), "completion": str(c), "advantage": float(mine[i]),
-                                      "reward": float(stats["rewards"][offset + i]), "rank": dist.rank()}
-                                     for i, (p, c) in enumerate(zip(batch.prompts, batch.completions))]
+            self._completion_rows = completion_rows(batch, mine, stats["rewards"][offset:offset + L],
+                                                    rewards[offset:offset + L], self.rewards.names, group, dist.rank())
         return mine, metrics
 
     def _log_completions(self) -> None:
