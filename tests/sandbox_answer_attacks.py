@@ -126,7 +126,8 @@ CORPUS = [
     # a helper the tests call without importing it (Python's, never the program's), through a variable
     ("defines isclose; the test binds the answer first", "def isclose(*a, **k):\n    return True\n"
      "def area(r):\n    return 0.0\n", "def area(r):\n    return 3.0 * r * r\n",
-     ["r = area(1)\nassert isclose(r, 3.14159, rel_tol=1e-3)", "for x in [area(2)]:\n    assert isclose(x, 12.566, rel_tol=1e-3)",
+     ["r = area(1)\nassert isclose(r, 3.14159, rel_tol=1e-3)", "for x in [area(2)]:\n    assert isclose(x, 12.566, re"
+                                                               "l_tol=1e-3)",
       "assert area(0) == 0"]),
     ("defines Counter; the test compares a variable with it", "def Counter(*a, **k):\n    return 'same'\n"
      "def count(s):\n    return 'same'\n", "def count(s):\n    return {}\n",

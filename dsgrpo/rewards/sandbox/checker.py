@@ -37,8 +37,8 @@ import sys
 
 from .limits import install_seccomp
 from .program import LIBRARY_MODULES
-from .protocol import (Memo, ProtocolError, builtin_name, decode, encode, enum_class, frame, namedtuple_class, read_frame,
-                       read_untrusted_frame, write_all)
+from .protocol import (Memo, ProtocolError, builtin_name, decode, encode, enum_class, frame, namedtuple_class,
+                       read_frame, read_untrusted_frame, write_all)
 
 
 class RemoteError(Exception):
@@ -219,8 +219,8 @@ class ProgramClass(type):
 
 
 def program_class(link, name: str, bases: tuple = ()) -> type:
-    return ProgramClass(name, bases or (ProgramObject,), {"__slots__": (), "_sbx_class_link": link, "_sbx_class_name": name,
-                                                          "__module__": "solution"})
+    return ProgramClass(name, bases or (ProgramObject,), {"__slots__": (), "_sbx_class_link": link,
+                                                          "_sbx_class_name": name, "__module__": "solution"})
 
 
 class Refused:

@@ -176,7 +176,8 @@ class Server:
         try:
             if type(request) is dict and request.get("op") == "call":
                 memo = Memo(receiving=True)
-                args, kwargs = decode(request["args"], self.resolve, memo), decode(request["kwargs"], self.resolve, memo)
+                args = decode(request["args"], self.resolve, memo)
+                kwargs = decode(request["kwargs"], self.resolve, memo)
                 memo.receiving = False
                 before = [_snapshot(obj) for obj in memo.objects]
                 result = self.target(request)(*args, **kwargs)
