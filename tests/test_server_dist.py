@@ -87,6 +87,17 @@ def test_async_trainer_generates_on_the_server(results):
             assert 0 <= h["reward"] <= 1
 
 
+def test_environments_generate_on_the_server(results):
+    runs = part(results, "server_environments")
+    for run in runs:
+        assert run["generator"] == "ServerGenerator" and len(run["history"]) == 2
+        # one instance per rollout, each prompt carrying its own reset observation
+        assert run["instances"] == run["distinct"] == run["observed"] == 8
+    # the environment's reward (the row's parity) is logged under its class name, over both ranks' rollouts
+    parities = [p for run in runs for p in run["parities"]]
+    assert runs[0]["history"][-1]["rewards/Parity/mean"] == pytest.approx(sum(parities) / len(parities))
+
+
 def test_refusals_name_the_fix(results):
     for run in part(results, "server_refusals"):
         assert run["wrong_token_status"] == 401

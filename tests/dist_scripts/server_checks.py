@@ -166,6 +166,43 @@ def _():
             "vllm_imported": "vllm" in sys.modules}
 
 
+# ------------------------------------------------------------------ 5a. environments, generated on the server
+class Parity:
+    """Each rollout's instance is reset with its row; reset's observation reaches the prompt the server samples
+    from; the reward it owns is the row's parity (so the logged mean is known)."""
+
+    def reset(self, n, **row):
+        self.n, self.resets = n, getattr(self, "resets", 0) + 1
+        return f" Row {n}."
+
+    def get_reward(self) -> float:
+        return float(self.n % 2)
+
+
+def content_digits(completions, environments, **kwargs):
+    return digit_fraction(None, [c[-1]["content"] for c in completions])
+
+
+@check("server_environments")
+def _():
+    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": "Numbers:"}], "n": i} for i in range(16)])
+    t = GRPOTrainer(tiny_model("qwen2-tied"), content_digits, train_dataset=rows, environment_factory=Parity,
+                    args=config("server_environments", max_steps=2, shuffle_dataset=False))
+    KEEP.append(t)
+    prompts_seen = []
+    original = t.generator.generate
+
+    def spy(prompt_ids, counts, sampling, seeds=None):
+        prompts_seen.extend(t.tokenizer.decode(p) for p in prompt_ids)
+        return original(prompt_ids, counts, sampling, seeds=seeds)
+    t.generator.generate = spy
+    t.train()
+    return {"history": training_rows(t), "generator": type(t.generator).__name__,
+            "instances": len(t.environments), "distinct": len({id(e) for e in t.environments}),
+            "observed": sum(f"Numbers: Row {e.n}." in p for e, p in zip(t.environments, prompts_seen[-len(t.environments):])),
+            "parities": [e.n % 2 for e in t.environments]}
+
+
 # ------------------------------------------------------------------ 5b. replicated weights (ZeRO-2): no rank overtakes
 @check("server_zero2_push_order")
 def _():
