@@ -289,6 +289,7 @@ class Link:
         self.broken = None
         self.classes: dict = {}
         self.callbacks: list = []
+        self.exchanges = 0  # questions asked so far: a module-level value read since the last one is unchanged
 
     def fail(self, what: str):
         self.broken = self.broken or what
@@ -330,6 +331,8 @@ class Link:
     def exchange(self, op: str, request: dict, memo, inert: bool = False):
         if self.broken:
             raise ProtocolError(self.broken)
+        if op != "value":
+            self.exchanges += 1
         self.send(request)
         while True:
             message = self.receive()
@@ -639,12 +642,15 @@ class ProgramValues(dict):
 
     def __init__(self, base: dict, link: Link, names: set):
         super().__init__(base)
-        self._link, self._names = link, names
+        self._link, self._names, self._read = link, names, {}
 
     def __missing__(self, name):
-        if name in self._names:
-            return self._link.ask("value", {"name": name})
-        raise KeyError(name)
+        if name not in self._names:
+            raise KeyError(name)
+        read = self._read.get(name)
+        if read is None or read[0] != self._link.exchanges:  # the program may have changed it since
+            read = self._read[name] = (self._link.exchanges, self._link.ask("value", {"name": name}))
+        return read[1]
 
 
 def _program_class(link: Link, name: str, kind: str, body, exported: dict, entries: set, depth: int = 0):
