@@ -5,7 +5,7 @@ A rank whose peer is stopped (SIGSTOP, a debugger) or whose host is gone waits i
 out, and only the collectives dsgrpo creates are bounded: DeepSpeed's own (ZeRO's gradient reduction, its CPU
 shared-memory allreduce, which spins in C) wait without a timeout, and a C call that holds the GIL keeps every
 Python thread of the rank from running. So the watcher is a process of its own, the standard library alone
-(30 ms to start, a few MB), started by the rank's heartbeat (watchdog.Heartbeat). Every HEARTBEAT_S it
+(0.15 s to start, a few MB; no torch), started by the rank's heartbeat (watchdog.Heartbeat). Every HEARTBEAT_S it
 
   1. beats on behalf of its rank, `dsgrpo/alive/<rank>` in the rendezvous store, from what /proc says of the
      rank's process: the count moves while the process lives and runs, and stops while it is stopped ('T') or

@@ -1,4 +1,5 @@
-"""The heartbeat (dsgrpo/watchdog.py) on its own, against a real in-process TCPStore: no launch."""
+"""The heartbeat (dsgrpo/watchdog.py) and the rank watcher (dsgrpo/watcher.py), against a real in-process TCPStore:
+no launch (the watcher's test runs pretend ranks, tests/dist_scripts/watched_rank.py)."""
 
 import json
 import os
