@@ -2,10 +2,11 @@
 waits in.
 
 A rank whose peer is stopped (SIGSTOP, a debugger) or whose host is gone waits in a collective until it times
-out, and only the collectives dsgrpo creates are bounded: DeepSpeed's own (ZeRO's gradient reduction, its CPU
-shared-memory allreduce, which spins in C) wait without a timeout, and a C call that holds the GIL keeps every
-Python thread of the rank from running. So the watcher is a process of its own, the standard library alone
-(0.15 s to start, a few MB; no torch), started by the rank's heartbeat (watchdog.Heartbeat). Every HEARTBEAT_S it
+out, and only the collectives dsgrpo creates were seen to be bounded: in DeepSpeed's own (ZeRO-2's gradient
+reduction, allreduce_bucket) the CPU demo waited over 180 s with ddp_timeout 60, DeepSpeed's CPU shared-memory
+allreduce spins in C with no timeout, and a C call that holds the GIL keeps every Python thread of the rank from
+running. So the watcher is a process of its own, the standard library alone (0.15 s to start, 18 MiB; no torch),
+started by the rank's heartbeat (watchdog.Heartbeat). Every HEARTBEAT_S it
 
   1. beats on behalf of its rank, `dsgrpo/alive/<rank>` in the rendezvous store, from what /proc says of the
      rank's process: the count moves while the process lives and runs, and stops while it is stopped ('T') or
