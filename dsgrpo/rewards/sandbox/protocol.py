@@ -135,7 +135,7 @@ _dataclasses: dict = {}
 MUTABLE = (list, dict, set, bytearray, collections.deque, collections.defaultdict, collections.OrderedDict,
            collections.Counter)
 # a subclass of one of these crosses as a plain copy of its base value, made by the base type's own code
-_BASE_COPY = ((str, str.__str__), (bool, bool), (int, int.__int__), (float, float.__float__),
+_BASE_COPY = ((str, str.__str__), (int, int.__int__), (float, float.__float__),
               (complex, lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v))),
               (bytes, bytes.__bytes__), (bytearray, bytearray.copy), (list, list.copy),
               (tuple, lambda v: tuple(tuple.__iter__(v))), (frozenset, frozenset.copy), (set, set.copy),
