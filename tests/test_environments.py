@@ -216,3 +216,25 @@ def test_environment_owned_data_gets_empty_prompts_that_reset_fills():
     assert owned["prompt"] == [[{"role": "user", "content": ""}]] * 3
     routed = environment_prompts(Dataset.from_dict({"environment": ["a", "b"]}), rows=3)
     assert routed.column_names == ["environment", "prompt"] and len(routed) == 2
+
+
+def test_a_generator_that_follows_a_replaced_generate_passes_settings_through_to_the_engine():
+    from dsgrpo.rollout.hf_generate import FollowsReplacedGenerate
+
+    class Engine:
+        native_weights = True
+
+        def generate(self, *a, **k):
+            return "engine"
+
+    class Module:
+        pass
+
+    module, engine = Module(), Engine()
+    follower = FollowsReplacedGenerate(engine, lambda: type("HF", (), {"generate": lambda self, *a, **k: "hf"})(),
+                                       module)
+    follower.native_weights = False                  # a test or a user switching the engine's sync path
+    assert engine.native_weights is False and follower.native_weights is False
+    assert follower.generate([[1]], [1], None) == "engine"
+    module.generate = lambda **k: None               # replaced on the instance: generation follows it
+    assert follower.generate([[1]], [1], None) == "hf"

@@ -128,5 +128,13 @@ class FollowsReplacedGenerate:
             self.hf = self.make_hf()
         return self.hf.generate(prompt_ids, counts, sampling, seeds=seeds)
 
+    _OWN = ("engine_generator", "make_hf", "module", "hf")
+
     def __getattr__(self, name):
         return getattr(self.engine_generator, name)
+
+    def __setattr__(self, name, value):  # a setting of the engine's (native_weights, ...) reaches the engine
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.engine_generator, name, value)
