@@ -236,5 +236,9 @@ def test_a_generator_that_follows_a_replaced_generate_passes_settings_through_to
     follower.native_weights = False                  # a test or a user switching the engine's sync path
     assert engine.native_weights is False and follower.native_weights is False
     assert follower.generate([[1]], [1], None) == "engine"
+    original = follower.generate                      # a spy wrapping generate stays on the follower (no recursion)
+    follower.generate = lambda *a, **k: "spied " + original(*a, **k)
+    assert follower.generate([[1]], [1], None) == "spied engine" and engine.generate() == "engine"
+    del follower.__dict__["generate"]
     module.generate = lambda **k: None               # replaced on the instance: generation follows it
     assert follower.generate([[1]], [1], None) == "hf"

@@ -133,8 +133,8 @@ class FollowsReplacedGenerate:
     def __getattr__(self, name):
         return getattr(self.engine_generator, name)
 
-    def __setattr__(self, name, value):  # a setting of the engine's (native_weights, ...) reaches the engine
-        if name in self._OWN:
+    def __setattr__(self, name, value):  # a setting of the engine's (native_weights, ...) reaches the engine; a
+        if name in self._OWN or hasattr(type(self), name):  # method of this class (a spy on generate) stays here
             object.__setattr__(self, name, value)
         else:
             setattr(self.engine_generator, name, value)
