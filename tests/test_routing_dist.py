@@ -51,9 +51,13 @@ def test_bf16_routes_disagree_without_replay_and_replay_closes_the_gap(results):
     Without replay the policy trains on those other experts; with it, it never does, and the tokens whose routes
     flipped get the sampler's log-probs back. Round 1 samples the same completions in both runs (same seed, same
     initial weights), so its figures compare the same tokens."""
-    for rank in part(results, "bf16"):
+    ranks = part(results, "bf16")
+    # a bf16 flip is a rare event (about 1 route in 1,000 here) and which rank's tokens it lands on is the kernels'
+    # float order: on some CPUs rank 0 sees none. The run trained on other experts than sampled somewhere.
+    assert sum(rank["off"]["differed"] for rank in ranks) > 0, [rank["off"] for rank in ranks]
+    for rank in ranks:
         off, on = rank["off"], rank["rollout"]
-        assert not off["replace"] and off["differed"] > 0, off          # trained on other experts than sampled
+        assert not off["replace"] and off["checked"] > 0, off
         assert min(h["moe/router_agreement"] for h in off["history"]) < 1.0
         assert on["replace"] and on["checked"] > 0 and on["differed"] == 0, on
         assert all(h["moe/router_agreement"] == 1.0 for h in on["history"])
