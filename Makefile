@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= offline
 
-.PHONY: setup setup-gpu test test-unit test-dist demo lock lock-gpu clean
+.PHONY: setup setup-gpu test test-unit test-dist trl-tests demo lock lock-gpu clean
 
 setup: $(STAMP)
 
@@ -69,6 +69,20 @@ test-unit: setup
 
 test-dist: setup
 	$(PY) -m pytest -q -m "dist or slow" tests
+
+# TRL's own GRPOTrainer tests (../shared/trl_tests, both files) against this checkout: about 40 minutes on 2 cores,
+# so not part of `make test`. TRL_TESTS_IMPL=trl runs the same files against TRL 1.16 itself (the control).
+# Extra pytest arguments: make trl-tests TRL_TESTS_ARGS='-k loss_types'.
+TRL_TESTS ?= ../shared/trl_tests
+trl-tests: setup
+	@test -x $(TRL_TESTS)/run.sh || { echo "trl-tests: no $(TRL_TESTS)/run.sh (set TRL_TESTS=path/to/trl_tests)" >&2; exit 2; }
+	@mkdir -p .cache; set -o pipefail; status=0; impl=$${TRL_TESTS_IMPL:-dsgrpo}; \
+	for f in test_grpo_trainer.py test_grpo_environments.py; do \
+		log=.cache/trl-tests-$$impl-$${f%.py}.log; \
+		TRL_TESTS_FILE=$$f bash $(TRL_TESTS)/run.sh $(TRL_TESTS_ARGS) > $$log 2>&1 || status=1; \
+		grep -E '^(FAILED|ERROR)' $$log || true; \
+	done; \
+	grep -h '^RESULT' .cache/trl-tests-$$impl-*.log; exit $$status
 
 # The CPU demo: a supervised warm-up of the tiny model that copies one digit in five (seconds), then 2 DeepSpeed
 # ranks with colocated vLLM sharpen it on copy_digits (about a minute on 2 cores), print a learning curve, the
