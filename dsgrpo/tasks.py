@@ -175,6 +175,7 @@ WARMUP_TASKS = ("copy_digits",)  # tasks whose model `python -m dsgrpo.tasks war
 
 def _print_evaluation(before: str, after: str, n: int) -> None:
     rows = [("greedy pass@1 (the exact number)", "greedy_pass@1"), ("greedy mean reward", "greedy_reward"),
+            ("exact answers, sampled at temperature 1", "sampled_pass@1"),
             ("mean reward, sampled at temperature 1", "sampled_reward")]
     results = [evaluate_copy(path, n) for path in (before, after)]
     print(f"\nheld-out copy_digits ({n} numbers the run never trained on)   before   after")
