@@ -4,7 +4,6 @@ step counts). trainer.py mixes it in; __init__ there says in which order they ru
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from typing import Optional
@@ -20,6 +19,7 @@ from .engines.export import save_hf_model
 from .engines.forward import packing_leak
 from .plan import ASSUMED_PROMPT_LENGTH, Hardware, choose_deepspeed
 from .run_identity import deepspeed_auto_of
+from .steps import StepPlan
 from .rollout import check_against_checkpoint
 from .rollout.environments import environment_prompts
 
@@ -217,19 +217,10 @@ class TrainerSetup:
             raise ValueError("The tokenizer has no eos token: completions could never end. Set tokenizer.eos_token.")
         return tok
 
-    def _steps_per_round(self) -> float:
-        """Optimizer steps a round feeds (fractional when steps_per_generation is not a multiple of
-        gradient_accumulation_steps: a step's accumulation then spans rounds)."""
-        a = self.args
-        steps = a.num_iterations * self.spg / a.gradient_accumulation_steps
-        return int(steps) if steps == int(steps) else steps
-
-    def _total_steps(self) -> int:
-        a = self.args
-        if a.max_steps > 0:
-            return a.max_steps
-        rounds = math.ceil(a.num_train_epochs * self.train_prompts.rounds_per_epoch(self.prompts_per_round))
-        return max(1, int(rounds * self._steps_per_round()))
+    def _step_plan(self) -> StepPlan:
+        """How many optimizer steps the run makes and which micro-steps each accumulates, as TRL counts (steps.py)."""
+        rounds = None if self.train_prompts.streaming else self.train_prompts.rounds_per_epoch(self.prompts_per_round)
+        return StepPlan.from_args(self.args, self.prompts_per_round, self.spg, rounds)
 
 
 def streaming_limits(args) -> None:

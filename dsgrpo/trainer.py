@@ -42,7 +42,7 @@ from .rollout.samplers import make_sampler
 from .rollout.sources import GenerationSource, RolloutSetup
 from .rollout.environments import Environments, check_data_source
 from .rollout.tools import ToolRunner
-from .schedule import Schedule
+from .schedule import Schedule, warmup_steps
 from .startup import TrainerSetup
 from .timing import PhaseTimer, phase, step_breakdown
 from .trl_surface import TRLSurface, generation_batch_rows
@@ -154,12 +154,18 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             checkpoint.check_resume(self.resume_path, args, self.world, model_config, self.adapter, self.rollout_source)
         self.spg = args.resolved_steps_per_generation(self.world)
         self.prompts_per_round = args.resolved_generation_batch_size(self.world) // args.num_generations
-        total = self._total_steps()
+        self.step_plan = self._step_plan()
+        self._started_at = (0, 0)  # (generation round, optimizer step) where train() starts; set again on resume
+        total = self.step_plan.max_steps
         self.schedule = Schedule.from_args(args, total)
         self.state = TrainerState(max_steps=total, is_world_process_zero=dist.is_main(),
                                   is_local_process_zero=dist.local_rank() == 0, logging_steps=self.schedule.logging_every,
                                   save_steps=self.schedule.save_every, eval_steps=self.schedule.eval_every,
                                   train_batch_size=args.per_device_train_batch_size, num_train_epochs=args.num_train_epochs)
+        if dist.is_main():  # the arithmetic a TRL user plans by, said once (steps.py)
+            rows = None if self.train_prompts.streaming else len(self.train_prompts)
+            print("dsgrpo: plan: " + self.step_plan.describe(rows, args.num_generations, str(args.lr_scheduler_type),
+                                                            warmup_steps(args, total)), flush=True)
         self.control = TrainerControl()
         self.callbacks = CallbackHandler(callbacks)
         self.timer = PhaseTimer()
@@ -184,7 +190,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             args=args, prompts=self.train_prompts, sampler=self.sampler, generator=self.generator,
             build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),
             reward_matrix=self._reward_matrix, scores_anywhere=not self.rewards.has_models, placement=self.placement,
-            prompts_per_round=self.prompts_per_round, steps_per_round=self._steps_per_round(),
+            prompts_per_round=self.prompts_per_round, steps_after_round=self._steps_after_round,
             max_steps=self.state.max_steps, tied=self.tied, timer=self.timer, reward_weights=self.rewards.weights)
         # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
         self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
@@ -194,7 +200,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                                      order="vllm" if args.use_vllm else "hf")
         self.budget = self._token_budget(model_config)
         self.update = (PolicyUpdate(args, self.policy, self.world, self.state, self._end_optimizer_step,
-                                    self.truncation, self.budget) if self.placement.trains else None)
+                                    self.truncation, self.budget, self.step_plan) if self.placement.trains else None)
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
         self._last_evaluation = None  # (step, metrics) of the newest evaluation
@@ -234,6 +240,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         if self.resume_path:
             self._resume(self.resume_path)
         start, steps_before = time.perf_counter(), state.global_step
+        self._started_at = (state.generation_round, state.global_step)
         self.control = self.callbacks.fire("on_train_begin", args, state, self.control)
         if args.eval_on_start and self.eval_prompts:
             self.evaluate()
@@ -299,6 +306,15 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             return 0
         return int(self._rounds_of_data() // self.train_prompts.rounds_per_epoch(self.prompts_per_round))
 
+    def _steps_after_round(self, round_index: int) -> int:
+        """Optimizer steps completed once generation round `round_index` is trained (counted on from where this
+        train() started: a resumed run's data rounds may restart at round_offset)."""
+        start_round, start_step = self._started_at
+        rounds_of_data = lambda r: r - self.train_prompts.round_offset  # noqa: E731
+        plan = self.step_plan
+        return start_step + plan.steps_after(rounds_of_data(round_index + 1)) - plan.steps_after(
+            rounds_of_data(start_round))
+
     def _rounds_of_data(self) -> int:
         """Rounds read from the train dataset (since its start: a reset_data_position resume restarts the count)."""
         return self.state.generation_round - self.train_prompts.round_offset
@@ -362,7 +378,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         with timer("train"):
             rows = generation_batch_rows(batch)
             train_metrics = self.update.run(batch.micro, batch.rollout.truncated, advantages, old_logps, ref_logps,
-                                            micro_step=lambda: self.training_step(self.model, rows))
+                                            micro_step=lambda: self.training_step(self.model, rows),
+                                            round_start=self.step_plan.round_start(self._rounds_of_data()))
         alarm = learning_alarm(train_metrics)
         if alarm and dist.is_main():
             print(f"dsgrpo: warning: step {state.global_step}: {alarm}", flush=True)

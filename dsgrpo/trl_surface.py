@@ -146,7 +146,7 @@ class TRLSurface:
     def _log_summary(self, seconds: float, steps: int) -> None:
         """transformers' last log_history row: train_runtime, throughput and the mean loss of this train() call."""
         losses = [h["loss"] for h in self.state.log_history if "loss" in h and "train_runtime" not in h]
-        rounds = max(1, math.ceil(steps / max(1, self._steps_per_round())))
+        rounds = max(1, self.state.generation_round - self._started_at[0])
         row = {"train_runtime": seconds, "train_samples_per_second": rounds * self.prompts_per_round / max(seconds, 1e-9),
                "train_steps_per_second": steps / max(seconds, 1e-9), "total_flos": self.state.total_flos,
                "train_loss": sum(losses) / len(losses) if losses else float("nan"),

@@ -21,6 +21,7 @@ from .algorithms import (AdaptiveEntropyCoef, LossHyperparams, Truncation, aggre
 from .engines import policy_forward, routing
 from .engines.forward import packed_forward
 from .metrics import MetricAccumulator
+from .steps import StepPlan
 
 
 class NonFiniteError(RuntimeError):
@@ -42,16 +43,20 @@ class Rows:
     weights: Optional[torch.Tensor] = None  # packed: each token's weight in the loss
     bonus_weights: Optional[torch.Tensor] = None
     versions: Optional[torch.Tensor] = None  # the policy version each token was sampled with (partial rollouts)
+    accumulation: int = 1                     # padded: micro-steps in this one's optimizer step (its loss's divisor)
 
 
 class PolicyUpdate:
     def __init__(self, args, policy, world: int, state, on_optimizer_step: Callable[[], None],
-                 truncation: Optional[Truncation] = None, budget: Optional[layout.TokenBudget] = None):
+                 truncation: Optional[Truncation] = None, budget: Optional[layout.TokenBudget] = None,
+                 steps: Optional[StepPlan] = None):
         """`state` is the trainer's TrainerState (its global_step and max_steps bound the round);
         `on_optimizer_step()` is called after every optimizer step (it advances the step count); `truncation`:
         the sampler's top_k / top_p / min_p, applied to the policy's log-probs (algorithms/truncation.py);
-        `budget`: packed token-budget steps (layout.py) instead of padded micro-batches."""
+        `budget`: packed token-budget steps (layout.py) instead of padded micro-batches; `steps`: which micro-steps
+        each optimizer step accumulates (steps.py; None: every gradient_accumulation_steps, as DeepSpeed counts)."""
         self.args, self.policy, self.world, self.state = args, policy, world, state
+        self.steps = steps
         self.budget = budget
         self.sp = budget.sp if budget is not None else None  # sequence parallelism: steps run on shards
         self.truncation = truncation
@@ -84,24 +89,45 @@ class PolicyUpdate:
         """No optimizer step is half accumulated (a checkpoint now loses nothing)."""
         return self._window["micro"] == 0
 
-    def _step_tokens(self, masks: List[torch.Tensor]) -> torch.Tensor:
-        """[micro-batches]: the normaliser of dapo/cispo/vespo for each micro-batch, the active tokens of its
-        optimizer step over all ranks (DAPO's definition) when the round's micro-batches make whole steps. When a
-        step spans rounds its later micro-batches are not generated yet, so TRL's estimate is used: the round's
-        tokens scaled to one accumulation window (tokens × GA / micro-batches per round)."""
-        GA = self.args.gradient_accumulation_steps
+    @property
+    def _by_epoch(self) -> bool:
+        """The plan says where optimizer steps end (epochs of whole rounds: the last step of each may be short)."""
+        return self.steps is not None and self.steps.rounds_per_epoch is not None
+
+    def _open_micro_steps(self) -> int:
+        """Logical micro-steps already accumulated in the open optimizer step (from earlier rounds)."""
+        return self._window_micro_batches if self.budget is not None else self._window["micro"]
+
+    def _windows(self, order: List[int], round_start: int) -> List[tuple]:
+        """(micro-steps in its optimizer step, whether it ends that step) of each of the round's micro-steps, in
+        order; `round_start`: the round's first micro-step position in its epoch (StepPlan.round_start). Without
+        epochs every step is gradient_accumulation_steps micro-steps, counted on from the open step."""
+        if self._by_epoch:
+            return [self.steps.window(round_start + i) for i in range(len(order))]
+        GA, before = self.args.gradient_accumulation_steps, self._open_micro_steps()
+        return [(GA, (before + i + 1) % GA == 0) for i in range(len(order))]
+
+    def _step_tokens(self, masks: List[torch.Tensor], order: List[int], windows: List[tuple]) -> torch.Tensor:
+        """[micro-steps]: the normaliser of dapo/cispo/vespo for each of the round's micro-steps, the active tokens of
+        its optimizer step over all ranks (DAPO's definition) when the round's micro-steps make whole steps. When a
+        step spans rounds its other micro-batches are not generated yet, so TRL's estimate is used: the round's
+        tokens scaled to the step's accumulation (tokens × its micro-steps / micro-batches per round)."""
         counts = torch.stack([m.sum() for m in masks])
-        if len(masks) % GA == 0:
-            per_step = dist.all_reduce_sum(counts.view(-1, GA).sum(1))                    # [steps]
-            return per_step.repeat_interleave(GA)
+        lengths = torch.tensor([float(n) for n, _ in windows], dtype=counts.dtype)
+        if order and self._open_micro_steps() == 0 and windows[-1][1]:
+            ids = torch.tensor([0] + [int(ends) for _, ends in windows[:-1]]).cumsum(0)  # each micro-step's step
+            per_step = dist.all_reduce_sum(torch.zeros(int(ids[-1]) + 1, dtype=counts.dtype).index_add_(
+                0, ids, counts[torch.tensor(order)]))
+            return per_step[ids]
         total = dist.all_reduce_sum(counts.sum().reshape(1))[0]
-        return (total * GA / len(masks)).expand(len(masks))
+        return total * lengths / len(masks)
 
     def run(self, micro: List[dict], truncated: List[bool], advantages: torch.Tensor, old_logps, ref_logps,
-            micro_step: Optional[Callable[[], torch.Tensor]] = None) -> Dict[str, float]:
-        """One round's passes. An optimizer step is every gradient_accumulation_steps micro-batches, counted by
-        DeepSpeed across rounds: when steps_per_generation is not a multiple of it (TRL accepts that), a step's
-        accumulation carries on into the next round. `micro_step()` is called once per micro-step and must run
+            micro_step: Optional[Callable[[], torch.Tensor]] = None, round_start: int = 0) -> Dict[str, float]:
+        """One round's passes. An optimizer step accumulates gradient_accumulation_steps micro-steps, fewer for the
+        last of an epoch (steps.py, TRL's count): when steps_per_generation is not a multiple of it (TRL accepts
+        that), a step's accumulation carries on into the next round. `round_start`: the position of the round's
+        first micro-step (StepPlan.round_start). `micro_step()` is called once per micro-step and must run
         `next_micro_step()` (the trainer passes its TRL-named `training_step` hook); None: run them directly."""
         args, B = self.args, self.args.per_device_train_batch_size
         if args.routing_replay == "rollout" and any("routes" not in mb for mb in micro):
@@ -109,17 +135,22 @@ class PolicyUpdate:
                                "routes (a generator that does not capture them, or a rollout made without one). Set "
                                "routing_replay='off'.")
         masks = [self._loss_mask(mb, truncated[j * B:(j + 1) * B]) for j, mb in enumerate(micro)]
-        step_tokens = self._step_tokens(masks)  # one collective
+        order = [j for _ in range(args.num_iterations) for j in range(len(micro))]  # the round's micro-steps
+        windows = self._windows(order, round_start)
+        step_tokens = self._step_tokens(masks, order, windows)  # one collective
         acc = self._acc_of_round = MetricAccumulator()
         if self.budget is not None:
-            self._plan = self._packed_plan(micro, masks, advantages, old_logps, ref_logps, step_tokens, acc)
+            self._plan = self._packed_plan(micro, masks, advantages, old_logps, ref_logps, step_tokens, acc, order,
+                                           windows)
         else:
-            def planned(j: int):  # micro-batch j's forward, loss and backward
+            def planned(p: int, j: int):  # micro-step p: micro-batch j's forward, loss and backward
                 return lambda: self._micro_step(micro[j], masks[j], advantages[j * B:(j + 1) * B],
                                                 old_logps[j] if old_logps else None,
-                                                ref_logps[j] if ref_logps else None, step_tokens[j], acc,
-                                                self._window["entropy"])
-            self._plan = [(planned(j), None) for _ in range(args.num_iterations) for j in range(len(micro))]
+                                                ref_logps[j] if ref_logps else None, step_tokens[p], acc,
+                                                self._window["entropy"], windows[p][0])
+            # with epochs the plan says where steps end (the last of an epoch is short); else DeepSpeed counts
+            self._plan = [(planned(p, j), windows[p][1] if self._by_epoch else None)
+                          for p, j in enumerate(order)]
         while self._plan and self.state.global_step < self.state.max_steps:
             (micro_step or self.next_micro_step)()
         self._plan = []
@@ -146,9 +177,9 @@ class PolicyUpdate:
         return torch.tensor(loss)
 
     def _micro_step(self, mb: dict, mask: torch.Tensor, advantages, old_logps, ref_logps, step_tokens, acc,
-                    entropy_window) -> tuple:
-        """Forward, loss and backward of one padded micro-batch; returns its share of the optimizer step's (loss,
-        policy loss)."""
+                    entropy_window, accumulation: int) -> tuple:
+        """Forward, loss and backward of one padded micro-batch, one of `accumulation` micro-steps of its optimizer
+        step; returns its share of the step's (loss, policy loss)."""
         args = self.args
         forward = policy_forward(self.policy, mb["input_ids"], mb["attention_mask"], mask.shape[1], args.temperature,
                                  routes=mb.get("routes"), **self._forward_options())
@@ -156,8 +187,9 @@ class PolicyUpdate:
         if args.top_entropy_quantile < 1.0:
             keep = self._high_entropy(forward.entropy, mask)
         return self._train(forward, Rows(mask, mb["completion_mask"], advantages, old_logps, ref_logps,
-                                         mb["sampler_logps"], keep, step_tokens, versions=mb.get("token_versions")),
-                           1.0 / args.gradient_accumulation_steps, acc, entropy_window)
+                                         mb["sampler_logps"], keep, step_tokens, versions=mb.get("token_versions"),
+                                         accumulation=accumulation),
+                           1.0 / accumulation, acc, entropy_window)
 
     def _forward_options(self, owner: Optional[int] = None) -> dict:
         """The policy forward's options; `owner`: the group member whose packed step it is (sequence parallelism)."""
@@ -175,57 +207,82 @@ class PolicyUpdate:
         return entropy_mask(entropy.detach(), mask, self.args.top_entropy_quantile, threshold=threshold).float()
 
     # -------------------------------------------------------------------------------------- packed token budget
-    def _packed_plan(self, micro, masks, advantages, old_logps, ref_logps, step_tokens, acc) -> List[tuple]:
-        """The round's micro-steps as packed steps. The round's logical micro-batches (num_iterations passes) are cut
-        where optimizer steps end; each piece's sequences are packed under the budget (layout.plan_steps: the same
-        count on every rank), and each packed step's loss weighs its tokens as their own micro-batch would
-        (aggregation_weights), so the optimizer step's gradient is the padded path's."""
-        args, B, GA = self.args, self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps
-        order = [j for _ in range(args.num_iterations) for j in range(len(micro))]
-        pieces, piece, at = [], [], self._window_micro_batches
-        for j in order:
-            piece.append(j)
-            at += 1
-            if at == GA:
+    def _packed_plan(self, micro, masks, advantages, old_logps, ref_logps, step_tokens, acc, order: List[int],
+                     windows: List[tuple]) -> List[tuple]:
+        """The round's micro-steps as packed steps. The round's micro-steps (`order`: its logical micro-batches,
+        num_iterations passes) are cut where optimizer steps end (`windows`); each piece's sequences are packed under
+        the budget (layout.plan_steps: the same count on every rank), and each packed step's loss weighs its tokens
+        as their own micro-step would (aggregation_weights), so the optimizer step's gradient is the padded path's.
+        The logical lists below are indexed by micro-step (a micro-batch appears once per pass)."""
+        args, B = self.args, self.args.per_device_train_batch_size
+        pieces, piece = [], []
+        for p in range(len(order)):
+            piece.append(p)
+            if windows[p][1]:
                 pieces.append((piece, True))
-                piece, at = [], 0
+                piece = []
         if piece:
             pieces.append((piece, False))
-        self._window_micro_batches = at
-        widths = [m.shape[1] for m in masks]
-        steps = layout.plan_steps([layout.sequences_of(micro, piece) for piece, _ in pieces],
+        if pieces:  # micro-steps left open for the next round's pieces to close
+            last, closed = pieces[-1]
+            self._window_micro_batches = 0 if closed else len(last) + (self._window_micro_batches if len(pieces) == 1
+                                                                       else 0)
+        by_step = lambda values: None if values is None else [values[j] for j in order]  # noqa: E731
+        step_micro, step_masks = by_step(micro), by_step(masks)
+        widths = [m.shape[1] for m in step_masks]
+        steps = layout.plan_steps([layout.sequences_of(step_micro, piece) for piece, _ in pieces],
                                   self.budget.step_tokens, self.budget.hidden, self.budget.pad_id, widths)
         weights = [aggregation_weights(args.loss_type, m, max_completion_length=args.max_completion_length,
-                                       num_items_in_batch=step_tokens[j], num_processes=self.world,
-                                       gradient_accumulation_steps=GA) for j, m in enumerate(masks)]
-        logical = dict(masks=masks, completion=[mb["completion_mask"] for mb in micro],
-                       advantages=[advantages[j * B:(j + 1) * B] for j in range(len(micro))], old=old_logps,
-                       ref=ref_logps, sampler=[mb["sampler_logps"] for mb in micro], weights=weights,
-                       versions=[mb["token_versions"] for mb in micro] if self.token_band and micro else None)
+                                       num_items_in_batch=step_tokens[p], num_processes=self.world,
+                                       gradient_accumulation_steps=windows[p][0]) for p, m in enumerate(step_masks)]
+        logical = dict(masks=step_masks, completion=[mb["completion_mask"] for mb in step_micro],
+                       advantages=[advantages[j * B:(j + 1) * B] for j in order], old=by_step(old_logps),
+                       ref=by_step(ref_logps), sampler=[mb["sampler_logps"] for mb in step_micro], weights=weights,
+                       versions=[mb["token_versions"] for mb in step_micro] if self.token_band and micro else None)
         plan, me = [], self.sp.rank if self.sp is not None else None
         for (piece, closes), piece_steps in zip(pieces, steps):
             shared = {}  # the piece's high-entropy masks and bonus weights, made at its start (same weights)
-            aux_scale = len(piece) / (GA * len(piece_steps))
+            aux_scale = len(piece) / (windows[piece[0]][0] * len(piece_steps))
             # each of this rank's steps; with sequence parallelism every member's, run by the group on shards
-            runs = list(sequence_parallel.each_member(piece_steps, self.sp))
+            runs, piece_runs = list(sequence_parallel.each_member(piece_steps, self.sp)), []
             for i, (owner, step) in enumerate(runs):
                 def run(step=step, owner=owner, first=i == 0, piece=piece, piece_steps=piece_steps, shared=shared,
                         aux_scale=aux_scale):
                     if first:
-                        keep = self._piece_keep(piece, piece_steps, masks) if args.top_entropy_quantile < 1.0 \
-                            else None
+                        keep = self._piece_keep(piece, piece_steps, step_masks) \
+                            if args.top_entropy_quantile < 1.0 else None
                         shared["keep"], shared["bonus"] = keep, None
                         if self.entropy_coef.enabled:
-                            shared["bonus"] = [entropy_bonus_weights(m, None if keep is None else keep[j], GA)
-                                               for j, m in enumerate(masks)]
+                            shared["bonus"] = [entropy_bonus_weights(m, None if keep is None else keep[p],
+                                                                     windows[p][0])
+                                               for p, m in enumerate(step_masks)]
                     if owner != me:  # another member's step: this rank computes its shard, and learns nothing
                         return self._stand_in(packed_forward(self.policy, step, self.args.temperature,
                                                              **self._forward_options(owner)))
                     return self._packed_step(step, logical, shared["keep"], shared["bonus"], aux_scale, acc)
                 if self.sp is not None:  # forward and backward both sharded (recomputation included)
                     run = sequence_parallel.sharded(run)
-                plan.append((run, closes and i == len(runs) - 1))
+                piece_runs.append((run, closes and i == len(runs) - 1))
+            plan += self._per_micro_step(piece_runs, len(piece))
         return plan
+
+    def _per_micro_step(self, runs: List[tuple], micro_steps: int) -> List[tuple]:
+        """A piece's packed steps as `micro_steps` plan entries, so the training_step hook is called once per
+        logical micro-step, as TRL calls it, however many packed steps the piece became: entry i runs the packed
+        steps [i·n/k, (i+1)·n/k) (none, one or several), each with its own accumulation boundary."""
+        n, entries = len(runs), []
+        for i in range(micro_steps):
+            mine = runs[i * n // micro_steps:(i + 1) * n // micro_steps]
+
+            def entry(mine=mine) -> tuple:
+                loss = policy = 0.0
+                for run, ends in mine:
+                    self.policy.set_gradient_accumulation_boundary(ends)
+                    a, b = run()
+                    loss, policy = loss + a, policy + b
+                return loss, policy
+            entries.append((entry, bool(mine) and mine[-1][1]))
+        return entries
 
     @torch.no_grad()
     def _piece_keep(self, piece: List[int], steps, masks) -> List[Optional[torch.Tensor]]:
@@ -285,7 +342,7 @@ class PolicyUpdate:
             off_policy_mask_threshold=args.off_policy_mask_threshold, token_band=self.token_band, keep_mask=keep,
             entropies=entropy if bonus else None, entropy_coef=self.entropy_coef.applied() if bonus else 0.0,
             max_completion_length=args.max_completion_length, num_items_in_batch=rows.step_tokens,
-            num_processes=self.world, gradient_accumulation_steps=args.gradient_accumulation_steps,
+            num_processes=self.world, gradient_accumulation_steps=rows.accumulation,
             token_weights=rows.weights, bonus_weights=rows.bonus_weights)
         if forward.aux_loss is not None:  # the router's load balancing, scaled like the loss for accumulation
             metrics["aux_loss"] = forward.aux_loss.detach()

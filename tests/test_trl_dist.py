@@ -46,6 +46,14 @@ def test_an_optimizer_step_accumulates_across_rounds(results):
         assert run["max_diff"] <= 1e-6, run  # the same accumulated gradient
 
 
+def test_steps_epochs_and_accumulation_are_counted_as_trl_counts_them(results):
+    for run in part(results, "trl_step_counts"):
+        assert run["calls"] == 48 and run["steps"] == run["max_steps"] == 18 and run["rounds"] == 6, run
+        assert run["windows"] == [3, 3, 3, 3, 3, 1] * 3, run  # an epoch's last step takes what is left
+        assert abs(run["epoch"] - 3.0) < 1e-9
+        assert run["last_lr"] == 0.0 and run["lrs"][0] > run["lrs"][-2] > 0  # linear decay ends at step 18
+
+
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "grpo/sequence", "sapo", "luspo/sequence", "vespo"]
 
 

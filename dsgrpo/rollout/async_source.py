@@ -88,7 +88,7 @@ class GroupExchange:
                 rank=me, version=0, slot=me - self.placement.first_generator, link=link)
 
     def is_last(self, round_index: int) -> bool:
-        return (round_index + 1) * self.setup.steps_per_round >= self.setup.max_steps
+        return self.setup.steps_after_round(round_index) >= self.setup.max_steps
 
     def start_worker(self, version: int) -> None:
         if self.worker is not None and not self.worker.started:

@@ -56,7 +56,7 @@ class RolloutSetup:
     scores_anywhere: bool                # the rewards hold no collective (no sharded reward model)
     placement: Placement
     prompts_per_round: int
-    steps_per_round: int                 # optimizer steps a round feeds
+    steps_after_round: Callable[[int], int]  # optimizer steps completed once a generation round is trained
     max_steps: int
     tied: bool                           # tied embeddings: lm_head.weight is sent too
     timer: object                        # PhaseTimer: sources may add phases (time/wait_for_weights)

@@ -105,6 +105,36 @@ def _():
             "moved": max((b["weights"][n] - b["initial"][n]).abs().max().item() for n in b["weights"])}
 
 
+@check("trl_step_counts")
+def _():
+    """TRL's test_prepare_input_called_with_correct_data on 2 ranks: the 17-row zen-sized set, 6 prompts a round
+    (3 per device × 2 ranks × steps_per_generation 4 / G 4), num_iterations 2, gradient_accumulation_steps 3,
+    3 epochs. TRL counts 2 rounds an epoch, 16 training_step calls an epoch in 6 optimizer steps (5 of 3 micro-steps
+    and 1 of the 1 left), 18 steps in all. Records each optimizer step's micro-steps and the learning-rate schedule's
+    length."""
+    rows = Dataset.from_list([{"prompt": f"Zen line {i}:"} for i in range(17)])
+    t = trainer_for("trl_step_counts", data=rows, max_steps=-1, num_train_epochs=3, per_device_train_batch_size=3,
+                    steps_per_generation=4, num_iterations=2, gradient_accumulation_steps=3, max_completion_length=4,
+                    shuffle_dataset=False, lr_scheduler_type="linear", learning_rate=1e-3)
+    calls, windows, lrs = [0], [], []
+    wrapped = t.training_step
+
+    def counting(model, inputs, num_items_in_batch=None):
+        calls[0] += 1
+        return wrapped(model, inputs, num_items_in_batch)
+    t.training_step = counting
+
+    class Steps:
+        def on_step_end(self, args, state, control, **kwargs):
+            windows.append(calls[0] - sum(windows))
+            lrs.append(t.policy.get_lr()[0])
+            return control
+    t.add_callback(Steps())
+    t.train()
+    return {"calls": calls[0], "windows": windows, "steps": t.state.global_step, "max_steps": t.state.max_steps,
+            "rounds": t.state.generation_round, "epoch": t.state.epoch, "last_lr": lrs[-1], "lrs": lrs}
+
+
 # ------------------------------------------------------------------ 2. every loss type, one trainer
 LOSS_TYPES = [("grpo", "token"), ("bnpo", "token"), ("dr_grpo", "token"), ("dapo", "token"), ("cispo", "token"),
               ("grpo", "sequence"), ("sapo", "token"), ("luspo", "sequence"), ("vespo", "token")]
