@@ -19,7 +19,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import checkpoint, compat, device, dist, layout, sequence_parallel, watchdog
+from . import checkpoint, compat, device, dist, layout, quantization, sequence_parallel, watchdog
 from .algorithms import Truncation, compute_advantages
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
@@ -67,7 +67,11 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
 
     def __init__(self, model, reward_funcs=None, args: Optional[GRPOConfig] = None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
-                 optimizers=(None, None), peft_config=None, tools=None, rollout_func=None, environment_factory=None):
+                 optimizers=(None, None), quantization_config=None, peft_config=None, tools=None, rollout_func=None,
+                 environment_factory=None):
+        ignored = quantization.check(model, quantization_config, getattr(args, "model_init_kwargs", None))
+        if ignored:
+            print(f"dsgrpo: warning: {ignored}", file=sys.stderr, flush=True)
         lora.check_lora_model(model, peft_config)
         self.peft_config = lora.as_lora_config(peft_config) if peft_config is not None else None
         adapter_config = self.peft_config or (model.peft_config[model.active_adapter] if lora.is_peft_model(model) else None)

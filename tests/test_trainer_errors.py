@@ -136,3 +136,33 @@ def test_model_instance_without_a_tokenizer_is_refused(tmp_path):
     with pytest.raises(ValueError, match="(?s)has no tokenizer .*Pass processing_class"):
         GRPOTrainer(model, reward, args=args(tmp_path), train_dataset=PROMPTS)
     assert not (tmp_path / "out" / "initial_model").exists()
+
+
+def test_quantization_config_is_refused_on_cpu_before_any_load(tmp_path, capsys):
+    """TRL 1.16's quantization_config (QLoRA's 4-bit base): a clear error naming why and the fix, raised before a
+    model is read (the path does not even exist), in TRL's argument position; set twice is an error; with a model
+    passed already loaded it is ignored with a warning, as TRL ignores it."""
+    import inspect
+
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    assert list(inspect.signature(GRPOTrainer.__init__).parameters) == \
+        list(inspect.signature(TRLTrainer.__init__).parameters)            # positional order as TRL's
+    four_bit = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")
+    missing = str(tmp_path / "not_loaded")
+    with pytest.raises(ValueError, match=r"quantization_config \(4-bit, bitsandbytes\).*need a CUDA device.*"
+                                         r"Drop quantization_config"):
+        GRPOTrainer(missing, reward, args=args(tmp_path), train_dataset=PROMPTS, quantization_config=four_bit)
+    with pytest.raises(ValueError, match=r"\(8-bit, bitsandbytes\)"):
+        GRPOTrainer(missing, reward, train_dataset=PROMPTS,
+                    args=args(tmp_path, model_init_kwargs={"quantization_config": {"load_in_8bit": True}}))
+    with pytest.raises(ValueError, match="set both as a GRPOTrainer argument and in args.model_init_kwargs"):
+        GRPOTrainer(missing, reward, train_dataset=PROMPTS, quantization_config=four_bit,
+                    args=args(tmp_path, model_init_kwargs={"quantization_config": {"load_in_4bit": True}}))
+    from dsgrpo import quantization
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"))
+    assert "ignored" in quantization.check(loaded, four_bit, None)
+    loaded.is_loaded_in_4bit = True   # what transformers sets on a bitsandbytes-loaded model
+    with pytest.raises(ValueError, match="a model loaded in 4 bits"):
+        quantization.check(loaded, None, None)
