@@ -163,7 +163,7 @@ def tiny_tokenizer(seed: int = 0, cache_dir: Optional[str] = None) -> str:
         if not dist.is_initialized() or dist.is_main():
             tmp = path + f".tmp{os.getpid()}"
             build_tokenizer(seed).save_pretrained(tmp)
-            _atomic_publish(tmp, path)
+            _atomic_publish(tmp, path, complete=lambda p: os.path.isfile(os.path.join(p, "tokenizer.json")))
         dist.barrier("tiny tokenizer built by rank 0")
     return path
 
@@ -216,14 +216,13 @@ def _complete(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors"))
 
 
-def _atomic_publish(tmp: str, path: str) -> None:
-    """Rename a finished folder into place (replacing an incomplete one); if another process published
-    first, its copy wins and ours is dropped."""
+def _atomic_publish(tmp: str, path: str, complete=None) -> None:
+    """Rename a finished folder into place (replacing an incomplete one: `complete(path)` false, by default a
+    model's config and weights); if another process published first, its copy wins and ours is dropped."""
     import shutil
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")) \
-            and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    if os.path.isdir(path) and not (complete or _complete)(path):  # a build that died before it was written
         shutil.rmtree(path, ignore_errors=True)
     try:
         os.rename(tmp, path)

@@ -63,7 +63,9 @@ def part(results: list, name: str) -> list:
     import pytest
     ranks = []
     for r, res in enumerate(results):
-        if isinstance(res.get(name), dict) and "error" in res[name]:
+        if name not in res:
+            pytest.fail(f"check {name} recorded nothing on rank {r}")
+        if isinstance(res[name], dict) and "error" in res[name]:
             pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
         ranks.append(res[name])
     return ranks

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from launch import torchrun
+from launch import part, torchrun
 
 pytestmark = pytest.mark.dist
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist_scripts"))
@@ -82,13 +82,6 @@ def results(tmp_path_factory):
     torchrun("tests/dist_scripts/api_checks.py", str(out), model, timeout=900)
     per_rank = [json.load(open(out / f"result-{r}.json")) for r in range(2)]
     return per_rank
-
-
-def part(results, name):
-    for r, res in enumerate(results):
-        if isinstance(res.get(name), dict) and "error" in res[name]:
-            pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
-    return [res[name] for res in results]
 
 
 def check_tool_rows(rows):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from launch import torchrun
+from launch import part, torchrun
 
 pytestmark = pytest.mark.dist
 
@@ -33,19 +33,6 @@ def results(tmp_path_factory):
 def split_results(tmp_path_factory):
     """Split placement gives ranks different roles for the life of the process: its own launch."""
     return launch(tmp_path_factory.mktemp("async_split"), "split")
-
-
-def part(results, name):
-    """Check `name`'s record on each rank; a check that raised fails the tests that read it with its traceback
-    (and only those: the others still report)."""
-    ranks = []
-    for r, res in enumerate(results):
-        if name not in res:
-            pytest.fail(f"check {name} recorded nothing on rank {r}")
-        if isinstance(res[name], dict) and "error" in res[name]:
-            pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
-        ranks.append(res[name])
-    return ranks
 
 
 def steps(history):

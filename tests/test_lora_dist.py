@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from launch import torchrun
+from launch import part, torchrun
 
 pytestmark = pytest.mark.dist
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dist_scripts"))
@@ -38,12 +38,6 @@ def split_results(tmp_path_factory):
 @pytest.fixture(scope="module")
 def results(run_dir):
     return [json.load(open(run_dir / f"result-{r}.json")) for r in range(2)]
-
-
-def part(results, name):
-    for rank, res in enumerate(results):
-        assert "error" not in res[name], f"rank {rank}:\n{res[name]['error']}"
-    return [res[name] for res in results]
 
 
 def max_diff(a, b):

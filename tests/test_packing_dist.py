@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from launch import side_by_side, torchrun
+from launch import part, side_by_side, torchrun
 
 pytestmark = pytest.mark.dist
 
@@ -30,12 +30,6 @@ def worlds(tmp_path_factory):
 @pytest.fixture(scope="module", params=[1, 2], ids=["one", "two"])
 def results(request, worlds):
     return worlds[request.param - 1]
-
-
-def part(results, name):
-    for r, res in enumerate(results):
-        assert "error" not in res[name], f"{name} failed on rank {r}:\n{res[name]['error']}"
-    return [res[name] for res in results]
 
 
 def assert_same_training(run):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from launch import side_by_side, torchrun
+from launch import part, side_by_side, torchrun
 
 pytestmark = pytest.mark.dist
 
@@ -32,12 +32,6 @@ def one(worlds):
 @pytest.fixture(scope="module")
 def two(worlds):
     return worlds[1]
-
-
-def part(results, name):
-    for r, res in enumerate(results):
-        assert "error" not in res[name], f"{name} failed on rank {r}:\n{res[name]['error']}"
-    return [res[name] for res in results]
 
 
 @pytest.mark.parametrize("world", ["one", "two"])

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from launch import torchrun
+from launch import part, torchrun
 
 pytestmark = pytest.mark.dist
 
@@ -22,12 +22,6 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("sp")
     torchrun("tests/dist_scripts/sp_checks.py", str(out), nproc=2, timeout=900)
     return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
-
-
-def part(results, name):
-    for r, res in enumerate(results):
-        assert "error" not in res[name], f"{name} failed on rank {r}:\n{res[name]['error']}"
-    return [res[name] for res in results]
 
 
 @pytest.mark.parametrize("name", ["grpo_ref_iterations", "dapo", "dr_grpo", "gspo", "lora", "twenty_steps", "async"])

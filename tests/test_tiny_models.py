@@ -53,13 +53,26 @@ def test_tiny_models_load_with_auto_classes(name):
             assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
-def test_tiny_models_are_deterministic_by_seed(tmp_path):
+def test_tiny_models_are_deterministic_by_seed():
     a, _ = build_model("qwen2", seed=3)
     b, _ = build_model("qwen2", seed=3)
     c, _ = build_model("qwen2", seed=4)
     pa, pb, pc = (next(m.parameters()) for m in (a, b, c))
     assert torch.equal(pa, pb) and not torch.equal(pa, pc)
-    assert tiny_model("qwen2", cache_dir=str(tmp_path)) == tiny_model("qwen2", cache_dir=str(tmp_path))  # cached
+
+
+def test_a_built_tiny_model_is_reused_and_an_incomplete_one_rebuilt(tmp_path, monkeypatch):
+    """The cache is used: a second call builds nothing; a folder without its weights is built again."""
+    from dsgrpo import testing
+
+    path = tiny_model("qwen2", cache_dir=str(tmp_path))
+    weights = os.path.join(path, "model.safetensors")
+    built = []
+    real_build = testing.build_model
+    monkeypatch.setattr(testing, "build_model", lambda *a, **k: built.append(a) or real_build(*a, **k))
+    assert tiny_model("qwen2", cache_dir=str(tmp_path)) == path and built == []
+    os.remove(weights)                                     # a build that died before publishing its weights
+    assert tiny_model("qwen2", cache_dir=str(tmp_path)) == path and len(built) == 1 and os.path.isfile(weights)
 
 
 @pytest.mark.slow

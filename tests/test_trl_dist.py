@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from launch import torchrun
+from launch import part, torchrun
 
 pytestmark = pytest.mark.dist
 
@@ -16,17 +16,6 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("trl_checks")
     torchrun("tests/dist_scripts/trl_checks.py", str(out), timeout=1200)
     return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
-
-
-def part(results, name):
-    ranks = []
-    for r, res in enumerate(results):
-        if name not in res:
-            pytest.fail(f"check {name} recorded nothing on rank {r}")
-        if isinstance(res[name], dict) and "error" in res[name]:
-            pytest.fail(f"check {name} failed on rank {r}:\n{res[name]['error']}")
-        ranks.append(res[name])
-    return ranks
 
 
 def test_later_steps_of_a_round_train_off_policy(results):
