@@ -20,43 +20,10 @@ import textwrap
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent('''
-    import os, sys, time
+    import sys
     from datasets import Dataset
     from dsgrpo import GRPOConfig, GRPOTrainer
-
-    class Ledger:
-        def reset(self, **row):
-            self.total = 0
-
-        def add(self, a: int, b: int) -> int:
-            """Add two integers.
-
-            Args:
-                a: The first number.
-                b: The second number.
-            """
-            self.total += a + b
-            return a + b
-
-        def explode(self, x: int) -> int:
-            """A tool that always fails.
-
-            Args:
-                x: Any number.
-            """
-            raise ValueError("the environment broke on purpose")
-
-        def stall(self, x: int) -> int:
-            """A tool that never answers in time.
-
-            Args:
-                x: Any number.
-            """
-            time.sleep(30)
-            return x
-
-        def get_reward(self) -> float:
-            return float(self.total == 5)
+    from dsgrpo.testing import Ledger  # add keeps a running sum, explode raises, stall outlives the timeout
 
     model, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     prompts = ["What is 2 plus 3?", "Make it explode.", "Wait for me."]

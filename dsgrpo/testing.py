@@ -392,5 +392,48 @@ def main(argv=None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------ a test environment
+class Ledger:
+    """A tool-calling environment for tests and benches (environment_factory): keeps the sum of what `add`
+    returned across the rollout's turns; `explode` raises, `stall` outlives any tool timeout; owns a reward (1 when
+    the sum is 5)."""
+
+    def reset(self, **row):
+        self.total, self.calls, self.prompt = 0, [], row["prompt"][-1]["content"]
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        self.calls.append((a, b))
+        self.total += a + b
+        return a + b
+
+    def explode(self, x: int) -> int:
+        """A tool that always fails.
+
+        Args:
+            x: Any number.
+        """
+        raise ValueError("the environment broke on purpose")
+
+    def stall(self, x: int) -> int:
+        """A tool that never answers in time.
+
+        Args:
+            x: Any number.
+        """
+        import time
+
+        time.sleep(30)
+        return x
+
+    def get_reward(self) -> float:
+        return float(self.total == 5)
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

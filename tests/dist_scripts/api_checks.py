@@ -18,7 +18,7 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
 from api_checks_tools import TOOLS  # noqa: E402
 from recorder import SHARDED_ZERO3, digit_fraction, recorder, training_rows  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
+from dsgrpo.testing import Ledger, tiny_model  # noqa: E402
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
 ONLY = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # a developer's run of some checks
@@ -100,44 +100,6 @@ def _():
 
 
 # ------------------------------------------------------------------ 1b. environment_factory: the same tools, as an environment's methods
-class Ledger:
-    """Keeps the sum of what `add` returned across the rollout's turns; owns a reward (1 when the sum is 5)."""
-
-    def reset(self, **row):
-        self.total, self.calls, self.prompt = 0, [], row["prompt"][-1]["content"]
-
-    def add(self, a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: The first number.
-            b: The second number.
-        """
-        self.calls.append((a, b))
-        self.total += a + b
-        return a + b
-
-    def explode(self, x: int) -> int:
-        """A tool that always fails.
-
-        Args:
-            x: Any number.
-        """
-        raise ValueError("the environment broke on purpose")
-
-    def stall(self, x: int) -> int:
-        """A tool that never answers in time.
-
-        Args:
-            x: Any number.
-        """
-        time.sleep(30)
-        return x
-
-    def get_reward(self) -> float:
-        return float(self.total == 5)
-
-
 environments_seen = []
 
 
