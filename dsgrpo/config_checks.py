@@ -14,6 +14,11 @@ ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_apex_fused", "adamw_t
 REPORT_SINKS = ("none", "jsonl", "wandb", "tensorboard", "trackio")  # metrics.jsonl is always written
 
 
+def eval_group(args) -> int:
+    """Completions an evaluation draws per prompt (the rule eval_pass_at_k and eval_maj_at_k are checked against)."""
+    return (args.num_generations_eval or args.num_generations) if args.eval_do_sample else 1
+
+
 class ConfigChecks:
     def validate(self, world_size: int = 1) -> None:
         """Raise ValueError/TypeError naming the field and the fix. Called at construction and again by the
@@ -45,7 +50,6 @@ class ConfigChecks:
             ks = getattr(self, name)
             if ks is None:
                 continue
-            from .evaluation import eval_group
             samples = eval_group(self)
             bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= samples]
             if bad or not ks:

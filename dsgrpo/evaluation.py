@@ -23,10 +23,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-
-def eval_group(args) -> int:
-    """Completions an evaluation draws per prompt."""
-    return (args.num_generations_eval or args.num_generations) if args.eval_do_sample else 1
+from .config_checks import eval_group  # noqa: F401  (the config's rule; evaluate() and the trainer use it)
 
 
 def eval_sampling(sampling, args):

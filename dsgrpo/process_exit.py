@@ -75,7 +75,8 @@ def end_with_launcher() -> None:
     """A launched rank ends with the launcher that started it: SIGKILL from the kernel when its parent ends (a
     SIGTERM would be taken as a preemption request, and a stopped rank cannot act on either). Launchers above the
     parent that must be followed too (DeepSpeed's runner, which does not pass a SIGTERM on to its node launcher on
-    one node) are followed by the rank's watcher (launchers_to_follow). Called once, at the start of dist.init."""
+    one node) are followed by the rank's watcher (watchdog.launchers_to_follow). Called once, at the start of
+    dist.init."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return  # not started by a launcher (a world of one, a notebook): its parent is a shell, not its job
     import signal
@@ -87,9 +88,6 @@ def end_with_launcher() -> None:
 _PARENT = os.getppid()  # at import: the process that started this one
 
 
-def launchers_to_follow() -> dict:
-    """{pid: start time} of launchers above this rank's parent that it ends with (watcher.py checks them)."""
-    from .compat import deepspeed_runner_above
-    from .watcher import start_time
-    runner = deepspeed_runner_above(_PARENT)
-    return {runner: start_time(runner)} if runner else {}
+def parent_at_start() -> int:
+    """The pid of the process that started this one, as it was when this module was imported."""
+    return _PARENT

@@ -37,6 +37,7 @@ from .preemption import Preemption
 from .rewards import RewardStack
 from .rollout import SamplingConfig, connect_generator, make_generator
 from .rollout.batch import Batch, BatchBuilder
+from .rollout.choice import choose_source
 from .rollout.generating_rank import GeneratingRank
 from .rollout.samplers import make_sampler
 from .rollout.sources import GenerationSource, RolloutSetup
@@ -99,7 +100,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         set_log_levels(args)
         if dist.is_main():
             compat.warn_if_untested()
-        self.rollout_source = self.rollout_source.chosen_by(args)  # an option may ask for a variant of the source
+        self.rollout_source = choose_source(args, self.rollout_source)  # an option may ask for a variant of it
         self.placement = self.rollout_source.placement(args)  # split placement makes its process groups here
         self.world = self.placement.trainers
         args.validate(world_size=self.world)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from . import dist
-from .watcher import ALIVE_KEY, HEARTBEAT_KEY as KEY, RANK_LOST_EXIT_CODE, describe_process
+from .watcher import ALIVE_KEY, HEARTBEAT_KEY as KEY, RANK_LOST_EXIT_CODE, describe_process, start_time
 
 HEARTBEAT_S = 1.0
 DIAGNOSE_S = 3.0  # > 2 heartbeats: a live rank's count moves at least twice in this window
@@ -196,10 +196,17 @@ def install_lost_exit() -> None:
     libc.signal(int(LOST_SIGNAL), ctypes.cast(libc._exit, ctypes.c_void_p))
 
 
+def launchers_to_follow() -> dict:
+    """{pid: start time} of launchers above this rank's parent that it ends with (watcher.py checks them)."""
+    from .compat import deepspeed_runner_above
+    from .process_exit import parent_at_start
+    runner = deepspeed_runner_above(parent_at_start())
+    return {runner: start_time(runner)} if runner else {}
+
+
 def start_watcher(rank: int, world: int, timeout_s: float) -> Optional[subprocess.Popen]:
     """This rank's watcher process (watcher.py), started from the main thread: its death signal follows the
     thread that starts it. Its stdin is the rank's goodbye (stop()); its stdout and stderr are the rank's."""
-    from .process_exit import launchers_to_follow
     if threading.current_thread() is not threading.main_thread():
         return None
     install_lost_exit()

@@ -1,5 +1,6 @@
-"""The package's module-level imports form no circle (a newcomer can read the modules bottom-up; imports inside a
-function are the deliberate late ones and are not counted), and trainer.py stays the story of a step."""
+"""The package's imports form no circle, counting those inside functions (a late import is still a dependency: a
+newcomer reads the modules bottom-up only if no module needs one above it), the configuration imports nothing
+of the trainer's, and trainer.py stays the story of a step."""
 
 import ast
 import os
@@ -12,23 +13,23 @@ def module_name(path: str) -> str:
     return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
 
 
-def top_level_imports(path: str, name: str) -> set:
+def imports_of(path: str, name: str) -> set:
+    """Every dsgrpo module `path` imports, at module level or inside a function."""
     tree = ast.parse(open(path).read())
     package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
     found = set()
-    for node in tree.body:  # module level only (also inside a top-level if/try)
-        for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
-            if isinstance(sub, ast.ImportFrom):
-                if sub.level:
-                    base = package.rsplit(".", sub.level - 1)[0] if sub.level > 1 else package
-                    target = f"{base}.{sub.module}" if sub.module else base
-                else:
-                    target = sub.module or ""
-                if target.startswith("dsgrpo"):
-                    found.add(target)
-                    found.update(f"{target}.{a.name}" for a in sub.names)
-            elif isinstance(sub, ast.Import):
-                found.update(a.name for a in sub.names if a.name.startswith("dsgrpo"))
+    for sub in ast.walk(tree):
+        if isinstance(sub, ast.ImportFrom):
+            if sub.level:
+                base = package.rsplit(".", sub.level - 1)[0] if sub.level > 1 else package
+                target = f"{base}.{sub.module}" if sub.module else base
+            else:
+                target = sub.module or ""
+            if target.startswith("dsgrpo"):
+                found.add(target)
+                found.update(f"{target}.{a.name}" for a in sub.names)
+        elif isinstance(sub, ast.Import):
+            found.update(a.name for a in sub.names if a.name.startswith("dsgrpo"))
     return found
 
 
@@ -39,11 +40,11 @@ def graph() -> dict:
             if n.endswith(".py"):
                 path = os.path.join(folder, n)
                 files[module_name(path)] = path
-    return {name: {t for t in top_level_imports(path, name) if t in files and t != name}
+    return {name: {t for t in imports_of(path, name) if t in files and t != name}
             for name, path in files.items()}
 
 
-def test_module_level_imports_form_no_circle():
+def test_imports_form_no_circle():
     edges = graph()
     state, stack, circles = {}, [], []
 
@@ -63,6 +64,17 @@ def test_module_level_imports_form_no_circle():
     # a package's __init__ importing its own modules is not a circle a reader trips on
     circles = [c for c in circles if not all(x.startswith(c[0] + ".") or x == c[0] for x in c)]
     assert not circles, "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_configuration_imports_nothing_above_it():
+    """config.py and config_checks.py sit at the bottom of the package, above only modules that import nothing of
+    dsgrpo's (compat.py's version fences): a rule they keep lives with them (config_checks imported evaluation.py
+    for the 3-line eval_group rule)."""
+    edges = graph()
+    allowed = {"dsgrpo.config", "dsgrpo.config_checks"} | {m for m, targets in edges.items() if not targets}
+    for name in ("dsgrpo.config", "dsgrpo.config_checks"):
+        above = sorted(t for t in edges[name] if t not in allowed)
+        assert not above, f"{name} imports {above}"
 
 
 def test_trainer_py_stays_one_readable_story():

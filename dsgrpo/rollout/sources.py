@@ -72,12 +72,7 @@ class RolloutSource:
         self.setup = setup
         self.args = setup.args
 
-    # ---- before anything is built
-    @classmethod
-    def chosen_by(cls, args) -> type:
-        """The source class to build for these arguments (an option may name a variant of this one)."""
-        return cls
-
+    # ---- before anything is built (rollout/choice.py picks the class)
     @staticmethod
     def placement(args) -> Placement:
         return Placement.colocated()
@@ -222,13 +217,6 @@ def check_on_policy(rollout: Rollout, version: int) -> None:
 
 class GenerationSource(RolloutSource):
     """GRPOTrainer's source: each round is generated when the loop asks for it, by every rank's own engine."""
-
-    @classmethod
-    def chosen_by(cls, args) -> type:
-        if getattr(args, "partial_rollout", False):
-            from .partial_source import PartialRolloutSource
-            return PartialRolloutSource
-        return cls
 
     def next_batch(self, round_index: int) -> Batch:
         args = self.args

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from datasets import Dataset  # noqa: E402
 
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo.rollout.choice import choose_source  # noqa: E402
 from dsgrpo.rollout.partial_source import PartialRolloutSource  # noqa: E402
 from dsgrpo.rollout.sources import GenerationSource  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
@@ -69,8 +70,8 @@ def recording(trainer):
 
 @check("option_off_is_the_plain_source")
 def _():
-    return {"off": GRPOTrainer.rollout_source.chosen_by(config("x", partial_rollout=False)).__name__,
-            "on": GRPOTrainer.rollout_source.chosen_by(config("x")).__name__,
+    return {"off": choose_source(config("x", partial_rollout=False), GRPOTrainer.rollout_source).__name__,
+            "on": choose_source(config("x"), GRPOTrainer.rollout_source).__name__,
             "plain": GenerationSource.__name__, "partial": PartialRolloutSource.__name__}
 
 
