@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .config_checks import eval_group  # noqa: F401  (the config's rule; evaluate() and the trainer use it)
+from .config_checks import eval_group  # the config's rule, used by evaluate() and the trainer
 
 
 def eval_sampling(sampling, args):

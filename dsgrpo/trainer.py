@@ -314,11 +314,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
     def _steps_after_round(self, round_index: int) -> int:
         """Optimizer steps completed once generation round `round_index` is trained (counted on from where this
         train() started: a resumed run's data rounds may restart at round_offset)."""
-        start_round, start_step = self._started_at
-        rounds_of_data = lambda r: r - self.train_prompts.round_offset  # noqa: E731
-        plan = self.step_plan
-        return start_step + plan.steps_after(rounds_of_data(round_index + 1)) - plan.steps_after(
-            rounds_of_data(start_round))
+        (start_round, start_step), offset, plan = self._started_at, self.train_prompts.round_offset, self.step_plan
+        return start_step + plan.steps_after(round_index + 1 - offset) - plan.steps_after(start_round - offset)
 
     def _rounds_of_data(self) -> int:
         """Rounds read from the train dataset (since its start: a reset_data_position resume restarts the count)."""

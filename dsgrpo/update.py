@@ -223,10 +223,9 @@ class PolicyUpdate:
                 piece = []
         if piece:
             pieces.append((piece, False))
-        if pieces:  # micro-steps left open for the next round's pieces to close
-            last, closed = pieces[-1]
-            self._window_micro_batches = 0 if closed else len(last) + (self._window_micro_batches if len(pieces) == 1
-                                                                       else 0)
+        # micro-steps left open for the next round to close: those after the round's last step end
+        ends = [p for p, (_, closes) in enumerate(windows) if closes]
+        self._window_micro_batches = len(order) - 1 - ends[-1] if ends else self._window_micro_batches + len(order)
         by_step = lambda values: None if values is None else [values[j] for j in order]  # noqa: E731
         step_micro, step_masks = by_step(micro), by_step(masks)
         widths = [m.shape[1] for m in step_masks]
