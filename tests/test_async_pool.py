@@ -263,6 +263,47 @@ def test_shared_claim_counter_without_a_process_group_is_local():
     assert not c.shared and c.add("claimed", 4) == 4
 
 
+def test_ranks_racing_at_the_staleness_bound_never_claim_past_it():
+    """Two ranks' counters on one real TCPStore (each its own client, as dist.counter_store makes them), claiming
+    one position at a time from threads until the bound stops them: together they claim exactly the bound. Reading
+    the bound and adding were two steps once, and a run's uninterrupted reference sampled position 12 of a
+    12-position allowance with the old weights."""
+    import datetime
+    import socket
+    import threading
+
+    import torch.distributed as td
+
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = td.TCPStore("127.0.0.1", port, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
+    counters = [ClaimCounter(shared=True, store=td.PrefixStore("race/", td.TCPStore(
+        "127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=30)))) for _ in range(2)]
+    assert all(c.shared for c in counters)
+    for bound in (12, 40, 41):  # the allowance grows, as a new version loads
+        claimed = [[] for _ in counters]
+        go = threading.Barrier(len(counters))
+
+        def claimer(i):
+            go.wait()
+            while True:
+                start, end = counters[i].claim(1, bound)
+                if start == end:
+                    return
+                claimed[i].extend(range(start, end))
+        threads = [threading.Thread(target=claimer, args=(i,)) for i in range(len(counters))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        every = sorted(claimed[0] + claimed[1])
+        assert every == list(range(every[0], bound)) and counters[0].add("claimed", 0) == bound, (bound, claimed)
+    counters[1].add("dropped", 2)  # two groups dropped: two more places
+    assert counters[0].claim(5, 41) == (41, 43) and counters[1].claim(5, 41) == (43, 43)
+    del server
+
+
 # --------------------------------------------------------------------------------------- the worker, no thread
 class FakeGenerator:
     """Row r of prompt j: completion (prompt token, j, r), tool mask (1, 0, 1): a tool result in the middle."""

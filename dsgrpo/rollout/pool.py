@@ -12,6 +12,9 @@ Everything here but `ClaimCounter` is pure (no process group), so the batch-cutt
 from __future__ import annotations
 
 import threading
+import time
+import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -77,15 +80,16 @@ class ClaimCounter:
 
     _instances = 0
 
-    def __init__(self, shared: bool):
+    def __init__(self, shared: bool, store=None):
         self.local = {"claimed": 0, "dropped": 0}
-        self.lock = threading.Lock()
-        self.store = None
-        if shared and dist.is_initialized():
+        self.lock = threading.RLock()
+        self.store = store
+        if store is None and shared and dist.is_initialized():
             # a prefix per trainer instance (every rank builds trainers in the same order)
             ClaimCounter._instances += 1
             self.store = dist.counter_store(f"dsgrpo/async/{ClaimCounter._instances}/")
         self.shared = self.store is not None
+        self.owner = uuid.uuid4().hex.encode()  # this counter's name in the store's claim lock
 
     def add(self, key: str, n: int) -> int:
         """Add n (may be 0, to read) and return the new total."""
@@ -96,6 +100,33 @@ class ClaimCounter:
                 return int(self.store.add(key, n))
             self.local[key] += n
             return self.local[key]
+
+    def claim(self, most: int, below: int) -> Tuple[int, int]:
+        """Claim up to `most` positions, all below `below` + the groups dropped so far (the staleness bound):
+        (start, end) of the claimed range, empty when none may be claimed. Reading the bound and adding to the
+        counter is one step for every rank: two ranks that both read 11 of 12 claimed each took one, and the
+        13th position was sampled with weights a round too old, then dropped as stale and never trained."""
+        with self._exclusive():
+            claimed = self.add("claimed", 0)
+            k = min(most, below + self.add("dropped", 0) - claimed)
+            if k <= 0:
+                return claimed, claimed
+            return claimed, self.add("claimed", k)
+
+    @contextmanager
+    def _exclusive(self):
+        """Hold the counters still for every rank (shared: a lock in the store, whose owner is named by its value,
+        so a rank knows it won: compare_set returns the value that stands)."""
+        with self.lock:
+            if not self.shared:
+                yield
+                return
+            while self.store.compare_set("claim_lock", "", self.owner) != self.owner:
+                time.sleep(0.001)
+            try:
+                yield
+            finally:
+                self.store.set("claim_lock", "")
 
     def set(self, key: str, value: int) -> None:
         with self.lock:

@@ -115,14 +115,10 @@ class RolloutWorker(BackgroundThread):
 
     def _claim(self) -> List[int]:
         per_round = self.stream.P if self.balanced else self.stream.per_rank
-        allowed = (self.version + self.max_staleness + 1) * per_round + self.counter.add("dropped", 0)
-        k = min(self.chunk, allowed - self.counter.add("claimed", 0))
-        if k <= 0:
-            return []
-        end = self.counter.add("claimed", k)
+        start, end = self.counter.claim(self.chunk, (self.version + self.max_staleness + 1) * per_round)
         if self.balanced:
-            return list(range(end - k, end))
-        return [self.stream.owned_position(self.slot, i) for i in range(end - k, end)]
+            return list(range(start, end))
+        return [self.stream.owned_position(self.slot, i) for i in range(start, end)]
 
     def _produce(self, positions: List[int]) -> None:
         G = self.stream.G
