@@ -233,6 +233,13 @@ PINS: Tuple[Pin, ...] = (
     Pin("vllm.v1.sample.sampler:batched_count_greater_than", "vllm 0.32.0",
         "eager_token_ranks_on_cpu: the sampler calls this torch.compile'd rank count (imported by name) for every "
         "sampled token's log-prob; its first call compiles it with inductor (2-3.5 s of a CPU run's first round)"),
+    Pin("vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync", "vllm 0.32.0",
+        "CPU_WHOLE_PREFILLS: the token sampled for a prompt prefilled only in part is thrown away and its seeded "
+        "generator rewound by offset, which a CPU torch.Generator does not have (RuntimeError)",
+        source_has=("gen.set_offset(gen.get_offset() - 4)",)),
+    Pin("vllm.engine.arg_utils:EngineArgs.enable_chunked_prefill", "vllm 0.32.0",
+        "CPU_WHOLE_PREFILLS: off, each prompt is prefilled in one step (the token budget is raised to "
+        "max_model_len when it is not given)"),
     Pin("vllm.v1.sample.ops.logprobs:batched_count_greater_than", "vllm 0.32.0",
         "what the eager replacement computes: the count of entries at least the token's log-prob",
         source_has=("(x >= values).sum(-1)",)),
@@ -788,6 +795,13 @@ def engine_build_without_full_collections(enabled: bool = True):
         yield
     finally:
         gc.collect = collect
+
+
+# vLLM 0.32 on CPU: a seeded request whose prompt is prefilled over two steps (the waiting prompts exceed a step's
+# token budget: a round of long multi-turn episodes does) crashes the engine when the part-prefill's sampled token
+# is thrown away and its generator rewound (GPUModelRunner._bookkeeping_sync; a CPU generator has no offset).
+# dsgrpo seeds every request, so a CPU engine prefills whole prompts only.
+CPU_WHOLE_PREFILLS = {"enable_chunked_prefill": False}
 
 
 def eager_token_ranks_on_cpu() -> None:

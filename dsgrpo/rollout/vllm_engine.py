@@ -76,6 +76,7 @@ class VLLMGenerator:
                 kwargs["kv_cache_memory_bytes"] = args.vllm_kv_cache_bytes
         else:
             kwargs["kv_cache_memory_bytes"] = args.vllm_kv_cache_bytes or default_kv_cache_bytes()
+            kwargs.update(compat.CPU_WHOLE_PREFILLS)  # seeded requests must not be prefilled in parts (compat)
         kwargs["enforce_eager"] = enforce_eager(args, total_steps)
         # weight sync through vLLM's native weight-transfer API, with dsgrpo's in-process backend (compat)
         native = compat.register_inprocess_weight_engine()
