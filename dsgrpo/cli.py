@@ -30,6 +30,9 @@ RUN_KEYS = {
                     "a reward-model path / hub id, or {remote: URL, timeout: S, retries: N, token: T}.",
     "dataset_split": "Split to read when a dataset is a hub id (default 'train').",
     "trainer": "'grpo' (GRPOTrainer, the default) or 'async' (AsyncGRPOTrainer: background, load-balanced rollouts).",
+    "environment_factory": "TRL's environment_factory: 'package.module:Class' (one instance per rollout; its public "
+                           "methods are the tools), or {name: 'module:Class'} picked by the dataset's 'environment' "
+                           "column. reward_funcs may then be left out when the environment has get_reward().",
     "peft_config": "Train a LoRA adapter: peft.LoraConfig's fields, e.g. {r: 16, lora_alpha: 32, target_modules: all-linear}.",
 }
 TRAINERS = ("grpo", "async")
@@ -45,7 +48,8 @@ def load_run_config(path: str, overrides: List[str]) -> Tuple[Dict[str, Any], GR
     values = load_yaml_mapping(path)
     values.update(parse_cli_overrides(overrides, extra_keys=tuple(RUN_KEYS)))
     run, rest = split_config(values)
-    for key in ("model", "train_dataset", "reward_funcs"):
+    needed = ("model", "train_dataset") + (() if "environment_factory" in run else ("reward_funcs",))
+    for key in needed:
         if key not in run:
             raise ValueError(f"{path}: missing '{key}' ({RUN_KEYS[key]})")
     return run, GRPOConfig.from_dict(rest)
@@ -59,6 +63,18 @@ def reward_source(spec):
     if isinstance(spec, str) and ":" in spec and not spec.startswith((".", "/")):
         return import_object(spec)
     return spec  # a built-in name or a reward-model path: the reward stack resolves it
+
+
+def environment_factory(spec):
+    """A YAML environment_factory ('module:Class', or {name: 'module:Class'}) → what GRPOTrainer accepts."""
+    if spec is None:
+        return None
+    if isinstance(spec, dict):
+        return {name: environment_factory(entry) for name, entry in spec.items()}
+    if not (isinstance(spec, str) and ":" in spec):
+        raise ValueError(f"environment_factory: {spec!r} is not 'package.module:Class' (or a mapping of names to "
+                         "those); write the import path of the environment's class or factory function.")
+    return import_object(spec, "environment_factory")
 
 
 def build_dataset(spec, split: str):
@@ -91,8 +107,10 @@ def check_model_exists(run: Dict[str, Any]) -> None:
         if task not in WARMUP_TASKS:
             raise
         python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else sys.executable
-        raise FileNotFoundError(f"{exc}\nIt is the warm-up model of task:{task} (what `make demo` builds first). "
-                                f"Build it with:\n    {python} -m dsgrpo.tasks warmup --out {model}") from None
+        which = "`make demo`" if task == "copy_digits" else "the example"
+        raise FileNotFoundError(f"{exc}\nIt is the warm-up model of task:{task} (what {which} builds first). "
+                                f"Build it with:\n    {python} -m dsgrpo.tasks warmup --task {task} --out {model}"
+                                ) from None
 
 
 def train(argv: List[str]) -> int:
@@ -107,14 +125,16 @@ def train(argv: List[str]) -> int:
     from .logging import learning_curve_summary
 
     split = run.get("dataset_split", "train")
-    funcs = run["reward_funcs"] if isinstance(run["reward_funcs"], list) else [run["reward_funcs"]]
+    funcs = run.get("reward_funcs") or []
+    funcs = funcs if isinstance(funcs, list) else [funcs]
     kind = run.get("trainer", "grpo")
     if kind not in TRAINERS:
         raise ValueError(f"{known.config}: trainer={kind!r} is not one of {list(TRAINERS)}.")
     cls = AsyncGRPOTrainer if kind == "async" else GRPOTrainer
-    trainer = cls(run["model"], [reward_source(f) for f in funcs], args=args,
-                          train_dataset=build_dataset(run["train_dataset"], split),
-                          eval_dataset=build_dataset(run.get("eval_dataset"), split), peft_config=run.get("peft_config"))
+    trainer = cls(run["model"], [reward_source(f) for f in funcs] or None, args=args,
+                  train_dataset=build_dataset(run["train_dataset"], split),
+                  eval_dataset=build_dataset(run.get("eval_dataset"), split), peft_config=run.get("peft_config"),
+                  environment_factory=environment_factory(run.get("environment_factory")))
     _computing.add("train")
     state = trainer.train()
     if dist.is_main():

@@ -59,13 +59,13 @@ def copy_digits_reward(completions, answer, **kwargs) -> List[Optional[float]]:
     out = []
     for completion, target in zip(completions, answer):
         found = re.search(r"\d+", completion_text(completion))
-        if not found:
-            out.append(0.0)
-            continue
-        guess = found.group(0)
-        hits = sum(a == b for a, b in zip(guess, target))
-        out.append(hits / max(len(guess), len(target)))
+        out.append(digit_score(found.group(0), target) if found else 0.0)
     return out
+
+
+def digit_score(guess: str, target: str) -> float:
+    """The fraction of `target`'s digit positions `guess` matches, over the longer of the two."""
+    return sum(a == b for a, b in zip(guess, target)) / max(len(guess), len(target), 1)
 
 
 def off_by_one(number: str) -> str:
@@ -83,44 +83,80 @@ def copy_warmup(model_path: str, out_dir: str, steps: int = 150, copy_fraction: 
     """Supervised warm-up of the demo (plain torch, one process, seconds on a CPU): each target is the copy with
     probability `copy_fraction`, else `off_by_one` of the shown number. Saves model, tokenizer and the recipe
     (warmup.json) to out_dir and returns it."""
+    def example(tok, rng):
+        shown = "".join(rng.choice("0123456789") for _ in range(digits))
+        reply = shown if rng.random() < copy_fraction else off_by_one(shown)
+        prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT.format(number=shown)}],
+                                         tokenize=False, add_generation_prompt=True)
+        p = tok(prompt, add_special_tokens=False)["input_ids"]
+        a = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return p + a, [-100] * len(p) + a
+
+    recipe = dict(WARMUP_RECIPE, steps=steps, copy_fraction=copy_fraction, batch_size=batch_size, lr=lr,
+                  digits=digits, seed=seed)
+    return supervised_warmup(model_path, out_dir, example, recipe)
+
+
+def supervised_warmup(model_path: str, out_dir: str, example, recipe: dict) -> str:
+    """Fine-tune `model_path` on `recipe["steps"]` batches of `example(tokenizer, rng) -> (ids, labels)` (labels
+    -100 where no loss is taken) with AdamW at `recipe["lr"]` (gradients clipped to `recipe["max_grad_norm"]` when
+    the recipe has one), seeded by `recipe["seed"]`; saves model, tokenizer and the recipe (warmup.json) to out_dir
+    and returns it."""
     import json
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.manual_seed(seed)
-    rng = random.Random(seed + 1)
+    torch.manual_seed(recipe["seed"])
+    rng = random.Random(recipe["seed"] + 1)
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"])
     model.train()
-    for _ in range(steps):
-        ids, labels = [], []
-        for _ in range(batch_size):
-            shown = "".join(rng.choice("0123456789") for _ in range(digits))
-            reply = shown if rng.random() < copy_fraction else off_by_one(shown)
-            prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT.format(number=shown)}],
-                                             tokenize=False, add_generation_prompt=True)
-            p = tok(prompt, add_special_tokens=False)["input_ids"]
-            a = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            ids.append(p + a)
-            labels.append([-100] * len(p) + a)
-        width = max(len(x) for x in ids)
-        input_ids = torch.tensor([x + [tok.pad_token_id] * (width - len(x)) for x in ids])
-        label_t = torch.tensor([x + [-100] * (width - len(x)) for x in labels])
-        attention = (torch.arange(width)[None, :] < torch.tensor([len(x) for x in ids])[:, None]).long()
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=label_t).loss
+    for _ in range(recipe["steps"]):
+        ids, labels = zip(*(example(tok, rng) for _ in range(recipe["batch_size"])))
+        loss = _causal_lm_loss(model, tok.pad_token_id, ids, labels)
         loss.backward()
+        if recipe.get("max_grad_norm"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["max_grad_norm"])
         opt.step()
         opt.zero_grad()
     model.eval()
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    recipe = dict(WARMUP_RECIPE, steps=steps, copy_fraction=copy_fraction, batch_size=batch_size, lr=lr,
-                  digits=digits, seed=seed)
     with open(f"{out_dir}/warmup.json", "w") as fh:
         json.dump(recipe, fh, indent=1)
     return out_dir
+
+
+SHARED_PREFIX_MIN = 64  # a batch sharing a prompt this long (a system prompt listing tools) runs it once
+
+
+def _causal_lm_loss(model, pad_id: int, ids, labels):
+    """Mean next-token loss of right-padded sequences. When every sequence opens with the same unlabelled prefix of
+    SHARED_PREFIX_MIN tokens or more, the prefix runs once and its keys and values serve the whole batch: the same
+    loss and gradients (the prefix's gradient is the batch's sum either way) at a fraction of the compute."""
+    import torch
+
+    shared = 0
+    while all(len(x) > shared + 1 and x[shared] == ids[0][shared] and y[shared] == -100 for x, y in zip(ids, labels)):
+        shared += 1
+    shared -= 1  # the prefix's last token stays in the batch: its logits predict the first labelled token
+    shared = shared if shared >= SHARED_PREFIX_MIN else 0
+    cache = None
+    if shared:
+        cache = model(input_ids=torch.tensor([ids[0][:shared]]), use_cache=True).past_key_values
+        for layer in cache.layers:  # one sequence's keys and values, seen by every row
+            layer.keys = layer.keys.expand(len(ids), -1, -1, -1)
+            layer.values = layer.values.expand(len(ids), -1, -1, -1)
+    rest = [x[shared:] for x in ids]
+    width = max(len(x) for x in rest)
+    input_ids = torch.tensor([x + [pad_id] * (width - len(x)) for x in rest])
+    label_t = torch.tensor([y[shared:] + [-100] * (width - len(x)) for x, y in zip(rest, labels)])
+    attention = (torch.arange(width)[None, :] < torch.tensor([len(x) for x in rest])[:, None]).long()
+    if shared:
+        attention = torch.cat([torch.ones(len(ids), shared, dtype=torch.long), attention], dim=1)
+    return model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=label_t).loss
 
 
 def evaluate_copy(model_dir: str, n: int = 200, samples: int = 4, seed: int = 0) -> dict:
@@ -150,6 +186,102 @@ def evaluate_copy(model_dir: str, n: int = 200, samples: int = 4, seed: int = 0)
     return out
 
 
+# ------------------------------------------------------------------------------ door: an environment to act in
+DOOR_PROMPT = "Get through the door."
+
+
+class Door:
+    """The CPU environment example's world (`environment_factory=Door`): a door, locked or not (the dataset's
+    `locked` column, given to `reset`, which tells the model in one sentence). Tools: `unlock()` and
+    `walk_through()`; walking through a locked door fails and says so, and the episode goes on. Reward
+    (`get_reward`): 1 for getting through with no wasted call, 0.1 for getting through with one (unlocking an open
+    door), 0 for not getting through. State crosses turns: an unlocked door stays unlocked."""
+
+    def reset(self, locked: bool, **row) -> str:
+        self.locked = self.was_locked = bool(locked)
+        self.through, self.calls = False, 0
+        return " The door is locked." if self.locked else " The door is open."
+
+    def unlock(self) -> str:
+        """Unlock the door."""
+        self.calls += 1
+        self.locked = False
+        return "unlocked"
+
+    def walk_through(self) -> str:
+        """Walk through the door."""
+        self.calls += 1
+        if self.locked:
+            return "the door is locked"
+        self.through = True
+        return "you are through"
+
+    def get_reward(self) -> float:
+        if not self.through:
+            return 0.0
+        return 1.0 if self.calls == 1 + self.was_locked else 0.1
+
+
+def door_dataset(n: int = 512, seed: int = 0):
+    """`task:door`: conversational prompts with the door's `locked` column, locked half the time."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": DOOR_PROMPT}], "locked": rng.random() < 0.5}
+                              for _ in range(int(n))])
+
+
+def door_transcript(locked: bool, right: bool) -> List[dict]:
+    """An episode as chat messages, the env answering each call: the right way (unlock only a locked door, then
+    walk through), or the warm-up's usual mistake (walk into a locked door; unlock an open one first)."""
+    env = Door()
+    observation = env.reset(locked)
+    calls = (["unlock"] if locked else []) + ["walk_through"] if right else (
+        ["walk_through"] if locked else ["unlock", "walk_through"])
+    messages = [{"role": "user", "content": DOOR_PROMPT + observation}]
+    for name in calls:
+        messages += [{"role": "assistant", "content": "",
+                      "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]},
+                     {"role": "tool", "content": getattr(env, name)()}]
+    return messages + [{"role": "assistant", "content": "Done."}]
+
+
+def assistant_only(tok, messages: List[dict], tools) -> tuple:
+    """(ids, labels) of a conversation, the loss on the assistant's turns only: the chat template's text cut where
+    each message starts, each piece tokenised alone (as the rollout joins sampled ids and tool turns' ids)."""
+    ids, labels = [], []
+    done = ""
+    for k in range(1, len(messages) + 1):
+        upto = tok.apply_chat_template(messages[:k], tools=tools, tokenize=False,
+                                       add_generation_prompt=k < len(messages) and messages[k]["role"] == "assistant")
+        if not upto.startswith(done):
+            raise ValueError("the chat template rewrites earlier turns; assistant_only cannot cut it into pieces")
+        piece = tok(upto[len(done):], add_special_tokens=False)["input_ids"]
+        ids += piece
+        labels += piece if messages[k - 1]["role"] == "assistant" else [-100] * len(piece)
+        done = upto
+    return ids, labels
+
+
+DOOR_WARMUP = {"task": "door", "kind": "right_or_usual_mistake", "copy_fraction": 0.1, "steps": 100,
+               "batch_size": 16, "lr": 3e-3, "max_grad_norm": 1.0, "seed": 0}
+
+
+def door_warmup(model_path: str, out_dir: str, **changes) -> str:
+    """The environment example's warm-up: episodes played the right way a `copy_fraction` of the time (the demo's
+    name for how often the warm-up is right), else with the usual mistake, as copy_warmup does for copy_digits."""
+    from .rollout.tools import tool_schemas
+
+    recipe = dict(DOOR_WARMUP, **changes)
+    probe = Door()
+    schemas = tool_schemas([probe.unlock, probe.walk_through])
+
+    def example(tok, rng):
+        locked = rng.random() < 0.5
+        return assistant_only(tok, door_transcript(locked, rng.random() < recipe["copy_fraction"]), schemas)
+    return supervised_warmup(model_path, out_dir, example, recipe)
+
+
 GSM8K_SYSTEM = ("Solve the math problem step by step. End your answer with a line '#### <number>' holding only "
                 "the final number.")
 
@@ -169,8 +301,8 @@ def gsm8k_dataset(source: str = "openai/gsm8k", split: str = "train"):
 
 
 TASKS = {"copy_digits": copy_digits_dataset, "copy_digits_heldout": copy_digits_heldout,
-         "gsm8k": gsm8k_dataset}
-WARMUP_TASKS = ("copy_digits",)  # tasks whose model `python -m dsgrpo.tasks warmup` builds (the CPU demo's)
+         "gsm8k": gsm8k_dataset, "door": door_dataset}
+WARMUP_TASKS = ("copy_digits", "door")  # tasks whose model `python -m dsgrpo.tasks warmup --task T` builds
 
 
 def _print_evaluation(before: str, after: str, n: int) -> None:
@@ -195,9 +327,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dsgrpo.tasks")
     parser.add_argument("command", choices=["warmup", "evaluate"])
     parser.add_argument("--out", help="warmup: where the warm-up model goes")
+    parser.add_argument("--task", choices=WARMUP_TASKS, default="copy_digits",
+                        help="warmup: copy_digits (the demo's) or door (the environment example's)")
     parser.add_argument("--base", default="qwen2", help="tiny model to start from (dsgrpo.testing.TINY_SPECS)")
-    parser.add_argument("--steps", type=int, default=WARMUP_RECIPE["steps"])
-    parser.add_argument("--copy-fraction", type=float, default=WARMUP_RECIPE["copy_fraction"])
+    parser.add_argument("--steps", type=int, default=None, help="warmup: supervised steps (the task's recipe)")
+    parser.add_argument("--copy-fraction", type=float, default=None,
+                        help="warmup: how often the warm-up's answer is right (the task's recipe: 0.2)")
+    parser.add_argument("--seed", type=int, default=None, help="warmup: its seed (the task's recipe: 0)")
     parser.add_argument("--before", help="evaluate: the model before training (the warm-up)")
     parser.add_argument("--after", help="evaluate: the trained model (a run's output_dir)")
     parser.add_argument("-n", type=int, default=200, help="evaluate: held-out prompts")
@@ -209,7 +345,10 @@ def main(argv=None) -> int:
         return 0
     if not args.out:
         parser.error("warmup needs --out DIR")
-    wanted = dict(WARMUP_RECIPE, steps=args.steps, copy_fraction=args.copy_fraction)
+    base, build = {"copy_digits": (WARMUP_RECIPE, copy_warmup), "door": (DOOR_WARMUP, door_warmup)}[args.task]
+    changes = {k: v for k, v in (("steps", args.steps), ("copy_fraction", args.copy_fraction), ("seed", args.seed))
+               if v is not None}
+    wanted = dict(base, **changes)
     recipe = os.path.join(args.out, "warmup.json")
     if os.path.exists(recipe):
         with open(recipe) as fh:
@@ -218,7 +357,7 @@ def main(argv=None) -> int:
                 return 0
     if os.path.exists(os.path.join(args.out, "config.json")):
         print(f"{args.out} was built by another warm-up recipe; rebuilding it")
-    copy_warmup(tiny_model(args.base), args.out, steps=args.steps, copy_fraction=args.copy_fraction)
+    build(tiny_model(args.base), args.out, **changes)
     print(f"warm-up saved to {args.out}")
     return 0
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from dsgrpo.cli import build_dataset, load_run_config, main, reward_source
+from dsgrpo.cli import build_dataset, environment_factory, load_run_config, main, reward_source
 from dsgrpo.rewards import RemoteReward
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_every_example_config_loads_and_validates(path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     run, cfg = load_run_config(path, [])
-    assert {"model", "train_dataset", "reward_funcs"} <= set(run)
+    assert {"model", "train_dataset"} <= set(run) and ("reward_funcs" in run or "environment_factory" in run)
     assert open(path).readline().startswith("#")  # each example starts by saying how to run it
     assert "launch_scripts/train.sh" in open(path).read()
     if "peft_config" in run:  # the mapping becomes the LoraConfig the trainer gets
@@ -45,6 +45,24 @@ def test_reward_sources_and_tasks_from_yaml():
     assert len(data) == 512 and set(data.column_names) == {"prompt", "answer"}
     with pytest.raises(ValueError, match="Unknown task 'nope'"):
         build_dataset("task:nope", "train")
+
+
+def test_an_environment_from_yaml_stands_in_for_reward_funcs(tmp_path):
+    """environment_factory: 'module:Class' (or a mapping of them) becomes the factory; a config with one may leave
+    reward_funcs out (its get_reward() is a reward source), one without needs them."""
+    from dsgrpo.tasks import Door
+
+    cfg = tmp_path / "env.yaml"
+    cfg.write_text("model: x\ntrain_dataset: task:door\nenvironment_factory: dsgrpo.tasks:Door\n")
+    run, _ = load_run_config(str(cfg), [])
+    assert "reward_funcs" not in run and environment_factory(run["environment_factory"]) is Door
+    assert environment_factory({"door": "dsgrpo.tasks:Door"}) == {"door": Door} and environment_factory(None) is None
+    with pytest.raises(ValueError, match="environment_factory 'dsgrpo.tasks:Nope' cannot be imported"):
+        environment_factory("dsgrpo.tasks:Nope")
+    with pytest.raises(ValueError, match=r"'Door' is not 'package.module:Class'"):
+        environment_factory("Door")
+    data = build_dataset("task:door", "train")
+    assert len(data) == 512 and set(data.column_names) == {"prompt", "locked"}
 
 
 def test_gsm8k_task_from_the_shared_files():
@@ -118,7 +136,7 @@ def test_the_demo_config_without_its_warm_up_model_says_how_to_build_it(tmp_path
     err = capsys.readouterr().err
     assert "model='outputs/demo/init_model': no such directory" in err
     assert "It is the warm-up model of task:copy_digits (what `make demo` builds first). Build it with:\n" in err
-    assert "-m dsgrpo.tasks warmup --out outputs/demo/init_model" in err
+    assert "-m dsgrpo.tasks warmup --task copy_digits --out outputs/demo/init_model" in err
     # another task's missing model gets the plain message
     cfg = write(tmp_path / "g.yaml", RUN.format(model="./no/model").replace("task:copy_digits", "task:gsm8k"))
     assert main(["train", cfg]) == 2

@@ -1,5 +1,6 @@
 """The demo's task (dsgrpo/tasks.py): its held-out set, its reward, and the state its warm-up leaves the model in —
-what makes the demo a sharpening run (issue 54) rather than a search."""
+what makes the demo a sharpening run (issue 54) rather than a search. The environment example's Door: its rules,
+its warm-up's episodes replayed against it, and the warm-up's loss pieces."""
 
 import json
 import os
@@ -42,4 +43,89 @@ def test_the_warm_up_leaves_a_model_that_copies_sometimes_and_never_greedily(tmp
     monkeypatch.setattr(tasks, "copy_warmup", lambda base, out, **kw: built.append(kw))
     os.remove(os.path.join(out, "warmup.json"))                        # an older demo's model (no recipe): rebuilt
     assert tasks.main(["warmup", "--out", out]) == 0
-    assert built == [{"steps": 150, "copy_fraction": 0.2}] and "another warm-up recipe" in capsys.readouterr().out
+    assert built == [{}] and "another warm-up recipe" in capsys.readouterr().out      # {}: the recipe as it is
+
+
+# ------------------------------------------------------------------------------------ the environment example
+def play(locked, calls):
+    door = tasks.Door()
+    observation = door.reset(locked=locked, prompt=[])  # reset takes the whole row
+    answers = [getattr(door, name)() for name in calls]
+    return observation, answers, door.get_reward()
+
+
+def test_the_door_keeps_its_state_across_calls_and_rewards_no_wasted_call():
+    assert play(True, ["unlock", "walk_through"]) == (" The door is locked.", ["unlocked", "you are through"], 1.0)
+    assert play(True, ["walk_through"]) == (" The door is locked.", ["the door is locked"], 0.0)
+    assert play(True, ["walk_through", "unlock", "walk_through"])[2] == 0.1   # through, one call wasted
+    assert play(False, ["walk_through"]) == (" The door is open.", ["you are through"], 1.0)
+    assert play(False, ["unlock", "walk_through"])[2] == 0.1
+    assert play(False, [])[2] == 0.0 and play(True, ["unlock"])[2] == 0.0     # never through
+    rows = tasks.door_dataset()
+    assert len(rows) == 512 and 0.4 < sum(rows["locked"]) / 512 < 0.6
+    assert rows[0]["prompt"] == [{"role": "user", "content": tasks.DOOR_PROMPT}]
+
+
+@pytest.mark.parametrize("locked", [True, False])
+def test_the_warm_ups_episodes_score_what_they_teach(locked):
+    """Replayed against a Door, the right episode scores 1 and the usual mistake 0 (locked) or 0.1 (open): the
+    warm-up's mixture starts the run near 0.2, and only reading the prompt lifts it."""
+    for right, reward in ((True, 1.0), (False, 0.0 if locked else 0.1)):
+        messages = tasks.door_transcript(locked, right)
+        calls = [m["tool_calls"][0]["function"]["name"] for m in messages if m.get("tool_calls")]
+        observation, answers, got = play(locked, calls)
+        assert got == reward and messages[0]["content"] == tasks.DOOR_PROMPT + observation
+        assert [m["content"] for m in messages if m["role"] == "tool"] == answers
+        assert messages[-1] == {"role": "assistant", "content": "Done."}
+
+
+def test_the_warm_up_trains_the_assistants_turns_only_on_the_templates_tokens():
+    from transformers import AutoTokenizer
+
+    from dsgrpo.rollout.tools import tool_schemas
+    from dsgrpo.testing import tiny_model
+
+    tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
+    door = tasks.Door()
+    schemas = tool_schemas([door.unlock, door.walk_through])
+    messages = tasks.door_transcript(True, True)
+    ids, labels = tasks.assistant_only(tok, messages, schemas)
+    assert len(ids) == len(labels)
+    assert tok.decode(ids) == tok.apply_chat_template(messages, tools=schemas, tokenize=False)
+    trained = tok.decode([i for i, y in zip(ids, labels) if y != -100])
+    assert trained.count("<tool_call>") == 2 and trained.count("<|im_end|>") == 3 and "Done." in trained
+    assert "tool_response" not in trained and "locked" not in trained and "unlocked" not in trained
+    # the prompt's system turn lists both tools and is never trained
+    head = tok.apply_chat_template(messages[:1], tools=schemas, tokenize=False, add_generation_prompt=True)
+    assert '"walk_through"' in head and all(y == -100 for y in labels[:len(tok(head)["input_ids"])])
+
+
+def test_the_shared_prompt_runs_once_with_the_same_loss_and_gradients(monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dsgrpo.rollout.tools import tool_schemas
+    from dsgrpo.testing import tiny_model
+
+    path = tiny_model("qwen2")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    door = tasks.Door()
+    schemas = tool_schemas([door.unlock, door.walk_through])
+    ids, labels = zip(*(tasks.assistant_only(tok, tasks.door_transcript(k % 2 == 0, k % 3 == 0), schemas)
+                        for k in range(5)))
+
+    def loss_and_grad():
+        model.zero_grad()
+        loss = tasks._causal_lm_loss(model, tok.pad_token_id, ids, labels)
+        loss.backward()
+        return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])
+    calls = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: calls.append(kw["input_ids"].shape) or forward(*a, **kw))
+    shared, shared_grad = loss_and_grad()
+    assert len(calls) == 2 and calls[0][0] == 1 and calls[0][1] >= tasks.SHARED_PREFIX_MIN  # the prompt ran once
+    monkeypatch.setattr(tasks, "SHARED_PREFIX_MIN", 10 ** 9)
+    plain, plain_grad = loss_and_grad()
+    assert len(calls) == 3
+    assert abs(shared - plain) < 1e-5 and torch.allclose(shared_grad, plain_grad, atol=1e-6, rtol=1e-4)
