@@ -51,11 +51,12 @@ def server_token(command: str, host: str, flag_token: Optional[str], env_var: st
 
 def json_server(routes: Dict[Tuple[str, str], Route], host: str, port: int, token: Optional[str],
                 max_request_bytes: int, open_paths: Tuple[str, ...] = ("/health",), max_connections: int = 64,
-                read_timeout_s: float = 10.0) -> ThreadingHTTPServer:
+                read_timeout_s: float = 10.0, header_fields: Optional[Dict[str, str]] = None) -> ThreadingHTTPServer:
     """A threading server (not started) answering `routes[(method, path)]`; every path but `open_paths` needs the
     bearer token when one is set (401 without it, checked before the path is looked up, and a 404 names no
     route). 413 over the size limit, 400 for anything unreadable, 503 beyond `max_connections` open ones; a
-    connection idle for `read_timeout_s` is closed."""
+    connection idle for `read_timeout_s` is closed. `header_fields` {header: key}: a header's value reaches the
+    route as body[key] where the body has none."""
     expected = f"Bearer {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
@@ -123,6 +124,9 @@ def json_server(routes: Dict[Tuple[str, str], Route], host: str, port: int, toke
             except BadRequest as exc:
                 self.close_connection = True
                 return self._reply(400, {"error": f"bad request: {exc}"})
+            for header, key in (header_fields or {}).items():
+                if self.headers.get(header) is not None:
+                    body.setdefault(key, self.headers.get(header))
             try:
                 code, reply = route(body)
             except KeyError as exc:

@@ -21,7 +21,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one core of com
 JOBS = {
     "gpu_lock_resolve": ("tests/test_gpu_lock.py::test_pip_resolves_the_lock_unchanged_for_a_cuda_machine",
                          "test_gpu_lock:start_resolve"),
-    "tool_caller_model": ("tests/test_api_dist.py::", "test_api_dist:start_fine_tune"),
+    "tool_caller_model": ("tests/test_api_dist.py::", "test_api_dist:start_fine_tune"),  # agents' checks too
     "report_runs": ("tests/test_report.py::", "test_report:start_runs"),
 }
 _waiting: dict = {}  # name -> the function that waits for it

@@ -221,10 +221,12 @@ def test_tool_stats_metrics_and_weights():
     stats = ToolStats(completions=4, calls=3, failures=1, parse_failures=1, errors=2, timeouts=1, turns=6, tool_ms=900)
     assert stats.metrics() == {"tools/call_frequency": 0.75, "tools/failure_frequency": pytest.approx(1 / 3),
                                "tools/calls_per_episode": 0.75, "tools/parse_failures": 0.25, "env/errors": 0.5,
-                               "env/timeouts": 0.25, "env/step_s": pytest.approx(0.3), "episode/turns": 1.5}
+                               "env/timeouts": 0.25, "env/step_s": pytest.approx(0.3), "episode/turns": 1.5,
+                               "episode/rewritten": 0.0}
     assert stats.weights() == {"tools/call_frequency": 4.0, "tools/failure_frequency": 3.0,
                                "tools/calls_per_episode": 4.0, "tools/parse_failures": 4.0, "env/errors": 4.0,
-                               "env/timeouts": 4.0, "env/step_s": 3.0, "episode/turns": 4.0}
+                               "env/timeouts": 4.0, "env/step_s": 3.0, "episode/turns": 4.0,
+                               "episode/rewritten": 4.0}
     assert ToolStats(completions=2).metrics()["tools/failure_frequency"] == 0.0
     # rows of a checkpoint written before the counts grew ([calls, failures]) read the rest as 0
     old = ToolStats.of(Rollout([[1]], [[2]], [[0.0]], [False], tool_counts=[[2, 1]]))

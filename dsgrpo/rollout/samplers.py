@@ -13,6 +13,8 @@ Rows come out prompt by prompt, in order; `seeds[j]` seeds prompt j's run (None:
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Callable, List, Optional, Protocol
 
 from .base import Generator, Rollout, SamplingConfig
@@ -54,19 +56,29 @@ class ToolSampler:
 
 
 class RolloutFuncSampler:
-    """TRL's rollout_func contract: the user's function generates the rows; its extra keys become columns."""
-    uses_tools = False
+    """TRL's rollout_func contract: the user's function generates the rows; its extra keys become columns. Beyond
+    TRL: a function that takes a `columns` keyword also gets the dataset's other columns (one list per column, a
+    value per row), and one whose `reports_tool_counts` is true (rollout/agents.py) returns per-row `tool_counts`
+    (tools.COUNTS' order) for the tools/* and episode/* metrics."""
 
     def __init__(self, rollout_func: Callable, trainer, tokenizer, max_tokens: int):
         self.rollout_func, self.trainer, self.tokenizer, self.max_tokens = rollout_func, trainer, tokenizer, max_tokens
+        try:
+            self.takes_columns = "columns" in inspect.signature(rollout_func).parameters
+        except (TypeError, ValueError):  # a builtin or C callable: TRL's two arguments
+            self.takes_columns = False
+        self.uses_tools = bool(getattr(rollout_func, "reports_tool_counts", False))
 
     def sample(self, prompts, indices, counts, seeds):
-        rows, _ = prompts.rows_for(indices, counts)
-        out = self.rollout_func(rows, self.trainer)
+        rows, columns = prompts.rows_for(indices, counts)
+        out = self.rollout_func(rows, self.trainer, **({"columns": columns} if self.takes_columns else {}))
+        tool_counts = out.pop("tool_counts", None) if self.uses_tools and isinstance(out, dict) else None
         rollout, extra = rollout_from_func_output(
             out, len(rows), eos_token_id=self.tokenizer.eos_token_id, max_tokens=self.max_tokens,
             vocab_size=len(self.tokenizer), dataset_columns=prompts.columns)
         rollout.columns = extra
+        if self.uses_tools:
+            rollout.tool_counts = tool_counts
         return rollout
 
 

@@ -69,7 +69,7 @@ def parse_tool_calls(text: str, call_format: Optional[ToolCallFormat] = None) ->
 
 # what each completion's row of Rollout.tool_counts holds, in order (rows written before a field existed are shorter:
 # the missing counts read 0)
-COUNTS = ("calls", "failures", "parse_failures", "errors", "timeouts", "turns", "tool_ms")
+COUNTS = ("calls", "failures", "parse_failures", "errors", "timeouts", "turns", "tool_ms", "rewrites")
 
 
 @dataclass
@@ -86,6 +86,7 @@ class ToolStats:
     timeouts: int = 0
     turns: int = 0
     tool_ms: int = 0
+    rewrites: int = 0   # agent episodes whose history was rewritten (rollout/agents.py): their last chain trains
 
     @classmethod
     def of(cls, rollout: Rollout) -> "ToolStats":
@@ -104,7 +105,8 @@ class ToolStats:
                 "tools/calls_per_episode": self.calls / episodes,
                 "tools/parse_failures": self.parse_failures / episodes,
                 "env/errors": self.errors / episodes, "env/timeouts": self.timeouts / episodes,
-                "env/step_s": self.tool_ms / 1000 / max(self.calls, 1), "episode/turns": self.turns / episodes}
+                "env/step_s": self.tool_ms / 1000 / max(self.calls, 1), "episode/turns": self.turns / episodes,
+                "episode/rewritten": self.rewrites / episodes}
 
     def weights(self) -> Dict[str, float]:
         per_call = ("tools/failure_frequency", "env/step_s")
@@ -194,8 +196,15 @@ def tool_result_ids(tokenizer, results: Sequence[Tuple[Optional[str], str]],
     each (tool name, result text) and the header of the next assistant turn, as the tokenizer's chat template
     renders them (ChatML: `<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n
     <|im_start|>assistant\\n`)."""
-    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _REPLY_MARKER}]
-    messages += [{"role": "tool", "name": name or "unknown", "content": text} for name, text in results]
+    return ids_after_reply(tokenizer, [{"role": "tool", "name": name or "unknown", "content": text}
+                                       for name, text in results], chat_template_kwargs)
+
+
+def ids_after_reply(tokenizer, messages: Sequence[dict], chat_template_kwargs: Optional[dict] = None) -> List[int]:
+    """Tokens that follow an assistant reply when `messages` (tool results, a user's next message) come after it:
+    the end of that turn, the messages and the header of the next assistant turn, as the chat template renders
+    them."""
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _REPLY_MARKER}, *messages]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                          **(chat_template_kwargs or {}))
     if text.count(_REPLY_MARKER) != 1:

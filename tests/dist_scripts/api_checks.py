@@ -400,6 +400,108 @@ def _():
             "evals": [h for h in t.state.log_history if "eval_reward" in h][:3]}
 
 
+# ------------------------------------------------------------------ 7. agent_rollout: agents that run their own loop
+def agent_section():
+    """An agent (async, its own loop through the OpenAI client) makes 3 calls an episode: the question with the
+    tools, the tool's answer (it runs `add` itself), then one more user message. Odd rows rewrite their history
+    after the tool call (one fresh message holding the result): their last chain trains."""
+    import urllib.error
+    import urllib.request
+
+    from dsgrpo import agent_reward, agent_rollout
+    from dsgrpo.rollout.agents import assemble
+    from dsgrpo.rollout.tools import tool_schemas
+
+    schemas = tool_schemas(TOOLS)
+    calls_made, engine_rows = [], []
+
+    async def agent(client, row):
+        messages = list(row["prompt"])
+        reply = None
+        for turn in range(3):
+            reply = await client.chat.completions.create(model="policy", messages=messages, tools=schemas,
+                                                         temperature=0.7)
+            calls_made.append(row["style"])
+            message = reply.choices[0].message
+            if message.tool_calls:
+                results = []
+                for call in message.tool_calls:
+                    arguments = json.loads(call.function.arguments)
+                    try:
+                        results.append((call, str(TOOLS[0](**arguments)) if call.function.name == "add" else "Error"))
+                    except TypeError as exc:
+                        results.append((call, f"Error: {exc}"))
+                if row["style"] == "rewrite":  # the agent summarises: the tool turn is gone from its history
+                    messages = [{"role": "user", "content": f"{row['prompt'][0]['content']} The add tool says "
+                                                            f"{results[0][1]}."}]
+                    continue
+                messages.append(message.model_dump(exclude_none=True))
+                messages += [{"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": text}
+                             for c, text in results]
+            else:
+                messages += [message.model_dump(exclude_none=True), {"role": "user", "content": "Say it again."}]
+        return 1.0 if "5" in (reply.choices[0].message.content or "") else 0.1 * len(messages)
+
+    rollout = agent_rollout(agent, max_concurrent=8)
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}],
+                               "style": "append" if i % 2 == 0 else "rewrite"} for i in range(16)])
+    trainer = GRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=rollout,
+                          args=config("agents", max_completion_length=160, temperature=1.0))
+    KEEP.append(trainer)
+    original = trainer.generator.generate
+
+    def engine(prompt_ids, counts, sampling, seeds=None):  # the engine's own outputs, row by row
+        out = original(prompt_ids, counts, sampling, seeds=seeds)
+        engine_rows.extend(zip(out.prompt_ids, out.completion_ids, out.sampler_logprobs))
+        return out
+    trainer.generator.generate = engine
+    start = time.time()
+    trainer.train()
+    seconds = time.time() - start
+    episodes = rollout.last_episodes
+    recorded = [(c.prompt_ids, ch.ids, ch.logprobs) for e in episodes for c in e.calls for ch in c.choices]
+    engine_keys = {(tuple(p), tuple(c)): lp for p, c, lp in engine_rows}
+    tok = trainer.tokenizer
+    rows = []
+    for e in episodes:
+        seq = assemble(e.calls, [1])
+        inserted = [t for t, m in zip(seq["completion_ids"], seq["env_mask"]) if m == 0]
+        rows.append({"calls": len(e.calls), "rewritten": seq["rewritten"], "turns": seq["turns"],
+                     "extends": [c.extends for c in e.calls], "inserted": tok.decode(inserted),
+                     "length": len(seq["completion_ids"]),
+                     "answers": [c.sampled.answer for c in e.calls]})
+    # bad requests, sent by hand on an open episode; the endpoint answers each and goes on serving
+    endpoint = rollout.endpoint
+    endpoint.episodes.open("probe", 160)
+
+    def post(body, path="/chat/completions", headers=None):
+        req = urllib.request.Request(endpoint.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+    hello = [{"role": "user", "content": "What is 2 plus 3?"}]
+    bad = {"unknown_model": post({"model": "gpt-9", "messages": hello, "episode_id": "probe"}),
+           "malformed_messages": post({"messages": "hi", "episode_id": "probe"}),
+           "bad_role": post({"messages": [{"role": "wizard", "content": "x"}], "episode_id": "probe"}),
+           "too_many_tokens": post({"messages": [{"role": "user", "content": "7 " * 3000}], "episode_id": "probe"}),
+           "unknown_episode": post({"messages": hello}, headers={"X-Episode-Id": "nobody"}),
+           "stream": post({"messages": hello, "stream": True, "episode_id": "probe"}),
+           "completions": post({"prompt": "Write some numbers", "max_tokens": 4}, "/completions",
+                               {"X-Episode-Id": "probe"}),
+           "after": post({"messages": hello, "max_tokens": 4, "episode_id": "probe"})}
+    return {"history": training_rows(trainer), "seconds": seconds, "rows": rows, "bad": bad,
+            "recorded": len(recorded), "matched_engine": sum(engine_keys.get((tuple(p), tuple(c))) == lp
+                                                            for p, c, lp in recorded),
+            "calls_by_style": {s: calls_made.count(s) for s in ("append", "rewrite")},
+            "endpoint_host": endpoint.host}
+
+
+check("agents")(agent_section)
+
+
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
     json.dump(results, fh)
 dist.barrier("results written")

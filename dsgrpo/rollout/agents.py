@@ -1,0 +1,194 @@
+"""Agents that run their own loop (issue 56): `agent_rollout(agent)` is a rollout_func that runs the user's agent once
+per sample, with an OpenAI client pointed at this rank's policy (rollout/openai_endpoint.py) and the dataset row, and
+trains what the endpoint recorded.
+
+    async def agent(client, row) -> Optional[float]:          # or a plain def, run in a thread with a sync client
+        reply = await client.chat.completions.create(model="policy", messages=row["prompt"], tools=TOOLS)
+        ...                                                   # as many calls as the agent likes, tools of its own
+        return reward                                         # None: excluded from the advantage, as TRL does
+
+    trainer = GRPOTrainer(model, reward_funcs=agent_reward, rollout_func=agent_rollout(agent), args=..., ...)
+
+Each sample is an episode: the client sends its id with every call. The trained sequence is assembled from the
+episode's recorded calls: while each call's prompt continues the previous one's prompt + sampled ids (the endpoint
+builds it so when the agent appends to its conversation), the episode is one sequence, the sampled ids in the loss
+and the tokens in between (tool results, new user messages) masked out. An agent that rewrote its history (dropped
+or summarised turns) starts a new chain: the episode's last chain is what trains, with the episode's reward, and
+the episode is counted in `episode/rewritten` — nothing is re-tokenised. Episodes run concurrently (an agent waits
+on I/O), at most `max_concurrent` at once per rank; an agent that raises or outlives `timeout_s` scores None and is
+counted in `env/errors` / `env/timeouts`, and the run goes on. Metrics: `episode/turns` (calls an episode),
+`tools/calls_per_episode` (tool calls the model wrote), those two, and `episode/rewritten`."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from typing import Any, Callable, Dict, List, Optional
+
+from .. import dist
+from .base import SamplingConfig
+from .openai_endpoint import Call, OpenAIEndpoint
+from .tool_formats import tool_call_format
+from .tools import COUNTS
+
+REWARD_COLUMN = "agent_reward"
+
+
+def agent_reward(completions, agent_reward, **kwargs) -> List[Optional[float]]:
+    """The reward each agent returned (the `agent_reward` column agent_rollout adds): pass as reward_funcs."""
+    return [None if r is None else float(r) for r in agent_reward]
+
+
+def assemble(calls: List[Call], fallback_prompt: List[int]) -> dict:
+    """One episode's trained sequence from its recorded calls: its last chain (see the module docstring). Returns
+    prompt_ids, completion_ids, logprobs, env_mask, versions, the chain's length and whether calls came before it."""
+    if not calls:
+        return {"prompt_ids": fallback_prompt, "completion_ids": [], "logprobs": [], "env_mask": [], "versions": [],
+                "turns": 0, "rewritten": False, "tool_calls": 0}
+    start = len(calls) - 1
+    while start > 0 and calls[start].extends:
+        start -= 1
+    chain = calls[start:]
+    ids, logprobs, mask, versions = [], [], [], []
+    for k, call in enumerate(chain):
+        if k:
+            before = chain[k - 1].prompt_ids + chain[k - 1].sampled.ids
+            if call.prompt_ids[:len(before)] != before:  # the endpoint only marks a call `extends` when it does
+                raise RuntimeError("an agent call marked as continuing its episode does not start with the previous "
+                                   "call's prompt and sampled ids")
+            inserted = call.prompt_ids[len(before):]
+            ids += inserted
+            logprobs += [0.0] * len(inserted)
+            mask += [0] * len(inserted)
+            versions += [versions[-1] if versions else 0] * len(inserted)
+        sampled = call.sampled
+        ids += sampled.ids
+        logprobs += sampled.logprobs
+        mask += [1] * len(sampled.ids)
+        versions += sampled.versions
+    return {"prompt_ids": chain[0].prompt_ids, "completion_ids": ids, "logprobs": logprobs, "env_mask": mask,
+            "versions": versions, "turns": len(chain), "rewritten": start > 0,
+            "tool_calls": sum(len((c.sampled.answer or {}).get("tool_calls", [])) for c in chain)}
+
+
+class AgentRollout:
+    """What `agent_rollout` returns: a rollout_func (TRL's contract, plus the dataset's columns when the trainer
+    gives them) whose rows also carry tool counts for the metrics."""
+    reports_tool_counts = True
+
+    def __init__(self, agent: Callable, *, max_concurrent: int = 32, timeout_s: float = 600.0,
+                 host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None, model_name: str = "policy"):
+        if not callable(agent):
+            raise TypeError(f"agent_rollout({agent!r}): pass the agent function, `async def agent(client, row)` or "
+                            "`def agent(client, row)`, returning the episode's reward (or None).")
+        if len(inspect.signature(agent).parameters) < 2:
+            raise TypeError(f"agent_rollout: {getattr(agent, '__name__', agent)!r} must take (client, row): an "
+                            "OpenAI client for the policy and the dataset row.")
+        if not (isinstance(max_concurrent, int) and max_concurrent >= 1):
+            raise ValueError(f"agent_rollout: max_concurrent={max_concurrent!r}; use a positive integer.")
+        if host not in ("127.0.0.1", "localhost", "::1") and not token:
+            raise ValueError(f"agent_rollout: host={host!r} exposes the policy beyond this machine; give a token too.")
+        self.agent, self.max_concurrent, self.timeout_s = agent, max_concurrent, timeout_s
+        self.host, self.port, self.token, self.model_name = host, port, token, model_name
+        self.endpoint: Optional[OpenAIEndpoint] = None
+        self.rounds = 0
+        self.last_episodes: list = []  # the last round's episodes as recorded (their calls), for inspection
+
+    # ---- the endpoint, built on the first round from the trainer's engine
+    def _endpoint(self, trainer) -> OpenAIEndpoint:
+        if self.endpoint is None:
+            generator, tokenizer, args = trainer.generator, trainer.processing_class, trainer.args
+            if generator is None:
+                raise ValueError("agent_rollout needs this rank's generation engine (use_vllm with vllm_mode="
+                                 "'colocate', the default): the agents' calls are served by it.")
+            self.endpoint = OpenAIEndpoint(
+                generator, tokenizer, SamplingConfig.from_args(args),
+                call_format=tool_call_format(tokenizer, args.tool_call_format),
+                max_model_len=getattr(generator, "max_model_len", None), model_name=self.model_name, host=self.host,
+                port=self.port, token=self.token, chat_template_kwargs=args.chat_template_kwargs)
+        return self.endpoint
+
+    def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
+
+    # ---- a round
+    def __call__(self, prompts: List[Any], trainer, columns: Optional[Dict[str, list]] = None) -> dict:
+        endpoint = self._endpoint(trainer)
+        budget = trainer.args.max_completion_length
+        rows = [{"prompt": p, **{c: v[i] for c, v in (columns or {}).items()}} for i, p in enumerate(prompts)]
+        ids = [f"{dist.rank()}-{self.rounds}-{i}-{uuid.uuid4().hex[:8]}" for i in range(len(rows))]
+        self.rounds += 1
+        for episode_id in ids:
+            endpoint.episodes.open(episode_id, budget)
+        outcomes = asyncio.run(self._run_all(endpoint, rows, ids))
+        out: Dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
+                                REWARD_COLUMN: [], "tool_counts": []}
+        tokenizer = trainer.processing_class
+        self.last_episodes = []
+        for row, episode_id, (reward, how) in zip(rows, ids, outcomes):
+            episode = endpoint.episodes.close(episode_id)
+            self.last_episodes.append(episode)
+            seq = assemble(episode.calls, _prompt_ids(tokenizer, row["prompt"]))
+            for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
+                out[key].append(seq[key])
+            out[REWARD_COLUMN].append(reward)
+            counts = dict(calls=seq["tool_calls"], turns=seq["turns"], errors=int(how == "error"),
+                          timeouts=int(how == "timeout"), rewrites=int(seq["rewritten"]))
+            out["tool_counts"].append([counts.get(k, 0) for k in COUNTS])
+        return out
+
+    async def _run_all(self, endpoint: OpenAIEndpoint, rows: List[dict], ids: List[str]):
+        import httpx
+        import openai
+
+        gate = asyncio.Semaphore(self.max_concurrent)
+        is_async = inspect.iscoroutinefunction(self.agent)
+        common = dict(base_url=endpoint.url, api_key=self.token or "dsgrpo", max_retries=0, timeout=self.timeout_s)
+        if is_async:
+            base = openai.AsyncOpenAI(**common, http_client=httpx.AsyncClient(trust_env=False))
+        else:
+            base = openai.OpenAI(**common, http_client=httpx.Client(trust_env=False))
+        warned = []
+
+        async def one(row, episode_id):
+            client = base.with_options(default_headers={"X-Episode-Id": episode_id})
+            async with gate:
+                try:
+                    if is_async:
+                        reward = await asyncio.wait_for(self.agent(client, row), self.timeout_s)
+                    else:
+                        reward = await asyncio.wait_for(asyncio.to_thread(self.agent, client, row), self.timeout_s)
+                    return (None if reward is None else float(reward)), "ok"
+                except asyncio.TimeoutError:
+                    return None, "timeout"
+                except Exception as exc:  # noqa: BLE001 - an agent's failure ends its episode, not the run
+                    if not warned:
+                        warned.append(1)
+                        print(f"dsgrpo: warning: an agent episode raised {type(exc).__name__}: {exc} (it scores "
+                              "None; counted in env/errors)", flush=True)
+                    return None, "error"
+        try:
+            return await asyncio.gather(*(one(row, episode_id) for row, episode_id in zip(rows, ids)))
+        finally:
+            if is_async:
+                await base.close()
+            else:
+                base.close()
+
+
+def _prompt_ids(tokenizer, prompt) -> List[int]:
+    """The row's prompt as the policy sees it (an episode that made no call trains nothing but keeps its row)."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt, add_special_tokens=False)["input_ids"] or [tokenizer.eos_token_id]
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def agent_rollout(agent: Callable, **options) -> AgentRollout:
+    """A rollout_func that runs `agent(client, row)` once per sample against this rank's policy (module docstring).
+    Options: max_concurrent (episodes in flight per rank, 32), timeout_s (an episode's limit, 600), host/port/token
+    of the endpoint (loopback, a free port, none), model_name ("policy")."""
+    return AgentRollout(agent, **options)

@@ -1,0 +1,393 @@
+"""An OpenAI-compatible endpoint on this rank's generator, for agents that run their own loop (issue 56).
+
+`POST /v1/chat/completions` (messages, tools, tool_choice auto/none, n, temperature, top_p, top_k, max_tokens /
+max_completion_tokens, stop, seed) and `POST /v1/completions` (a prompt as text or token ids), `GET /v1/models` and
+`/health`, served by http.json_server: loopback by default, a token required to bind anything else, size and
+connection limits. Every request names its episode (`episode_id` in the body, which the openai client sends with
+`extra_body`, or an `X-Episode-Id` header) among those the trainer opened; each call's prompt ids, sampled ids,
+log-probs and weight versions are recorded under it, and the trainer trains exactly those (rollout/agents.py).
+
+Token-exact by construction: when a chat request's messages are the episode's previous request's messages, then
+the assistant message that request was answered with, then new messages, its prompt is the previous prompt + the
+ids that were sampled + the new messages' tokens as the chat template renders them after an assistant turn
+(tools.ids_after_reply) — never a re-tokenisation of the conversation. A completions request continues when its
+ids start with the previous prompt + sampled ids. Any other request (the agent rewrote its history) starts a new
+chain of calls. An episode's chain holds at most `max_completion_length` tokens after its first prompt: a call is
+given what is left, and none once it is used up.
+
+Calls waiting together are generated in one engine call (a few milliseconds' window), so many episodes in flight
+keep the engine's batch full. A bad request gets an OpenAI-style error ({"error": {"message", "type", "param",
+"code"}}) and the engine goes on."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Tuple
+
+from ..http import json_server
+from .base import SamplingConfig
+from .tools import assistant_message, ids_after_reply
+
+ROLES = ("system", "user", "assistant", "tool")
+MAX_N = 64
+BATCH_WINDOW_S = 0.005
+
+
+class RequestError(ValueError):
+    """A request the endpoint refuses: OpenAI's error shape, with this status."""
+
+    def __init__(self, message: str, param: Optional[str] = None, code: Optional[str] = None, status: int = 400,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+    def reply(self) -> Tuple[int, dict]:
+        return self.status, {"error": {"message": str(self), "type": self.kind, "param": self.param,
+                                       "code": self.code}}
+
+
+@dataclass
+class Choice:
+    ids: List[int]
+    logprobs: List[float]
+    versions: List[int]
+    truncated: bool
+    answer: Optional[dict] = None   # chat: the assistant message sent back, normalised (matched by the next call)
+
+
+@dataclass
+class Call:
+    """One request: its prompt and the n completions it was answered with; `chosen` is the one the episode went on
+    with (the next request's match; the first until one is known)."""
+    prompt_ids: List[int]
+    choices: List[Choice]
+    extends: bool                         # the prompt continues the previous call's prompt + chosen completion
+    messages: Optional[List[dict]] = None  # chat: the request's messages, normalised
+    chosen: int = 0
+
+    @property
+    def sampled(self) -> Choice:
+        return self.choices[self.chosen]
+
+
+@dataclass
+class Episode:
+    budget: int                           # tokens a chain may hold after its first prompt
+    calls: List[Call] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def chain_start(self) -> int:
+        """Index of the first call of the current chain."""
+        k = len(self.calls) - 1
+        while k > 0 and self.calls[k].extends:
+            k -= 1
+        return max(k, 0)
+
+
+class Episodes:
+    """The episodes the trainer opened, by id (thread-safe); a request naming another id is refused."""
+
+    def __init__(self):
+        self._open: Dict[str, Episode] = {}
+        self._lock = threading.Lock()
+
+    def open(self, episode_id: str, budget: int) -> None:
+        with self._lock:
+            self._open[episode_id] = Episode(budget)
+
+    def get(self, episode_id) -> Episode:
+        with self._lock:
+            episode = self._open.get(str(episode_id)) if episode_id is not None else None
+        if episode is None:
+            raise RequestError("the request names no open episode: pass the episode id the trainer gave your agent "
+                               "(extra_body={'episode_id': ...} or the X-Episode-Id header)", "episode_id",
+                               "unknown_episode", status=404 if episode_id is not None else 400)
+        return episode
+
+    def close(self, episode_id: str) -> Episode:
+        with self._lock:
+            return self._open.pop(episode_id)
+
+
+def normal_message(message, index: int) -> dict:
+    """A request's message as the chat template reads it; tool call arguments sent as a JSON string (OpenAI's
+    form) become the object the templates expect. Raises RequestError naming the message."""
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        raise RequestError(f"messages[{index}] must be an object whose role is one of {list(ROLES)}", "messages")
+    content = message.get("content")
+    if isinstance(content, list):  # OpenAI's content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise RequestError(f"messages[{index}].content: only text parts are served", "messages")
+        content = "".join(p["text"] for p in content)
+    if content is not None and not isinstance(content, str):
+        raise RequestError(f"messages[{index}].content must be a string, text parts or null", "messages")
+    out = {"role": message["role"], "content": content or ""}
+    if message.get("tool_calls"):
+        calls = []
+        for call in message["tool_calls"]:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise RequestError(f"messages[{index}].tool_calls: each needs function.name", "messages")
+            arguments = fn.get("arguments", {})
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments) if arguments.strip() else {}
+                except ValueError:
+                    raise RequestError(f"messages[{index}].tool_calls: arguments of {fn['name']!r} are not JSON",
+                                       "messages") from None
+            calls.append({"type": "function", "function": {"name": fn["name"], "arguments": arguments}})
+        out["tool_calls"] = calls
+    if message["role"] == "tool" and message.get("name"):
+        out["name"] = message["name"]
+    return out
+
+
+def _answer_matches(sent: Optional[dict], given: dict) -> bool:
+    """The assistant message a request repeats is the one it was answered with (content and calls)."""
+    if sent is None or given.get("role") != "assistant":
+        return False
+    calls = lambda m: [(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls", [])]  # noqa: E731
+    return sent["content"].strip() == given["content"].strip() and calls(sent) == calls(given)
+
+
+class OpenAIEndpoint:
+    """The endpoint and its engine thread. `url` is the base an OpenAI client takes; `episodes` the open ones."""
+
+    def __init__(self, generator, tokenizer, sampling: SamplingConfig, *, call_format, max_model_len: Optional[int],
+                 model_name: str = "policy", host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
+                 max_request_bytes: int = 16 * 2**20, chat_template_kwargs: Optional[dict] = None):
+        self.generator, self.tokenizer, self.sampling = generator, tokenizer, sampling
+        self.call_format, self.max_model_len, self.model_name = call_format, max_model_len, model_name
+        self.template_kwargs = dict(chat_template_kwargs or {})
+        self.episodes = Episodes()
+        self.calls_served = 0
+        self._pending: "queue.Queue" = queue.Queue()
+        self._stop = threading.Event()
+        routes = {("POST", "/v1/chat/completions"): self._answering(self._chat),
+                  ("POST", "/v1/completions"): self._answering(self._complete),
+                  ("GET", "/v1/models"): lambda body: (200, {"object": "list", "data": [
+                      {"id": model_name, "object": "model", "owned_by": "dsgrpo"}]}),
+                  ("GET", "/health"): lambda body: (200, {"status": "ok"})}
+        self.server = json_server(routes, host, port, token, max_request_bytes, max_connections=256,
+                                  read_timeout_s=60.0, header_fields={"X-Episode-Id": "episode_id"})
+        self.host, self.port = host, self.server.server_address[1]
+        self._threads = [threading.Thread(target=self.server.serve_forever, name="openai-endpoint", daemon=True),
+                         threading.Thread(target=self._engine_loop, name="openai-endpoint-engine", daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ------------------------------------------------------------------------------------------------ requests
+    @staticmethod
+    def _answering(route):
+        def answer(body):
+            try:
+                return route(body)
+            except RequestError as exc:
+                return exc.reply()
+        return answer
+
+    def _common(self, body: dict) -> Tuple[Episode, int, SamplingConfig, Optional[int], Optional[int]]:
+        if body.get("model") not in (None, self.model_name):
+            raise RequestError(f"The model {body.get('model')!r} does not exist; this endpoint serves "
+                               f"{self.model_name!r}.", "model", "model_not_found", status=404)
+        if body.get("stream"):
+            raise RequestError("stream=true is not served yet; ask with stream=false", "stream")
+        episode = self.episodes.get(body.get("episode_id"))
+        n = body.get("n", 1)
+        if not isinstance(n, int) or not 1 <= n <= MAX_N:
+            raise RequestError(f"n must be an integer from 1 to {MAX_N}", "n")
+        changes = {}
+        for key, kind in (("temperature", (int, float)), ("top_p", (int, float)), ("top_k", int)):
+            if body.get(key) is not None:
+                if not isinstance(body[key], kind) or isinstance(body[key], bool):
+                    raise RequestError(f"{key} must be a number", key)
+                changes[key] = body[key]
+        extra = dict(self.sampling.extra)
+        if body.get("stop") is not None:
+            stop = [body["stop"]] if isinstance(body["stop"], str) else body["stop"]
+            if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 8):
+                raise RequestError("stop must be a string or a list of at most 8 strings", "stop")
+            extra["stop"] = stop
+        wanted = body.get("max_completion_tokens", body.get("max_tokens"))
+        if wanted is not None and (not isinstance(wanted, int) or wanted < 1):
+            raise RequestError("max_tokens must be a positive integer", "max_tokens")
+        seed = body.get("seed")
+        if seed is not None and not isinstance(seed, int):
+            raise RequestError("seed must be an integer", "seed")
+        return episode, n, replace(self.sampling, extra=extra, **changes), wanted, seed
+
+    def _room(self, episode: Episode, prompt_ids: List[int], extends: bool, wanted: Optional[int]) -> int:
+        if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
+            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the engine's context holds "
+                               f"{self.max_model_len}", "messages", "context_length_exceeded")
+        start = len(episode.calls[episode.chain_start()].prompt_ids) if extends else len(prompt_ids)
+        room = episode.budget - (len(prompt_ids) - start)
+        if self.max_model_len is not None:
+            room = min(room, self.max_model_len - len(prompt_ids))
+        if room <= 0:
+            raise RequestError(f"this episode's token budget is used up: its conversation holds "
+                               f"{len(prompt_ids) - start} tokens after its first prompt, and the trainer trains at "
+                               f"most {episode.budget} (max_completion_length)", "messages",
+                               "context_length_exceeded")
+        return min(room, wanted) if wanted is not None else room
+
+    def _chat(self, body: dict) -> Tuple[int, dict]:
+        episode, n, sampling, wanted, seed = self._common(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages must be a non-empty list", "messages")
+        messages = [normal_message(m, i) for i, m in enumerate(messages)]
+        tools = body.get("tools") or None
+        if tools is not None and not (isinstance(tools, list) and all(
+                isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
+                for t in tools)):
+            raise RequestError("tools must be a list of {'type': 'function', 'function': {'name', ...}}", "tools")
+        choice = body.get("tool_choice")
+        if choice not in (None, "auto", "none"):
+            raise RequestError("tool_choice: only 'auto' and 'none' are served", "tool_choice")
+        if choice == "none":
+            tools = None
+        with episode.lock:
+            prompt_ids, extends = self._chat_prompt(episode, messages, tools)
+            room = self._room(episode, prompt_ids, extends, wanted)
+        choices = self._generate(prompt_ids, n, sampling, room, seed)
+        out = []
+        for i, c in enumerate(choices):
+            text = self.tokenizer.decode(c.ids[:-1] if c.ids and c.ids[-1] == self.tokenizer.eos_token_id
+                                         else c.ids, skip_special_tokens=False)
+            message = assistant_message(text, self.call_format)
+            c.answer = normal_message(message, 0)
+            reply = {"role": "assistant", "content": message["content"] or None}
+            if message.get("tool_calls"):
+                reply["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                        "function": {"name": t["function"]["name"],
+                                                     "arguments": json.dumps(t["function"]["arguments"])}}
+                                       for t in message["tool_calls"]]
+            finish = "length" if c.truncated else ("tool_calls" if message.get("tool_calls") else "stop")
+            out.append({"index": i, "message": reply, "finish_reason": finish, "logprobs": None})
+        self._record(episode, Call(prompt_ids, choices, extends, messages))
+        return 200, {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                     "model": self.model_name, "choices": out, "usage": _usage(prompt_ids, choices)}
+
+    def _chat_prompt(self, episode: Episode, messages: List[dict], tools) -> Tuple[List[int], bool]:
+        """(prompt ids, whether they continue the episode's last call): see the module's docstring."""
+        last = episode.calls[-1] if episode.calls else None
+        if last is not None and last.messages is not None:
+            k = len(last.messages)
+            if len(messages) > k + 1 and messages[:k] == last.messages:
+                for j, c in enumerate(last.choices):
+                    if _answer_matches(c.answer, messages[k]):
+                        last.chosen = j
+                        after = ids_after_reply(self.tokenizer, messages[k + 1:], self.template_kwargs)
+                        if c.ids and after and c.ids[-1] == after[0] and after[0] in self.tokenizer.all_special_ids:
+                            after = after[1:]  # the model sampled the end-of-turn token the template starts with
+                        return last.prompt_ids + c.ids + after, True
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                                  **self.template_kwargs)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"], False
+
+    def _complete(self, body: dict) -> Tuple[int, dict]:
+        episode, n, sampling, wanted, seed = self._common(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) and prompt:
+            prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and 0 <= t < len(self.tokenizer)
+                                                         for t in prompt):
+            prompt_ids = list(prompt)
+        else:
+            raise RequestError("prompt must be a non-empty string or a list of token ids of this model", "prompt")
+        with episode.lock:
+            extends = False
+            last = episode.calls[-1] if episode.calls else None
+            for j, c in enumerate(last.choices if last else []):
+                head = last.prompt_ids + c.ids
+                if len(prompt_ids) > len(head) and prompt_ids[:len(head)] == head:
+                    last.chosen, extends = j, True
+                    break
+            room = self._room(episode, prompt_ids, extends, wanted)
+        choices = self._generate(prompt_ids, n, sampling, room, seed)
+        self._record(episode, Call(prompt_ids, choices, extends))
+        out = [{"index": i, "text": self.tokenizer.decode(c.ids, skip_special_tokens=True), "logprobs": None,
+                "finish_reason": "length" if c.truncated else "stop"} for i, c in enumerate(choices)]
+        return 200, {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                     "model": self.model_name, "choices": out, "usage": _usage(prompt_ids, choices)}
+
+    def _record(self, episode: Episode, call: Call) -> None:
+        with episode.lock:
+            episode.calls.append(call)
+        self.calls_served += 1
+
+    # ------------------------------------------------------------------------------------------------ the engine
+    def _generate(self, prompt_ids: List[int], n: int, sampling: SamplingConfig, max_tokens: int,
+                  seed: Optional[int]) -> List[Choice]:
+        done = threading.Event()
+        slot: dict = {}
+        self._pending.put((prompt_ids, n, sampling, max_tokens, seed, done, slot))
+        done.wait()
+        if "error" in slot:
+            raise RuntimeError(f"the engine failed: {slot['error']}")
+        return slot["choices"]
+
+    def _engine_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._pending.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            time.sleep(BATCH_WINDOW_S)  # let the calls sent together arrive
+            batch = [first]
+            while True:
+                try:
+                    batch.append(self._pending.get_nowait())
+                except queue.Empty:
+                    break
+            groups: Dict[str, list] = {}
+            for item in batch:  # one engine call per sampling setting; each row cut to its own max_tokens
+                groups.setdefault(json.dumps(item[2].to_json(), sort_keys=True, default=str), []).append(item)
+            for items in groups.values():
+                self._run(items)
+
+    def _run(self, items: list) -> None:
+        try:
+            longest = max(item[3] for item in items)
+            rollout = self.generator.generate([item[0] for item in items], [item[1] for item in items],
+                                              replace(items[0][2], max_tokens=longest),
+                                              seeds=[item[4] for item in items])
+            row = 0
+            for prompt_ids, n, _, max_tokens, _, done, slot in items:
+                choices = []
+                for _ in range(n):
+                    ids, lps = rollout.completion_ids[row], rollout.sampler_logprobs[row]
+                    versions = (rollout.weight_versions[row] if rollout.weight_versions
+                                else [getattr(self.generator, "weight_version", 0)] * len(ids))
+                    choices.append(Choice(list(ids[:max_tokens]), list(lps[:max_tokens]),
+                                          list(versions[:max_tokens]),
+                                          rollout.truncated[row] or len(ids) > max_tokens))
+                    row += 1
+                slot["choices"] = choices
+                done.set()
+        except Exception as exc:  # noqa: BLE001 - every waiting request hears of it; the endpoint goes on
+            for item in items:
+                item[6]["error"] = f"{type(exc).__name__}: {exc}"
+                item[5].set()
+
+
+def _usage(prompt_ids: List[int], choices: List[Choice]) -> dict:
+    completion = sum(len(c.ids) for c in choices)
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
+            "total_tokens": len(prompt_ids) + completion}
