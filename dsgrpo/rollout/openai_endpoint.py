@@ -1,7 +1,7 @@
 """An OpenAI-compatible endpoint on this rank's generator, for agents that run their own loop (issue 56).
 
-`POST /v1/chat/completions` (messages, tools, tool_choice auto/none, n, temperature, top_p, top_k, max_tokens /
-max_completion_tokens, stop, seed) and `POST /v1/completions` (a prompt as text or token ids), `GET /v1/models` and
+`POST /v1/chat/completions` (messages, tools, tool_choice auto/none, n, max_tokens / max_completion_tokens, stop,
+seed; temperature, top_p and top_k are the trainer's, whatever a request asks, as the trained log-probs need) and `POST /v1/completions` (a prompt as text or token ids), `GET /v1/models` and
 `/health`, served by http.json_server: loopback by default, a token required to bind anything else, size and
 connection limits. Every request names its episode (`episode_id` in the body, which the openai client sends with
 `extra_body`, or an `X-Episode-Id` header) among those the trainer opened; each call's prompt ids, sampled ids,
@@ -211,12 +211,11 @@ class OpenAIEndpoint:
         n = body.get("n", 1)
         if not isinstance(n, int) or not 1 <= n <= MAX_N:
             raise RequestError(f"n must be an integer from 1 to {MAX_N}", "n")
-        changes = {}
         for key, kind in (("temperature", (int, float)), ("top_p", (int, float)), ("top_k", int)):
-            if body.get(key) is not None:
-                if not isinstance(body[key], kind) or isinstance(body[key], bool):
-                    raise RequestError(f"{key} must be a number", key)
-                changes[key] = body[key]
+            # read, then left at the trainer's: the trained log-probs are the policy's at its temperature, top_p
+            # and top_k, so tokens sampled at an agent's own settings would be weighed by the wrong ratio
+            if body.get(key) is not None and (not isinstance(body[key], kind) or isinstance(body[key], bool)):
+                raise RequestError(f"{key} must be a number", key)
         extra = dict(self.sampling.extra)
         if body.get("stop") is not None:
             stop = [body["stop"]] if isinstance(body["stop"], str) else body["stop"]
@@ -229,7 +228,7 @@ class OpenAIEndpoint:
         seed = body.get("seed")
         if seed is not None and not isinstance(seed, int):
             raise RequestError("seed must be an integer", "seed")
-        return episode, n, replace(self.sampling, extra=extra, **changes), wanted, seed
+        return episode, n, replace(self.sampling, extra=extra), wanted, seed
 
     def _room(self, episode: Episode, prompt_ids: List[int], extends: bool, wanted: Optional[int]) -> int:
         if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:

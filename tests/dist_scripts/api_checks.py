@@ -446,7 +446,7 @@ def agent_section():
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}],
                                "style": "append" if i % 2 == 0 else "rewrite"} for i in range(16)])
     trainer = GRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=rollout,
-                          args=config("agents", max_completion_length=160, temperature=1.0))
+                          args=config("agents", max_completion_length=256, temperature=1.0))
     KEEP.append(trainer)
     original = trainer.generator.generate
 
@@ -460,7 +460,12 @@ def agent_section():
     seconds = time.time() - start
     episodes = rollout.last_episodes
     recorded = [(c.prompt_ids, ch.ids, ch.logprobs) for e in episodes for c in e.calls for ch in c.choices]
-    engine_keys = {(tuple(p), tuple(c)): lp for p, c, lp in engine_rows}
+    by_prompt = {}
+    for p, c, lp in engine_rows:
+        by_prompt.setdefault(tuple(p), []).append((c, lp))
+
+    def sampled_so(p, c, lp):  # a row the engine sampled starts so (a call cut to its own room keeps a prefix)
+        return any(ec[:len(c)] == c and elp[:len(lp)] == lp for ec, elp in by_prompt.get(tuple(p), []))
     tok = trainer.tokenizer
     rows = []
     for e in episodes:
@@ -472,7 +477,7 @@ def agent_section():
                      "answers": [c.sampled.answer for c in e.calls]})
     # bad requests, sent by hand on an open episode; the endpoint answers each and goes on serving
     endpoint = rollout.endpoint
-    endpoint.episodes.open("probe", 160)
+    endpoint.episodes.open("probe", 256)
 
     def post(body, path="/chat/completions", headers=None):
         req = urllib.request.Request(endpoint.url + path, data=json.dumps(body).encode(), method="POST",
@@ -493,8 +498,7 @@ def agent_section():
                                {"X-Episode-Id": "probe"}),
            "after": post({"messages": hello, "max_tokens": 4, "episode_id": "probe"})}
     return {"history": training_rows(trainer), "seconds": seconds, "rows": rows, "bad": bad,
-            "recorded": len(recorded), "matched_engine": sum(engine_keys.get((tuple(p), tuple(c))) == lp
-                                                            for p, c, lp in recorded),
+            "recorded": len(recorded), "matched_engine": sum(sampled_so(p, c, lp) for p, c, lp in recorded),
             "calls_by_style": {s: calls_made.count(s) for s in ("append", "rewrite")},
             "endpoint_host": endpoint.host}
 
