@@ -57,6 +57,18 @@ def run(seed: int, isa: str, out: str, extra: list) -> dict:
     init = os.path.join(out, f"init_model-{isa}")
     cmd = ["bash", "launch_scripts/train.sh", "examples/cpu_demo.yaml", "--model", init,
            "--output_dir", run_dir, "--seed", str(seed), *extra]
+    found, wall, error = launch(cmd, run_dir, env)
+    if error:
+        return {"seed": seed, "isa": name, "error": error, "wall": wall}
+    first, last = found
+    after = held_out(run_dir, env)
+    return {"seed": seed, "isa": name, "first": first, "last": last, "ratio": last / max(first, 1e-9), "wall": wall,
+            "pass_after": after["greedy_pass@1"], "sampled_after": after["sampled_reward"]}
+
+
+def launch(cmd: list, run_dir: str, env: dict = None) -> tuple:
+    """Run a train.sh command, keep its output in run_dir/stdout.log: ((first 5, last 5) mean rewards from the
+    trainer's summary line, wall seconds, None), or (None, wall seconds, what went wrong)."""
     start = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.time() - start
@@ -65,11 +77,8 @@ def run(seed: int, isa: str, out: str, extra: list) -> dict:
         fh.write(proc.stdout + proc.stderr)
     found = SUMMARY.search(proc.stdout)
     if proc.returncode or not found:
-        return {"seed": seed, "isa": name, "error": f"exit {proc.returncode}; see {run_dir}/stdout.log", "wall": wall}
-    first, last = float(found.group(1)), float(found.group(2))
-    after = held_out(run_dir, env)
-    return {"seed": seed, "isa": name, "first": first, "last": last, "ratio": last / max(first, 1e-9), "wall": wall,
-            "pass_after": after["greedy_pass@1"], "sampled_after": after["sampled_reward"]}
+        return None, wall, f"exit {proc.returncode}; see {run_dir}/stdout.log"
+    return (float(found.group(1)), float(found.group(2))), wall, None
 
 
 def isa_env(isa: str) -> dict:

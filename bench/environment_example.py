@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUMMARY = re.compile(r"first 5 rounds: ([0-9.]+)\s+last 5 rounds: ([0-9.]+)")
+from demo_robustness import REPO, launch  # train.sh with its output kept and its summary line read
 
 
 def run(seed: int, out: str, extra: list) -> dict:
@@ -32,21 +30,15 @@ def run(seed: int, out: str, extra: list) -> dict:
     warmup = time.time() - start
     cmd = ["bash", "launch_scripts/train.sh", "examples/cpu_door.yaml", "--model", init, "--output_dir", run_dir,
            "--seed", str(seed), "--logging_steps", "1", *extra]
-    start = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
-    wall = time.time() - start
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "stdout.log"), "w") as fh:
-        fh.write(proc.stdout + proc.stderr)
-    found = SUMMARY.search(proc.stdout)
-    if proc.returncode or not found:
-        return {"seed": seed, "error": f"exit {proc.returncode}; see {run_dir}/stdout.log", "wall": wall}
+    found, wall, error = launch(cmd, run_dir)
+    if error:
+        return {"seed": seed, "error": error, "wall": wall}
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if line.strip()]
     rows = [r for r in rows if "reward" in r]
     per_round = 2 * 32  # the example's episodes a round: 2 ranks x per_device_train_batch_size
     round_s = sum(r["perf/step_time_s"] for r in rows)
     tools_s = sum(r["env/step_s"] * r["tools/calls_per_episode"] * per_round / 2 for r in rows)  # a rank's share
-    first, last = float(found.group(1)), float(found.group(2))
+    first, last = found
     return {"seed": seed, "first": first, "last": last, "ratio": last / max(first, 1e-9), "warmup": warmup,
             "wall": wall, "curve": [(r["step"], r["reward"]) for r in rows],
             "calls_last": sum(r["tools/calls_per_episode"] for r in rows[-5:]) / 5,

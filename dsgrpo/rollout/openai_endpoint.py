@@ -166,7 +166,6 @@ class OpenAIEndpoint:
         self.call_format, self.max_model_len, self.model_name = call_format, max_model_len, model_name
         self.template_kwargs = dict(chat_template_kwargs or {})
         self.episodes = Episodes()
-        self.calls_served = 0
         self._pending: "queue.Queue" = queue.Queue()
         self._stop = threading.Event()
         routes = {("POST", "/v1/chat/completions"): self._answering(self._chat),
@@ -329,7 +328,6 @@ class OpenAIEndpoint:
     def _record(self, episode: Episode, call: Call) -> None:
         with episode.lock:
             episode.calls.append(call)
-        self.calls_served += 1
 
     # ------------------------------------------------------------------------------------------------ the engine
     def _generate(self, prompt_ids: List[int], n: int, sampling: SamplingConfig, max_tokens: int,
