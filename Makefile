@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= offline
 
-.PHONY: setup setup-gpu test test-unit test-dist trl-tests demo lock lock-gpu clean
+.PHONY: setup setup-gpu test test-unit test-dist lint trl-tests demo lock lock-gpu clean
 
 setup: $(STAMP)
 
@@ -69,6 +69,10 @@ test-unit: setup
 
 test-dist: setup
 	$(PY) -m pytest -q -m "dist or slow" tests
+
+# pyflakes' and pycodestyle's checks (ruff.toml says which and why no formatter); tests/test_lint.py runs it too.
+lint: setup
+	$(VENV)/bin/ruff check .
 
 # TRL's own GRPOTrainer tests (../shared/trl_tests, both files) against this checkout: about 40 minutes on 2 cores,
 # so not part of `make test`. TRL_TESTS_IMPL=trl runs the same files against TRL 1.16 itself (the control).

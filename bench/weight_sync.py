@@ -94,7 +94,6 @@ def worker(a) -> int:
         seconds.append(time.perf_counter() - start)
         phases.append(trainer.source.sync_metrics())
     if dist.is_main():
-        stats = trainer.source.last_sync
         with open(os.path.join(a.out, f"{a.worker}.json"), "w") as fh:
             json.dump({"seconds": seconds, "bytes": nbytes, "dtype": str(next(module.parameters()).dtype),
                        "memcpy_s": memcpy_seconds(nbytes, 3), "threads": torch.get_num_threads(),

@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-from dsgrpo.rewards import (RemoteReward, RemoteRewardError, RewardError, RewardStack, accuracy_reward, code_reward,
-                            get_length_penalty, get_soft_overlong_punishment, think_format_reward)
+from dsgrpo.rewards import (RemoteReward, RemoteRewardError, RewardError, RewardStack, accuracy_reward, get_length_penalty, get_soft_overlong_punishment, think_format_reward)
 from dsgrpo.rewards.remote import make_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

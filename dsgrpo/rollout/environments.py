@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .base import Generator, Rollout, SamplingConfig, round_seed
+from .base import Generator, SamplingConfig, round_seed
 from .tools import ToolRunner, run_tool_turns, tool_schemas
 
 # methods of an environment that are not tools: TRL's contract

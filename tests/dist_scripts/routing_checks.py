@@ -14,7 +14,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
