@@ -21,6 +21,14 @@ Route = Callable[[dict], Tuple[int, dict]]   # request body → (status, reply)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+class EventStream:
+    """A reply sent as server-sent events (`text/event-stream`): one `data: {json}` event a dict, then `data:
+    [DONE]` (OpenAI's stream=true). A route returns (200, EventStream(events)); the connection closes after it."""
+
+    def __init__(self, events):
+        self.events = list(events)
+
+
 class HTTPError(RuntimeError):
     def __init__(self, url: str, status: int, message: str):
         super().__init__(f"{url}: HTTP {status}: {message}")
@@ -65,7 +73,9 @@ def json_server(routes: Dict[Tuple[str, str], Route], host: str, port: int, toke
         def log_message(self, fmt, *args):  # quiet by default
             pass
 
-        def _reply(self, code: int, payload: dict) -> None:
+        def _reply(self, code: int, payload) -> None:
+            if isinstance(payload, EventStream):
+                return self._stream(code, payload)
             data = json.dumps(payload).encode()
             try:
                 self.send_response(code)
@@ -75,6 +85,21 @@ def json_server(routes: Dict[Tuple[str, str], Route], host: str, port: int, toke
                 self.wfile.write(data)
             except OSError:  # the client gave up (a timeout, a refused body)
                 self.close_connection = True
+
+        def _stream(self, code: int, stream: EventStream) -> None:
+            self.close_connection = True  # no Content-Length: the stream ends with the connection
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for event in stream.events:
+                    self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except OSError:
+                pass
 
         def send_error(self, code, message=None, explain=None):
             # http.server's own refusals (a bad request line, too many headers): JSON, one line, like ours, with a

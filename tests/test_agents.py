@@ -2,6 +2,8 @@
 recorded calls become the trained sequence, how a request's messages are read, and the refusals of agent_rollout.
 The endpoint on a real engine, with an agent on 2 ranks: tests/test_api_dist.py (its `agents` check)."""
 
+import threading
+
 import pytest
 
 from dsgrpo.rollout.agents import AgentRollout, agent_reward, assemble
@@ -96,3 +98,45 @@ def test_agent_rollout_refuses_what_cannot_run_and_its_reward_reads_the_column()
     with pytest.raises(ValueError, match="exposes the policy beyond this machine"):
         AgentRollout(agent, host="0.0.0.0")
     assert agent_reward(["a", "b", "c"], [1, None, 0.5]) == [1.0, None, 0.5]
+
+
+def test_a_streamed_answer_reassembles_to_the_whole_one_in_openais_own_client():
+    """stream=true: the reply's chunks over real server-sent events, read back by the openai package's own stream
+    accumulator, give the same message, tool calls, finish reason and usage as the whole reply; text completions
+    and the usage chunk too."""
+    import openai
+
+    from dsgrpo.http import json_server
+    from dsgrpo.rollout.openai_endpoint import _answer
+
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}},
+             {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 1}'}}]
+    chat = {"id": "chatcmpl-x", "object": "chat.completion", "created": 1, "model": "policy",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Let me add.", "tool_calls": calls},
+                         "finish_reason": "tool_calls", "logprobs": None},
+                        {"index": 1, "message": {"role": "assistant", "content": "It is 5."},
+                         "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 11, "total_tokens": 18}}
+    text = {"id": "cmpl-x", "object": "text_completion", "created": 1, "model": "policy",
+            "choices": [{"index": 0, "text": " 4 5 6", "finish_reason": "length", "logprobs": None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}}
+    server = json_server({("POST", "/v1/chat/completions"): lambda body: _answer(body, chat),
+                          ("POST", "/v1/completions"): lambda body: _answer(body, text)}, "127.0.0.1", 0, None, 2**20)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="x", max_retries=0)
+        whole = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "2+3?"}])
+        with client.chat.completions.stream(model="policy", messages=[{"role": "user", "content": "2+3?"}],
+                                            stream_options={"include_usage": True}) as stream:
+            streamed = stream.get_final_completion()
+        assert [c.message.content for c in streamed.choices] == [c.message.content for c in whole.choices]
+        assert [c.finish_reason for c in streamed.choices] == ["tool_calls", "stop"]
+        got = [(t.id, t.function.name, t.function.arguments) for t in streamed.choices[0].message.tool_calls]
+        assert got == [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+        assert streamed.usage.total_tokens == 18 and streamed.choices[1].message.tool_calls in (None, [])
+        pieces = list(client.completions.create(model="policy", prompt="1 2 3", stream=True))
+        assert "".join(p.choices[0].text for p in pieces) == " 4 5 6"
+        assert pieces[-1].choices[0].finish_reason == "length"
+    finally:
+        server.shutdown()
+        server.server_close()

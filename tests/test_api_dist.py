@@ -280,8 +280,8 @@ def test_a_resume_says_once_what_another_dataset_or_reward_list_changes_and_can_
 def test_agents_run_their_own_loop_through_the_openai_endpoint(results):
     """agent_rollout: every call an agent made through the OpenAI client is recorded as the engine sampled it
     (ids and log-probs), an episode that appends to its conversation trains as one sequence (tool results masked),
-    one that rewrote its history trains its last chain and is counted, and bad requests get OpenAI's errors while
-    the endpoint keeps serving."""
+    one that rewrote its history trains its last chain and is counted, a streamed call continues its chain as a
+    whole one does, and bad requests get OpenAI's errors while the endpoint keeps serving."""
     runs = part(results, "agents")
     rows = [r for run in runs for r in run["rows"]]
     for run in runs:
@@ -300,7 +300,9 @@ def test_agents_run_their_own_loop_through_the_openai_endpoint(results):
         assert bad["too_many_tokens"][0] == 400 and bad["too_many_tokens"][1]["error"]["code"] == \
             "context_length_exceeded"
         assert bad["unknown_episode"][0] == 404 and bad["unknown_episode"][1]["error"]["code"] == "unknown_episode"
-        assert bad["stream"][0] == 400 and bad["stream"][1]["error"]["param"] == "stream"
+        assert bad["stream_options"][0] == 400 and bad["stream_options"][1]["error"]["param"] == "stream_options"
+        # the append rows' second calls were streamed (stream=true, usage chunk) and their chains still extend
+        assert len(run["streamed"]) >= 4 and all(n > 0 for n in run["streamed"]), run["streamed"]
         assert bad["completions"][0] == 200 and bad["completions"][1]["object"] == "text_completion"
         assert bad["after"][0] == 200 and bad["after"][1]["choices"][0]["message"]["role"] == "assistant"
     assert rows and all(2 <= r["calls"] <= 3 for r in rows) and sum(r["calls"] == 3 for r in rows) > len(rows) // 2

@@ -1,8 +1,8 @@
 """An OpenAI-compatible endpoint on this rank's generator, for agents that run their own loop (issue 56).
 
 `POST /v1/chat/completions` (messages, tools, tool_choice auto/none, n, max_tokens / max_completion_tokens, stop,
-seed; temperature, top_p and top_k are the trainer's, whatever a request asks, as the trained log-probs need) and `POST /v1/completions` (a prompt as text or token ids), `GET /v1/models` and
-`/health`, served by http.json_server: loopback by default, a token required to bind anything else, size and
+seed, stream; temperature, top_p and top_k are the trainer's, whatever a request asks, as the trained log-probs
+need) and `POST /v1/completions` (a prompt as text or token ids), `GET /v1/models` and `/health`, served by http.json_server: loopback by default, a token required to bind anything else, size and
 connection limits. Every request names its episode (`episode_id` in the body, which the openai client sends with
 `extra_body`, or an `X-Episode-Id` header) among those the trainer opened; each call's prompt ids, sampled ids,
 log-probs and weight versions are recorded under it, and the trainer trains exactly those (rollout/agents.py).
@@ -17,7 +17,11 @@ given what is left, and none once it is used up.
 
 Calls waiting together are generated in one engine call (a few milliseconds' window), so many episodes in flight
 keep the engine's batch full. A bad request gets an OpenAI-style error ({"error": {"message", "type", "param",
-"code"}}) and the engine goes on."""
+"code"}}) and the engine goes on.
+
+stream=true is answered as OpenAI streams (server-sent `chat.completion.chunk` / `text_completion` events, then
+`[DONE]`; `stream_options.include_usage` adds the usage chunk), but each choice arrives whole once it is generated:
+an agent in a training loop waits for the whole answer anyway, and the engine generates a batch of calls at once."""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
-from ..http import json_server
+from ..http import EventStream, json_server
 from .base import SamplingConfig
 from .tools import assistant_message, ids_after_reply
 
@@ -204,8 +208,11 @@ class OpenAIEndpoint:
         if body.get("model") not in (None, self.model_name):
             raise RequestError(f"The model {body.get('model')!r} does not exist; this endpoint serves "
                                f"{self.model_name!r}.", "model", "model_not_found", status=404)
-        if body.get("stream"):
-            raise RequestError("stream=true is not served yet; ask with stream=false", "stream")
+        if not isinstance(body.get("stream", False), bool):
+            raise RequestError("stream must be true or false", "stream")
+        options = body.get("stream_options")
+        if options is not None and not (isinstance(options, dict) and body.get("stream")):
+            raise RequestError("stream_options is an object, and only with stream=true", "stream_options")
         episode = self.episodes.get(body.get("episode_id"))
         n = body.get("n", 1)
         if not isinstance(n, int) or not 1 <= n <= MAX_N:
@@ -279,8 +286,9 @@ class OpenAIEndpoint:
             finish = "length" if c.truncated else ("tool_calls" if message.get("tool_calls") else "stop")
             out.append({"index": i, "message": reply, "finish_reason": finish, "logprobs": None})
         self._record(episode, Call(prompt_ids, choices, extends, messages))
-        return 200, {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                     "model": self.model_name, "choices": out, "usage": _usage(prompt_ids, choices)}
+        return _answer(body, {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                              "created": int(time.time()), "model": self.model_name, "choices": out,
+                              "usage": _usage(prompt_ids, choices)})
 
     def _chat_prompt(self, episode: Episode, messages: List[dict], tools) -> Tuple[List[int], bool]:
         """(prompt ids, whether they continue the episode's last call): see the module's docstring."""
@@ -322,8 +330,9 @@ class OpenAIEndpoint:
         self._record(episode, Call(prompt_ids, choices, extends))
         out = [{"index": i, "text": self.tokenizer.decode(c.ids, skip_special_tokens=True), "logprobs": None,
                 "finish_reason": "length" if c.truncated else "stop"} for i, c in enumerate(choices)]
-        return 200, {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                     "model": self.model_name, "choices": out, "usage": _usage(prompt_ids, choices)}
+        return _answer(body, {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                              "created": int(time.time()), "model": self.model_name, "choices": out,
+                              "usage": _usage(prompt_ids, choices)})
 
     def _record(self, episode: Episode, call: Call) -> None:
         with episode.lock:
@@ -388,3 +397,36 @@ def _usage(prompt_ids: List[int], choices: List[Choice]) -> dict:
     completion = sum(len(c.ids) for c in choices)
     return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
             "total_tokens": len(prompt_ids) + completion}
+
+
+def _answer(body: dict, reply: dict):
+    """The reply as one JSON object, or as OpenAI's stream of chunks when the request asked for stream=true."""
+    if not body.get("stream"):
+        return 200, reply
+    return 200, EventStream(stream_chunks(reply, bool((body.get("stream_options") or {}).get("include_usage"))))
+
+
+def stream_chunks(reply: dict, include_usage: bool) -> List[dict]:
+    """A whole chat or text completion as the chunks OpenAI streams it in: per chat choice, the role, the content,
+    each tool call (index, id, name, arguments) and the finish reason; per text choice, its text with its finish
+    reason; then, when asked, a last chunk with the usage and no choices."""
+    head = {"id": reply["id"], "created": reply["created"], "model": reply["model"]}
+    chunks = []
+    if reply["object"] == "chat.completion":
+        head["object"] = "chat.completion.chunk"
+        for choice in reply["choices"]:
+            message, i = choice["message"], choice["index"]
+            deltas = [{"role": "assistant", "content": ""}]
+            if message.get("content"):
+                deltas.append({"content": message["content"]})
+            deltas += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(message.get("tool_calls", []))]
+            chunks += [{**head, "choices": [{"index": i, "delta": d, "finish_reason": None, "logprobs": None}]}
+                       for d in deltas]
+            chunks.append({**head, "choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"],
+                                                "logprobs": None}]})
+    else:
+        head["object"] = "text_completion"
+        chunks += [{**head, "choices": [choice]} for choice in reply["choices"]]
+    if include_usage:
+        chunks = [{**c, "usage": None} for c in chunks] + [{**head, "choices": [], "usage": reply["usage"]}]
+    return chunks

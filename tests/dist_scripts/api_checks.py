@@ -413,14 +413,20 @@ def agent_section():
     from dsgrpo.rollout.tools import tool_schemas
 
     schemas = tool_schemas(TOOLS)
-    calls_made, engine_rows = [], []
+    calls_made, engine_rows, streamed = [], [], []
 
     async def agent(client, row):
         messages = list(row["prompt"])
         reply = None
         for turn in range(3):
-            reply = await client.chat.completions.create(model="policy", messages=messages, tools=schemas,
-                                                         temperature=0.7)
+            if turn == 1 and row["style"] == "append":  # streamed, as verifiers' chat loop asks: same chain
+                async with client.chat.completions.stream(model="policy", messages=messages, tools=schemas,
+                                                          stream_options={"include_usage": True}) as stream:
+                    reply = await stream.get_final_completion()
+                streamed.append(reply.usage.completion_tokens)
+            else:
+                reply = await client.chat.completions.create(model="policy", messages=messages, tools=schemas,
+                                                             temperature=0.7)
             calls_made.append(row["style"])
             message = reply.choices[0].message
             if message.tool_calls:
@@ -493,13 +499,14 @@ def agent_section():
            "bad_role": post({"messages": [{"role": "wizard", "content": "x"}], "episode_id": "probe"}),
            "too_many_tokens": post({"messages": [{"role": "user", "content": "7 " * 3000}], "episode_id": "probe"}),
            "unknown_episode": post({"messages": hello}, headers={"X-Episode-Id": "nobody"}),
-           "stream": post({"messages": hello, "stream": True, "episode_id": "probe"}),
+           "stream_options": post({"messages": hello, "stream_options": {"include_usage": True},
+                                   "episode_id": "probe"}),
            "completions": post({"prompt": "Write some numbers", "max_tokens": 4}, "/completions",
                                {"X-Episode-Id": "probe"}),
            "after": post({"messages": hello, "max_tokens": 4, "episode_id": "probe"})}
     return {"history": training_rows(trainer), "seconds": seconds, "rows": rows, "bad": bad,
             "recorded": len(recorded), "matched_engine": sum(sampled_so(p, c, lp) for p, c, lp in recorded),
-            "calls_by_style": {s: calls_made.count(s) for s in ("append", "rewrite")},
+            "calls_by_style": {s: calls_made.count(s) for s in ("append", "rewrite")}, "streamed": streamed,
             "endpoint_host": endpoint.host}
 
 
