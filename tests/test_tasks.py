@@ -57,9 +57,9 @@ def play(locked, calls):
 def test_the_door_keeps_its_state_across_calls_and_rewards_no_wasted_call():
     assert play(True, ["unlock", "walk_through"]) == (" The door is locked.", ["unlocked", "you are through"], 1.0)
     assert play(True, ["walk_through"]) == (" The door is locked.", ["the door is locked"], 0.0)
-    assert play(True, ["walk_through", "unlock", "walk_through"])[2] == 0.1   # through, one call wasted
+    assert play(True, ["walk_through", "unlock", "walk_through"])[2] == 0.0   # through, one call wasted
     assert play(False, ["walk_through"]) == (" The door is open.", ["you are through"], 1.0)
-    assert play(False, ["unlock", "walk_through"])[2] == 0.1
+    assert play(False, ["unlock", "walk_through"])[2] == 0.0
     assert play(False, [])[2] == 0.0 and play(True, ["unlock"])[2] == 0.0     # never through
     rows = tasks.door_dataset()
     assert len(rows) == 512 and 0.4 < sum(rows["locked"]) / 512 < 0.6
@@ -68,9 +68,9 @@ def test_the_door_keeps_its_state_across_calls_and_rewards_no_wasted_call():
 
 @pytest.mark.parametrize("locked", [True, False])
 def test_the_warm_ups_episodes_score_what_they_teach(locked):
-    """Replayed against a Door, the right episode scores 1 and the usual mistake 0 (locked) or 0.1 (open): the
-    warm-up's mixture starts the run near 0.2, and only reading the prompt lifts it."""
-    for right, reward in ((True, 1.0), (False, 0.0 if locked else 0.1)):
+    """Replayed against a Door, the right episode scores 1 and the usual mistake 0: the warm-up's mixture starts the
+    run near its share of right episodes, and only reading the prompt lifts it."""
+    for right, reward in ((True, 1.0), (False, 0.0)):
         messages = tasks.door_transcript(locked, right)
         calls = [m["tool_calls"][0]["function"]["name"] for m in messages if m.get("tool_calls")]
         observation, answers, got = play(locked, calls)

@@ -15,9 +15,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from api_checks_tools import TOOLS  # noqa: E402
-from recorder import SHARDED_ZERO3, digit_fraction, recorder, training_rows  # noqa: E402
+from recorder import check_config, SHARDED_ZERO3, digit_fraction, recorder, training_rows  # noqa: E402
 from dsgrpo.testing import Ledger, tiny_model  # noqa: E402
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
@@ -29,12 +29,7 @@ check = recorder(results, ONLY)
 DS = SHARDED_ZERO3
 
 
-def config(name, **overrides):
-    base = dict(output_dir=os.path.join(OUT, name), max_steps=2, per_device_train_batch_size=8, num_generations=4,
-                learning_rate=1e-4, lr_scheduler_type="constant", logging_steps=1, gradient_checkpointing=False,
-                seed=3, deepspeed=DS, vllm_kv_cache_bytes=64 * 2**20, save_steps=10**6)
-    base.update(overrides)
-    return GRPOConfig(**base)
+config = check_config(OUT, max_steps=2, learning_rate=1e-4, seed=3, deepspeed=DS, vllm_kv_cache_bytes=64 * 2**20)
 
 
 def spy_batches(trainer):
@@ -127,6 +122,30 @@ def _():
             "env_prompts_match": [e.prompt for e in last] == [p[-1]["content"] for p in batches[-1].prompts],
             "own_rewards": [float(e.total == 5) for e in last],
             "seen": environments_seen}
+
+
+# ------------------------------------------------------------------ 1c. adapters: TextArena's games and OpenEnv
+@check("adapters")
+def _():
+    """dsgrpo.adapters through the trainer, as one dict of environments: half the rows play a TextArena game, half an
+    OpenEnv environment in-process (the tool model does not know `act`: what is checked is the path, each row's
+    game dealt into its prompt and each class's score as its own reward)."""
+    from dsgrpo.adapters.openenv_example import GuessNumber
+    from dsgrpo.adapters.textarena import TextArenaGame
+    from dsgrpo.tasks import TASKS
+
+    games = TASKS["textarena"]("GuessTheNumber-v0,TowerOfHanoi-v0").select(range(16))
+    rows = [dict(row, environment="textarena" if i % 2 == 0 else "openenv") for i, row in enumerate(games)]
+    trainer = GRPOTrainer(TOOL_MODEL, train_dataset=Dataset.from_list(rows), args=config(
+        "adapters", max_completion_length=64, max_tool_calling_iterations=2, shuffle_dataset=False),
+        environment_factory={"textarena": TextArenaGame, "openenv": GuessNumber})
+    KEEP.append(trainer)
+    batches = spy_batches(trainer)
+    trainer.train()
+    last = trainer.environments
+    return {"history": training_rows(trainer), "reward_names": trainer.reward_func_names,
+            "prompts": [trainer.tokenizer.decode(ids) for b in batches for ids in b.rollout.prompt_ids],
+            "kinds": [type(e).__name__ for e in last], "rewards": [e.get_reward() for e in last]}
 
 
 # ------------------------------------------------------------------ 2. rollout_func: bring your own generation
@@ -511,6 +530,49 @@ def agent_section():
 
 
 check("agents")(agent_section)
+
+
+@check("agents_async")
+def _():
+    """agent_rollout on AsyncGRPOTrainer: the rollout worker runs the agents (its chunk holds the engine, so a weight
+    sync waits for the chunk's episodes), two calls an episode, the second built on the first's sampled ids."""
+    from dsgrpo import agent_reward, agent_rollout
+
+    engine_rows, versions = [], []
+
+    async def agent(client, row):
+        messages = list(row["prompt"])
+        for _ in range(2):
+            reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": "Say it again."}]
+        return float(len(reply.choices[0].message.content or "")) / 100.0
+
+    rollout = agent_rollout(agent, max_concurrent=8)
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}]} for _ in range(24)])
+    trainer = AsyncGRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=rollout, args=config(
+        "agents_async", max_steps=3, max_completion_length=96, max_staleness=1, async_chunk_groups=1))
+    KEEP.append(trainer)
+    original = trainer.generator.generate
+
+    def engine(prompt_ids, counts, sampling, seeds=None):
+        out = original(prompt_ids, counts, sampling, seeds=seeds)
+        engine_rows.extend(zip(out.prompt_ids, out.completion_ids, out.sampler_logprobs))
+        versions.append(trainer.generator.weight_version)
+        return out
+    trainer.generator.generate = engine
+    trainer.train()
+    by_prompt = {}
+    for p, c, lp in engine_rows:
+        by_prompt.setdefault(tuple(p), []).append((c, lp))
+    recorded = [(c.prompt_ids, ch.ids, ch.logprobs, c.extends) for e in rollout.last_episodes for c in e.calls
+                for ch in c.choices]
+    return {"history": training_rows(trainer), "recorded": len(recorded),
+            "matched_engine": sum(any(ec[:len(c)] == c and elp[:len(lp)] == lp for ec, elp in by_prompt.get(tuple(p),
+                                                                                                         []))
+                                  for p, c, lp, _ in recorded),
+            "extends": [e.calls[-1].extends for e in rollout.last_episodes if len(e.calls) == 2],
+            "versions": sorted(set(versions))}
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:

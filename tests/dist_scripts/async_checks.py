@@ -15,9 +15,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import check_config  # noqa: E402
 from recorder import (SHARDED_ZERO3, digit_fraction, recorder, rollout_worker, training_rows,  # noqa: E402
                       watch_split_versions)
 
@@ -34,12 +35,8 @@ prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:", "idx": i} fo
 DS = SHARDED_ZERO3
 
 
-def config(name, **overrides):
-    base = dict(output_dir=os.path.join(OUT, name), max_steps=4, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=12, learning_rate=2e-3, lr_scheduler_type="constant", logging_steps=1,
-                gradient_checkpointing=False, seed=1, deepspeed=DS, vllm_kv_cache_bytes=64 * 2**20, save_steps=10**6)
-    base.update(overrides)
-    return GRPOConfig(**base)
+config = check_config(OUT, max_steps=4, max_completion_length=12, learning_rate=2e-3, seed=1, deepspeed=DS,
+                      vllm_kv_cache_bytes=64 * 2**20)
 
 
 def full_weights(trainer):

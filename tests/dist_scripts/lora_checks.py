@@ -17,12 +17,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from datasets import Dataset  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 
-from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.gather import GatherStats, full_parameters  # noqa: E402
 from dsgrpo.engines.weights import checkpoint_units  # noqa: E402
 from dsgrpo.rollout.weight_sync import _syncs  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import (SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows,  # noqa: E402
+from recorder import (check_config, SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows,  # noqa: E402
                       vllm_logps, watch_split_versions)
 
 OUT = sys.argv[1]
@@ -39,13 +39,9 @@ def lora_config():
     return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0)
 
 
-def config(name, **overrides):
-    base = dict(output_dir=os.path.join(OUT, name), max_steps=3, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=12, learning_rate=2e-2, lr_scheduler_type="constant", logging_steps=1,
-                gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20,
-                save_steps=10**6, beta=0.04, weight_sync_bucket_bytes=BUCKET)
-    base.update(overrides)
-    return GRPOConfig(**base)
+config = check_config(OUT, max_steps=3, max_completion_length=12, learning_rate=2e-2, seed=1,
+                      deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20, beta=0.04,
+                      weight_sync_bucket_bytes=BUCKET)
 
 
 def all_weights(trainer):

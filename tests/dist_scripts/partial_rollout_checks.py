@@ -17,12 +17,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.rollout.choice import choose_source  # noqa: E402
 from dsgrpo.rollout.partial_source import PartialRolloutSource  # noqa: E402
 from dsgrpo.rollout.sources import GenerationSource  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, digit_fraction, recorder  # noqa: E402
+from recorder import check_config, SHARDED_ZERO3, digit_fraction, recorder  # noqa: E402
 
 OUT = sys.argv[1]
 results = {}
@@ -31,15 +31,12 @@ prompts = Dataset.from_list([{"prompt": f"Count from {i} and keep going:"} for i
 MODEL = tiny_model("qwen2")
 
 
-def config(name: str, **kw) -> GRPOConfig:
-    base = dict(output_dir=os.path.join(OUT, name), max_steps=6, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=48, learning_rate=3e-2, logging_steps=1, gradient_checkpointing=False,
-                seed=11, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20, report_to="none",
-                save_strategy="no", partial_rollout=True, rollout_overprovision=4, max_staleness=1,
-                partial_rollout_adaptive=False,  # every round over-provisions: the checks below need carried groups
-                generation_kwargs={"stop_token_ids": list(range(100, 140))})  # stops at 40 of 1,024 ids
-    base.update(kw)
-    return GRPOConfig(**base)
+config = check_config(OUT, max_steps=6, max_completion_length=48, learning_rate=3e-2, seed=11,
+                      deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20, report_to="none", save_strategy="no",
+                      lr_scheduler_type="linear",  # the schedule these checks were written with
+                      partial_rollout=True, rollout_overprovision=4, max_staleness=1,
+                      partial_rollout_adaptive=False,  # every round over-provisions: the checks need carried groups
+                      generation_kwargs={"stop_token_ids": list(range(100, 140))})  # stops at 40 of 1,024 ids
 
 
 def recording(trainer):

@@ -1,8 +1,10 @@
 """What the 2-rank check scripts share: a decorator that records each check's numbers (or its traceback, so the
-other checks still run and the pytest side names the one that failed), the ZeRO-3 config that really shards
-tiny models (persistence threshold 0), the digit-fraction reward most of them train on, and log-probs of one fixed token sequence as the policy and as vLLM see
-them (how a weight sync is checked)."""
+other checks still run and the pytest side names the one that failed), the settings every check's GRPOConfig
+starts from, the ZeRO-3 config that really shards tiny models (persistence threshold 0), the digit-fraction reward
+most of them train on, and log-probs of one fixed token sequence as the policy and as vLLM see them (how a weight
+sync is checked)."""
 
+import os
 import traceback
 
 import torch
@@ -11,6 +13,21 @@ SHARDED_ZERO3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_thr
                  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
                  "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                  "gradient_clipping": "auto"}
+
+
+# Small steps that log every step, never save unless asked and keep activations: what every check wants
+CHECK_SETTINGS = dict(per_device_train_batch_size=8, num_generations=4, lr_scheduler_type="constant", logging_steps=1,
+                      gradient_checkpointing=False, save_steps=10**6)
+
+
+def check_config(out: str, **script_settings):
+    """A script's `config(name, **overrides)`: a GRPOConfig writing to out/name, from CHECK_SETTINGS, then the
+    script's own settings, then the check's overrides."""
+    from dsgrpo import GRPOConfig
+
+    def config(name, **overrides):
+        return GRPOConfig(**{**CHECK_SETTINGS, "output_dir": os.path.join(out, name), **script_settings, **overrides})
+    return config
 
 
 def recorder(results: dict, only=None):

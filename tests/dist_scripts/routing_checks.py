@@ -16,10 +16,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines import routing  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows  # noqa: E402
+from recorder import check_config, SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows  # noqa: E402
 
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
@@ -28,13 +28,8 @@ check = recorder(results, ONLY)
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
 
 
-def config(name, **overrides):
-    base = dict(output_dir=os.path.join(OUT, name), max_steps=3, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=8, learning_rate=5e-3, lr_scheduler_type="constant", logging_steps=1,
-                gradient_checkpointing=False, seed=9, deepspeed=SHARDED_ZERO3, use_vllm=False,
-                routing_replay="rollout", save_steps=10**6)
-    base.update(overrides)
-    return GRPOConfig(**base)
+config = check_config(OUT, max_steps=3, max_completion_length=8, learning_rate=5e-3, seed=9, deepspeed=SHARDED_ZERO3,
+                      use_vllm=False, routing_replay="rollout")
 
 
 class ExpertsWatch:

@@ -13,9 +13,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import check_config  # noqa: E402
 from recorder import (SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps, recorder,  # noqa: E402
                       training_rows, vllm_logps)
 
@@ -26,13 +27,8 @@ check = recorder(results, ONLY)
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
 
 
-def config(name, **overrides):
-    base = dict(output_dir=os.path.join(OUT, name), max_steps=5, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=12, learning_rate=2e-3, lr_scheduler_type="constant", logging_steps=1,
-                gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20,
-                save_steps=10**6, vllm_tensor_parallel_size=2)
-    base.update(overrides)
-    return GRPOConfig(**base)
+config = check_config(OUT, max_steps=5, max_completion_length=12, learning_rate=2e-3, seed=1,
+                      deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20, vllm_tensor_parallel_size=2)
 
 
 def trainer_for(name, model="qwen2-tied", trainer=GRPOTrainer, **overrides):

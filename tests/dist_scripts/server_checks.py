@@ -15,10 +15,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.http import HTTPError, request_json  # noqa: E402
 from dsgrpo.testing import ServerProcess, tiny_model  # noqa: E402
-from recorder import (FIXED, SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps,  # noqa: E402
+from recorder import (check_config, FIXED, SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps,  # noqa: E402
                       recorder, training_rows)
 
 OUT, STATE, PORT, GROUP_PORT = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -30,14 +30,9 @@ check = recorder(results, ONLY)
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
 
 
-def config(name, **overrides):
-    base = dict(output_dir=os.path.join(OUT, name), max_steps=5, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=12, learning_rate=2e-3, lr_scheduler_type="constant", logging_steps=1,
-                gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, save_steps=10**6,
-                vllm_mode="server", vllm_server_port=PORT, vllm_group_port=GROUP_PORT, vllm_server_timeout=120,
-                report_to="none")
-    base.update(overrides)
-    return GRPOConfig(**base)
+config = check_config(OUT, max_steps=5, max_completion_length=12, learning_rate=2e-3, seed=1,
+                      deepspeed=SHARDED_ZERO3, vllm_mode="server", vllm_server_port=PORT, vllm_group_port=GROUP_PORT,
+                      vllm_server_timeout=120, report_to="none")
 
 
 def trainer_for(name, model="qwen2-tied", trainer=GRPOTrainer, **overrides):

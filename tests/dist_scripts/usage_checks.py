@@ -13,9 +13,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from datasets import Dataset  # noqa: E402
 
-from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
+from dsgrpo import GRPOTrainer, dist  # noqa: E402
 from dsgrpo.algorithms import Truncation  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
+from recorder import check_config  # noqa: E402
 from recorder import (SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps, recorder,  # noqa: E402
                       training_rows, vllm_logps)
 
@@ -26,13 +27,8 @@ check = recorder(results, ONLY)
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
 
 
-def config(name, **overrides):
-    base = dict(output_dir=os.path.join(OUT, name), max_steps=3, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=8, learning_rate=2e-3, lr_scheduler_type="constant", logging_steps=1,
-                gradient_checkpointing=False, seed=9, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20,
-                save_steps=10**6)
-    base.update(overrides)
-    return GRPOConfig(**base)
+config = check_config(OUT, max_steps=3, max_completion_length=8, learning_rate=2e-3, seed=9, deepspeed=SHARDED_ZERO3,
+                      vllm_kv_cache_bytes=64 * 2**20)
 
 
 def sampling_run(name, model="qwen2", untruncated_trainer=False, **sampling):
