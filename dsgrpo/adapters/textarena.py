@@ -18,7 +18,9 @@ call a hosted model and are refused at reset, naming why.
 TextArena's state reseeds the process-wide `random` module at every reset and the games draw from it. Each game
 here runs with textarena's modules pointed at a `random.Random` of its own (one game call at a time, process-wide),
 so the trainer's global random state is never touched and a (game, seed) row deals the same game whatever ran
-before it."""
+before it. The price: one game call runs at a time in a process, and a call that never returns (past
+`tool_timeout_s`, left running in its thread) would hold every other game; TextArena's offline games answer in
+milliseconds."""
 
 from __future__ import annotations
 
