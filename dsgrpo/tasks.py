@@ -218,9 +218,7 @@ class Door:
         return "you are through"
 
     def get_reward(self) -> float:
-        if not self.through:
-            return 0.0
-        return 1.0 if self.calls == 1 + self.was_locked else 0.0
+        return float(self.through and self.calls == 1 + self.was_locked)
 
 
 def door_dataset(n: int = 512, seed: int = 0):
@@ -271,11 +269,11 @@ DOOR_WARMUP = {"task": "door", "kind": "right_or_usual_mistake", "copy_fraction"
 def door_warmup(model_path: str, out_dir: str, **changes) -> str:
     """The environment example's warm-up: episodes played the right way a `copy_fraction` of the time (the demo's
     name for how often the warm-up is right), else with the usual mistake, as copy_warmup does for copy_digits."""
+    from .rollout.environments import tool_methods
     from .rollout.tools import tool_schemas
 
     recipe = dict(DOOR_WARMUP, **changes)
-    probe = Door()
-    schemas = tool_schemas([probe.unlock, probe.walk_through])
+    schemas = tool_schemas(tool_methods(Door()))  # the tools the trainer lists for a Door, in its order
 
     def example(tok, rng):
         locked = rng.random() < 0.5

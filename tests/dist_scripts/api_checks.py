@@ -420,6 +420,31 @@ def _():
 
 
 # ------------------------------------------------------------------ 7. agent_rollout: agents that run their own loop
+def spy_engine(trainer) -> dict:
+    """Records the engine's own outputs, row by row (prompt ids -> [(completion ids, log-probs)]) and the weight
+    version of each engine call, to compare an endpoint's recorded calls with."""
+    seen = {"rows": {}, "versions": []}
+    original = trainer.generator.generate
+
+    def engine(prompt_ids, counts, sampling, seeds=None):
+        out = original(prompt_ids, counts, sampling, seeds=seeds)
+        for p, c, lp in zip(out.prompt_ids, out.completion_ids, out.sampler_logprobs):
+            seen["rows"].setdefault(tuple(p), []).append((c, lp))
+        seen["versions"].append(trainer.generator.weight_version)
+        return out
+    trainer.generator.generate = engine
+    return seen
+
+
+def calls_the_engine_sampled(episodes, seen) -> tuple:
+    """(recorded choices, how many of them start a row the engine sampled for that prompt: a call cut to its own
+    room inside a batched engine call keeps a prefix)."""
+    recorded = [(c.prompt_ids, ch.ids, ch.logprobs) for e in episodes for c in e.calls for ch in c.choices]
+    matched = sum(any(ec[:len(ids)] == ids and elp[:len(lps)] == lps for ec, elp in seen["rows"].get(tuple(p), []))
+                  for p, ids, lps in recorded)
+    return len(recorded), matched
+
+
 def agent_section():
     """An agent (async, its own loop through the OpenAI client) makes 3 calls an episode: the question with the
     tools, the tool's answer (it runs `add` itself), then one more user message. Odd rows rewrite their history
@@ -432,7 +457,7 @@ def agent_section():
     from dsgrpo.rollout.tools import tool_schemas
 
     schemas = tool_schemas(TOOLS)
-    calls_made, engine_rows, streamed = [], [], []
+    calls_made, streamed = [], []
 
     async def agent(client, row):
         messages = list(row["prompt"])
@@ -473,24 +498,12 @@ def agent_section():
     trainer = GRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=rollout,
                           args=config("agents", max_completion_length=256, temperature=1.0))
     KEEP.append(trainer)
-    original = trainer.generator.generate
-
-    def engine(prompt_ids, counts, sampling, seeds=None):  # the engine's own outputs, row by row
-        out = original(prompt_ids, counts, sampling, seeds=seeds)
-        engine_rows.extend(zip(out.prompt_ids, out.completion_ids, out.sampler_logprobs))
-        return out
-    trainer.generator.generate = engine
+    seen = spy_engine(trainer)
     start = time.time()
     trainer.train()
     seconds = time.time() - start
     episodes = rollout.last_episodes
-    recorded = [(c.prompt_ids, ch.ids, ch.logprobs) for e in episodes for c in e.calls for ch in c.choices]
-    by_prompt = {}
-    for p, c, lp in engine_rows:
-        by_prompt.setdefault(tuple(p), []).append((c, lp))
-
-    def sampled_so(p, c, lp):  # a row the engine sampled starts so (a call cut to its own room keeps a prefix)
-        return any(ec[:len(c)] == c and elp[:len(lp)] == lp for ec, elp in by_prompt.get(tuple(p), []))
+    recorded, matched = calls_the_engine_sampled(episodes, seen)
     tok = trainer.tokenizer
     rows = []
     for e in episodes:
@@ -524,7 +537,7 @@ def agent_section():
                                {"X-Episode-Id": "probe"}),
            "after": post({"messages": hello, "max_tokens": 4, "episode_id": "probe"})}
     return {"history": training_rows(trainer), "seconds": seconds, "rows": rows, "bad": bad,
-            "recorded": len(recorded), "matched_engine": sum(sampled_so(p, c, lp) for p, c, lp in recorded),
+            "recorded": recorded, "matched_engine": matched,
             "calls_by_style": {s: calls_made.count(s) for s in ("append", "rewrite")}, "streamed": streamed,
             "endpoint_host": endpoint.host}
 
@@ -537,8 +550,6 @@ def _():
     """agent_rollout on AsyncGRPOTrainer: the rollout worker runs the agents (its chunk holds the engine, so a weight
     sync waits for the chunk's episodes), two calls an episode, the second built on the first's sampled ids."""
     from dsgrpo import agent_reward, agent_rollout
-
-    engine_rows, versions = [], []
 
     async def agent(client, row):
         messages = list(row["prompt"])
@@ -553,26 +564,12 @@ def _():
     trainer = AsyncGRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=rollout, args=config(
         "agents_async", max_steps=3, max_completion_length=96, max_staleness=1, async_chunk_groups=1))
     KEEP.append(trainer)
-    original = trainer.generator.generate
-
-    def engine(prompt_ids, counts, sampling, seeds=None):
-        out = original(prompt_ids, counts, sampling, seeds=seeds)
-        engine_rows.extend(zip(out.prompt_ids, out.completion_ids, out.sampler_logprobs))
-        versions.append(trainer.generator.weight_version)
-        return out
-    trainer.generator.generate = engine
+    seen = spy_engine(trainer)
     trainer.train()
-    by_prompt = {}
-    for p, c, lp in engine_rows:
-        by_prompt.setdefault(tuple(p), []).append((c, lp))
-    recorded = [(c.prompt_ids, ch.ids, ch.logprobs, c.extends) for e in rollout.last_episodes for c in e.calls
-                for ch in c.choices]
-    return {"history": training_rows(trainer), "recorded": len(recorded),
-            "matched_engine": sum(any(ec[:len(c)] == c and elp[:len(lp)] == lp for ec, elp in by_prompt.get(tuple(p),
-                                                                                                         []))
-                                  for p, c, lp, _ in recorded),
+    recorded, matched = calls_the_engine_sampled(rollout.last_episodes, seen)
+    return {"history": training_rows(trainer), "recorded": recorded, "matched_engine": matched,
             "extends": [e.calls[-1].extends for e in rollout.last_episodes if len(e.calls) == 2],
-            "versions": sorted(set(versions))}
+            "versions": sorted(set(seen["versions"]))}
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
