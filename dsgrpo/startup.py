@@ -29,17 +29,13 @@ class TrainerSetup:
 
     def _check_supported(self, args, tools, environment_factory=None) -> None:
         """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
-        if environment_factory is not None:
-            refused = [what for what, on in (("partial_rollout=True", args.partial_rollout),
-                                             ("vllm_tensor_parallel_size > 1", args.vllm_tensor_parallel_size > 1))
-                       if on]
-            if refused:
-                raise NotImplementedError(f"environment_factory with {refused[0]}: environments run on GRPOTrainer "
-                                          "(colocated vLLM, HF generate or a vLLM server) and AsyncGRPOTrainer for "
-                                          "now; set partial_rollout=False and vllm_tensor_parallel_size=1.")
-        if args.partial_rollout and (tools or self.rollout_func is not None):
-            raise ValueError("partial_rollout=True continues plain completions token by token across rounds; tool "
-                             "turns and rollout_func make their own. Set partial_rollout=False.")
+        if environment_factory is not None and args.vllm_tensor_parallel_size > 1:
+            raise NotImplementedError("environment_factory with vllm_tensor_parallel_size > 1: environments run on "
+                                      "GRPOTrainer (colocated vLLM, HF generate or a vLLM server, partial rollouts "
+                                      "too) and AsyncGRPOTrainer for now; set vllm_tensor_parallel_size=1.")
+        if args.partial_rollout and self.rollout_func is not None:
+            raise ValueError("partial_rollout=True continues completions token by token across rounds; a rollout_func "
+                             "makes its own. Set partial_rollout=False.")
         if args.use_vllm and args.vllm_mode == "server":
             if args.async_placement == "split":
                 raise ValueError("async_placement='split' makes some of the trainer's ranks generate, and "

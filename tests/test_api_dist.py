@@ -221,6 +221,30 @@ def test_async_trainer_acts_in_environments_in_its_rollout_workers(results):
         assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3, history[0]
 
 
+def test_partial_rollouts_carry_episodes_over_the_sync_with_their_environments_alive(results):
+    """partial_rollout=True with an environment, on GRPOTrainer and AsyncGRPOTrainer: rounds cut episodes mid-way
+    (some right after a tool turn); they go on after the sync on the new weights with the same instance: every
+    answered call is in its instance's state, rows mix versions, and the tool turns stay outside the loss."""
+    crossed = 0
+    for name in ("partial_environments", "async_partial_environments"):
+        for run in part(results, name):
+            assert run["reward_names"] == ["environment_reward", "Ledger"]
+            history = run["history"]
+            assert len(history) == 4 and all(h["tools/call_frequency"] >= 0.5 for h in history), history
+            check_tool_rows(run["rows"])
+            assert run["seen"] and all(same_length and distinct for same_length, distinct in run["seen"])
+            scored_here = [b for b in run["batches"] if "env_adds" in b]  # (stolen groups left theirs behind)
+            assert scored_here and all(b["instances"] == b["rows"] and b["env_adds"] == b["answered"]
+                                       for b in scored_here), run["batches"]
+            assert sum(b["mixed"] for b in run["batches"]) > 0, run["batches"]
+            crossed += sum(b["crossed"] for b in run["batches"])
+            # step 1 trains tokens of the initial weights only: the sampler's log-probs are the trainer's
+            assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3, history[0]
+        if name == "partial_environments":
+            assert sum(h["partial/completions_stopped"] for h in part(results, name)[0]["history"]) > 0
+    assert crossed > 0  # episodes whose tool turn was answered in one round and whose reply was sampled in a later
+
+
 def test_async_trainer_feeds_rollout_func_columns_to_the_rewards(results):
     ranks = part(results, "async_rollout_func")
     seen = {t for run in ranks for t in run["tags_seen"]}

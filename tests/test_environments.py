@@ -242,3 +242,92 @@ def test_a_generator_that_follows_a_replaced_generate_passes_settings_through_to
     del follower.__dict__["generate"]
     module.generate = lambda **k: None               # replaced on the instance: generation follows it
     assert follower.generate([[1]], [1], None) == "hf"
+
+
+# ================================================================================ partial rollouts: episodes across rounds
+class SteppedEngine:
+    """Stands in for vLLM stepped request by request (partial rollouts; unit tests only): a request continues the
+    turn its prompt ends in, as `script(conversation so far, turns answered)` plus eos, one token per step."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script, self.queue, self.submitted = tok, script, {}, []
+        self.header = tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+
+    def submit(self, rid, prompt_ids, sampling, max_tokens, seed):
+        self.submitted.append(rid)
+        h = len(self.header)
+        start = max(i for i in range(len(prompt_ids) - h + 1) if prompt_ids[i:i + h] == self.header) + h
+        context, so_far = self.tok.decode(prompt_ids[:start]), list(prompt_ids[start:])
+        turn = self.tok(self.script(context, context.count("<tool_response>")), add_special_tokens=False)["input_ids"]
+        turn = turn + [self.tok.eos_token_id]
+        assert turn[:len(so_far)] == so_far  # a carried turn continues where the round cut it
+        self.queue[rid] = turn[len(so_far):][:max_tokens]
+
+    def advance(self):
+        out = []
+        for rid in list(self.queue):
+            token = self.queue[rid].pop(0)
+            out.append((rid, [token], [-token / 1000], not self.queue[rid], False))
+            if not self.queue[rid]:
+                del self.queue[rid]
+        return out
+
+    def unfinished(self):
+        return len(self.queue)
+
+    def abort(self, ids):
+        for rid in ids:
+            self.queue.pop(rid, None)
+
+
+def test_partial_rollouts_carry_an_episode_across_rounds_with_its_environment_alive(tok):
+    """Episodes stepped request by request (partial_rollout=True): a round that ends mid-episode carries it, its
+    environment keeps its state, and the trained rows equal what the one-call sampler makes of the same turns:
+    ids, loss mask, log-probs, conversation and counts. A checkpoint re-runs episodes in flight from reset."""
+    from dsgrpo.rollout.partial import InFlight, run_round
+
+    rows = [{"prompt": [{"role": "user", "content": f"Play {p}."}], "target": 5} for p in "ABC"]
+    prompts = prompt_source(tok, rows)
+    sampler = EnvironmentSampler(ScriptedGenerator(tok, script), SamplingConfig(max_tokens=200), tok,
+                                 Environments(GuessEnv, [], timeout_s=5), max_iterations=None)
+    whole = sampler.sample(prompts, [0, 1, 2], [1, 1, 1], seeds=None)
+
+    turns = sampler.turns(prompts)
+    flight, engine = InFlight(1, 200, turns=turns), SteppedEngine(tok, script)
+    for position in range(3):
+        flight.add(position, prompt_index=position, first_seed=position)
+    a = flight.live[(0, 0)][1]
+    assert a.row["prompt"][0]["content"] == "Play A." and a.guesses == []  # reset with its row when it was claimed
+    counts = run_round(engine, flight, None, SamplingConfig(max_tokens=200), need=2, version=0)
+    assert flight.complete() == [1, 2] and counts["stopped"] == 1   # B and C done; A cut inside an episode
+    done = flight.take(2)
+    carried = flight.groups[0].members[0]
+    assert a.guesses == [3] and carried.turns == 2 and 0 in carried.mask  # a tool turn answered before the cut
+    flight.rollout(done, None)
+
+    saved = flight.state()
+    counts = run_round(engine, flight, None, SamplingConfig(max_tokens=200), need=1, version=1)
+    assert flight.live[(0, 0)][1] is a and a.guesses == [3, 5]   # the same instance went on after the "sync"
+    rollout = flight.rollout(flight.take(1), None)
+    assert rollout.columns["environments"] == [a] and turns.environments.last == [a]
+    for key in ("prompt_ids", "completion_ids", "sampler_logprobs", "tool_mask", "messages", "tool_counts"):
+        assert getattr(rollout, key)[0] == getattr(whole, key)[0], key
+    assert set(rollout.weight_versions[0]) == {0, 1} and not flight.live   # mixed versions; nothing left in flight
+
+    resumed = InFlight(1, 200, turns=turns)
+    resumed.load(saved)   # an environment cannot be saved: the episode starts again from reset
+    episode = resumed.groups[0].members[0]
+    fresh = resumed.live[(0, 0)][1]
+    assert resumed.rerun_from_reset == 1 and episode.tokens == [] and episode.turns == 1 and fresh is not a
+    assert fresh.guesses == [] and fresh.row["prompt"][0]["content"] == "Play A." and episode.prompt == whole.prompt_ids[0]
+    run_round(engine, resumed, None, SamplingConfig(max_tokens=200), need=1, version=2)
+    again = resumed.rollout(resumed.take(1), None)
+    assert again.completion_ids[0] == whole.completion_ids[0] and fresh.guesses == [3, 5]
+
+    stale = InFlight(1, 200, turns=turns)   # an over-stale episode is reset in its own instance
+    stale.add(0, prompt_index=0, first_seed=0)
+    run_round(engine, stale, None, SamplingConfig(max_tokens=200), need=1, version=0)
+    instance = stale.live[(0, 0)][1]
+    assert instance.guesses == [3, 5] and stale.restart_stale(version=1, max_staleness=1)[0] == 0
+    assert stale.restart_stale(version=5, max_staleness=1)[0] == 1 and instance.guesses == []
+    assert stale.live[(0, 0)][1] is instance and stale.groups[0].members[0].tokens == []

@@ -177,7 +177,12 @@ class GroupExchange:
         if self.worker is not None:
             self.worker.completions_generated = state["completions_generated"]
         if isinstance(self.worker, PartialRolloutWorker):
-            self.worker.inflight.load(state.get("in_flight", []))
+            inflight = self.worker.inflight
+            inflight.load(state.get("in_flight", []))
+            if inflight.rerun_from_reset:
+                print(f"dsgrpo: rank {dist.rank()} resumed {len(inflight)} prompt group(s) in flight that act on "
+                      f"environments, which a checkpoint cannot hold: their {inflight.rerun_from_reset} episodes start "
+                      "again from reset.", flush=True)
 
     def close(self) -> None:
         if self.worker is not None:

@@ -20,7 +20,7 @@ import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .base import Generator, SamplingConfig, round_seed
-from .tools import ToolRunner, run_tool_turns, tool_schemas
+from .tools import SegmentTurns, ToolRunner, run_tool_turns, tool_schemas
 
 # methods of an environment that are not tools: TRL's contract
 NOT_TOOLS = ("reset", "get_reward")
@@ -179,30 +179,70 @@ class EnvironmentSampler:
 
     def sample(self, prompts, indices, counts, seeds):
         envs = self.environments
-        row_prompts, columns = prompts.rows_for(indices, counts)   # one entry per completion
-        rows = [{"prompt": p, **{c: v[k] for c, v in columns.items()}} for k, p in enumerate(row_prompts)]
-        names = [row.get(ENVIRONMENT_COLUMN) if envs.multi else None for row in rows]
-        envs.check_rows(names, prompts.field)
+        rows, names = episode_rows(envs, prompts, indices, counts)
         instances = envs.take(names)
-        template_kwargs = {k: v for k, v in prompts.chat_template_kwargs.items() if k != "tools"}
         prompt_ids, runners = [], []
         for row, name, instance in zip(rows, names, instances):
-            # the `environment` column routes the row; it is not the environment's business (TRL's contract)
-            observation = instance.reset(**{k: v for k, v in row.items() if not (envs.multi and k == ENVIRONMENT_COLUMN)})
-            messages = _with_observation(row["prompt"], observation)
-            text = self.tokenizer.apply_chat_template(messages, tools=envs.schemas[name], tokenize=False,
-                                                      add_generation_prompt=True, **template_kwargs)
-            prompt_ids.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            prompt_ids.append(start_episode(envs, self.tokenizer, prompts, row, name, instance))
             runners.append(envs.runner(name, instance))
         # each rollout has a prompt of its own (reset may differ per instance): one sample per prompt, seeded from
         # its group's seed and its place in the group (round 0 of round_seed; tool turns use rounds 1, 2, ...)
         row_seeds = None if seeds is None else [round_seed(s, 0, k) for s, n in zip(seeds, counts) for k in range(n)]
         rollout, _ = run_tool_turns(self.generator, self.tokenizer, prompt_ids, [1] * len(prompt_ids),
                                     self.sampling, row_seeds, runners, self.max_iterations,
-                                    chat_template_kwargs=template_kwargs, call_format=self.call_format)
+                                    chat_template_kwargs=template_kwargs(prompts), call_format=self.call_format)
         rollout.columns = {"environments": instances}
         envs.last = instances
         return rollout
+
+    def turns(self, prompts) -> "EnvironmentTurns":
+        return EnvironmentTurns(prompts, self.tokenizer, self.call_format, self.max_iterations, self.environments)
+
+
+class EnvironmentTurns(SegmentTurns):
+    """Episodes in environments for partial rollouts: an episode gets an instance of its own for as long as it is in
+    flight (it may continue over several rounds, so the round-by-round pool cannot lend it), reset with its row."""
+    stateful = True
+
+    def __init__(self, prompts, tokenizer, call_format, max_iterations, environments: Environments):
+        super().__init__(prompts, tokenizer, call_format, max_iterations, chat_template_kwargs=template_kwargs(prompts))
+        self.environments = environments
+
+    def open(self, index, instance=None):
+        envs = self.environments
+        (row,), (name,) = episode_rows(envs, self.prompts, [index], [1])
+        if instance is None:
+            instance = envs.factories[name]()
+        return start_episode(envs, self.tokenizer, self.prompts, row, name, instance), envs.runner(name, instance), \
+            instance
+
+    def handed(self, instances):
+        self.environments.last = instances
+
+
+def template_kwargs(prompts) -> dict:
+    """The chat template's arguments, but the tools: each environment lists its own."""
+    return {k: v for k, v in prompts.chat_template_kwargs.items() if k != "tools"}
+
+
+def episode_rows(envs: Environments, prompts, indices, counts):
+    """One row (prompt and columns) per completion of dataset rows `indices`, and the environment each names."""
+    row_prompts, columns = prompts.rows_for(indices, counts)
+    rows = [{"prompt": p, **{c: v[k] for c, v in columns.items()}} for k, p in enumerate(row_prompts)]
+    names = [row.get(ENVIRONMENT_COLUMN) if envs.multi else None for row in rows]
+    envs.check_rows(names, prompts.field)
+    return rows, names
+
+
+def start_episode(envs: Environments, tokenizer, prompts, row: dict, name, instance) -> List[int]:
+    """Reset `instance` with its row and return the episode's prompt ids: the row's messages (reset's string
+    appended) rendered with its environment's tools."""
+    # the `environment` column routes the row; it is not the environment's business (TRL's contract)
+    observation = instance.reset(**{k: v for k, v in row.items() if not (envs.multi and k == ENVIRONMENT_COLUMN)})
+    messages = _with_observation(row["prompt"], observation)
+    text = tokenizer.apply_chat_template(messages, tools=envs.schemas[name], tokenize=False,
+                                         add_generation_prompt=True, **template_kwargs(prompts))
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def check_data_source(train_dataset: Any, environment_factory: Any, args) -> None:

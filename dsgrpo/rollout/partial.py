@@ -21,6 +21,11 @@ With `partial_rollout_adaptive` (the default) the synchronous source over-provis
 (the same prompts and seeds as partial_rollout=False) once nothing is in flight; groups still in flight when the
 tail goes are finished without new over-provisioning first.
 
+With tools or environments a completion is an episode (tools.Episode): each sampled segment that ends with tool
+calls has them answered on the spot (`InFlight.record`) and is submitted again with the tool turn's tokens, so a
+round can cut an episode anywhere; its environment stays with it across rounds, and a resumed run starts episodes
+that act on environments again from reset (a checkpoint cannot hold an environment).
+
 Groups are identified by their position in the prompt stream (pool.PromptStream: the synchronous trainer's prompt
 order). New positions are handed out in rank order from one counter every rank keeps the same, so a position is
 sampled by one rank and trained once; a checkpoint keeps each rank's groups in flight with their prefixes."""
@@ -32,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .base import Rollout, round_seed
+from .tools import Episode, SegmentTurns
 
 SEGMENT_SEED_STRIDE = 7_919  # a continuation samples from its own seed (the first segment's + stride · segment)
 # A round "has a long tail" when its longest completion is at least TAIL_RATIO x the mean length and TAIL_MIN_TOKENS
@@ -43,16 +49,14 @@ TAIL_MIN_TOKENS = 16
 
 
 @dataclass
-class Completion:
-    """One completion of a group, sampled in one or more segments (a segment per round it ran in)."""
-    member: int
-    seed: int
-    tokens: List[int] = field(default_factory=list)
-    logprobs: List[float] = field(default_factory=list)
+class Completion(Episode):
+    """One completion of a group, sampled in one or more segments (a segment per round it ran in, and with tools
+    one per turn: tools.Episode holds its tokens, tool turns and conversation)."""
+    member: int = 0
+    seed: int = 0
     versions: List[int] = field(default_factory=list)
     segments: int = 0               # submissions so far (the next one's seed)
     finished: bool = False
-    truncated: bool = False
     restarts: int = 0               # times it was sampled again from the start (over-stale)
 
     def oldest(self) -> Optional[int]:
@@ -61,10 +65,13 @@ class Completion:
     def restart(self) -> int:
         """Forget the tokens (over-stale); returns how many were discarded."""
         dropped = len(self.tokens)
-        self.tokens, self.logprobs, self.versions = [], [], []
-        self.finished = self.truncated = False
+        self.restart_turns()
+        self.versions, self.finished = [], False
         self.restarts += 1
         return dropped
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "routes"}
 
 
 @dataclass
@@ -78,11 +85,18 @@ class InFlightGroup:
         return all(c.finished for c in self.members)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {"position": self.position, "prompt_index": self.prompt_index, "carried": self.carried,
+                "members": [c.to_json() for c in self.members]}
 
     @classmethod
     def from_json(cls, d: dict) -> "InFlightGroup":
-        return cls(d["position"], d["prompt_index"], [Completion(**c) for c in d["members"]], d.get("carried", 0))
+        members = []
+        for c in d["members"]:
+            c = dict(c)
+            if not c.get("mask") and c.get("tokens"):  # written before tool turns: every token was sampled
+                c["mask"] = [1] * len(c["tokens"])
+            members.append(Completion(**c))
+        return cls(d["position"], d["prompt_index"], members, d.get("carried", 0))
 
 
 def request_id(position: int, member: int, segment: int) -> str:
@@ -101,23 +115,48 @@ def positions_for(needs: List[int], next_position: int, rank: int) -> List[int]:
 
 
 class InFlight:
-    """One rank's groups being sampled (pure bookkeeping: the engine is driven by `run_round`)."""
+    """One rank's groups being sampled (pure bookkeeping: the engine is driven by `run_round`).
 
-    def __init__(self, num_generations: int, max_tokens: int):
-        self.G, self.max_tokens = num_generations, max_tokens
+    With `turns` (tools or environments: tools.SegmentTurns) a completion is an episode of several sampled segments:
+    when one ends, its tool calls are answered (`record`) and it is submitted again as prompt + everything so far,
+    in this round or, cut by the round's end, after the sync. Each episode keeps its runner and environment here
+    (`live`) for as long as it is in flight, across rounds; a checkpoint cannot hold an environment, so a resumed
+    run re-runs the episodes it had in flight from reset (`rerun_from_reset`)."""
+
+    def __init__(self, num_generations: int, max_tokens: int, turns: Optional[SegmentTurns] = None):
+        self.G, self.max_tokens, self.turns = num_generations, max_tokens, turns
         self.groups: Dict[int, InFlightGroup] = {}
+        self.live: Dict[Tuple[int, int], Tuple[object, object]] = {}  # (position, member) -> (runner, environment)
+        self.rerun_from_reset = 0
 
     def __len__(self) -> int:
         return len(self.groups)
 
     def add(self, position: int, prompt_index: int, first_seed: int) -> None:
         """A new group: G completions, member j seeded as the synchronous trainer seeds slot j of its run."""
-        self.groups[position] = InFlightGroup(position, prompt_index,
-                                              [Completion(j, (first_seed + j) % (2 ** 31 - 1)) for j in range(self.G)])
+        group = InFlightGroup(position, prompt_index, [Completion(member=j, seed=(first_seed + j) % (2 ** 31 - 1))
+                                                       for j in range(self.G)])
+        self.groups[position] = group
+        for c in group.members:
+            self._open(group, c)
+
+    def _open(self, group: InFlightGroup, c: Completion, instance=None) -> None:
+        """An episode's prompt (reset() may add to it), runner and environment."""
+        if self.turns is not None:
+            prompt, runner, instance = self.turns.open(group.prompt_index, instance)
+            c.prompt = list(prompt)
+            self.live[(group.position, c.member)] = (runner, instance)
+
+    def prompt_of(self, position: int, member: int, prompt_ids) -> List[int]:
+        """The prompt completion `member` of group `position` answers: its own (an environment's reset may add to
+        it), else its dataset row's."""
+        group = self.groups[position]
+        return group.members[member].prompt or list(prompt_ids(group.prompt_index))
 
     def restart_stale(self, version: int, max_staleness: int) -> Tuple[int, int]:
         """Sample again from the start every completion whose oldest token is more than `max_staleness` versions
-        behind `version`. Returns (completions restarted, tokens discarded)."""
+        behind `version` (an environment's episode from its reset). Returns (completions restarted, tokens
+        discarded)."""
         restarted = tokens = 0
         for group in self.groups.values():
             for c in group.members:
@@ -125,6 +164,8 @@ class InFlight:
                 if oldest is not None and version - oldest > max_staleness:
                     tokens += c.restart()
                     restarted += 1
+                    if self.turns is not None and self.turns.stateful:
+                        self._open(group, c, self.live[(group.position, c.member)][1])
         return restarted, tokens
 
     def at_risk(self, version: int, max_staleness: int) -> List[int]:
@@ -147,15 +188,22 @@ class InFlight:
         return out
 
     def record(self, rid: str, tokens: List[int], logprobs: List[float], finished: bool, truncated: bool,
-               version: int) -> None:
+               version: int) -> bool:
+        """A request's new tokens, sampled on `version`. True when its completion goes on in a new request (it
+        ended a turn with tool calls, now answered)."""
         position, member = parse_request_id(rid)
         c = self.groups[position].members[member]
-        c.tokens.extend(tokens)
-        c.logprobs.extend(logprobs)
+        c.append(list(tokens), list(logprobs))
         c.versions.extend([version] * len(tokens))
-        if finished:
-            c.finished = True
-            c.truncated = truncated
+        if not finished:
+            return False
+        c.finished, c.truncated = True, truncated
+        if self.turns is not None:
+            c.finished = not self.turns.after_segment(c, self.live[(position, member)][0], self.max_tokens)
+            # the tool turn's tokens (outside the loss) carry the version that answered them; a cut drops some
+            del c.versions[len(c.tokens):]
+            c.versions.extend([version] * (len(c.tokens) - len(c.versions)))
+        return not c.finished
 
     def complete(self) -> List[int]:
         return sorted(p for p, g in self.groups.items() if g.complete())
@@ -169,6 +217,21 @@ class InFlight:
         chosen = sorted(self.complete(), key=age)[:n]
         return [self.groups.pop(p) for p in sorted(chosen)]
 
+    def rollout(self, groups: List[InFlightGroup], prompt_ids) -> Rollout:
+        """Taken groups as rows (as_rollout), with their tool turns and environments: the episodes leave flight."""
+        rollout = as_rollout(groups, prompt_ids)
+        if self.turns is None:
+            return rollout
+        members = [c for g in groups for c in g.members]
+        rollout.tool_mask = [list(c.mask) for c in members]
+        rollout.messages = [list(c.messages) for c in members]
+        rollout.tool_counts = [c.tool_counts() for c in members]
+        instances = [self.live.pop((g.position, c.member))[1] for g in groups for c in g.members]
+        if self.turns.stateful:
+            rollout.columns = {"environments": instances}
+            self.turns.handed(instances)
+        return rollout
+
     def end_round(self) -> None:
         for group in self.groups.values():
             if not group.complete():
@@ -178,7 +241,16 @@ class InFlight:
         return [self.groups[p].to_json() for p in sorted(self.groups)]
 
     def load(self, groups: List[dict]) -> None:
+        """Groups a checkpoint held. Episodes that act on environments (which it could not hold) start again from
+        reset, finished members too: a group's rewards come from its environments' state."""
         self.groups = {g["position"]: InFlightGroup.from_json(g) for g in groups}
+        self.live = {}
+        for group in self.groups.values():
+            for c in group.members:
+                if self.turns is not None and self.turns.stateful:
+                    c.restart()
+                    self.rerun_from_reset += 1
+                self._open(group, c)
 
 
 def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, version: int,
@@ -193,19 +265,26 @@ def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, versi
         complete = inflight.complete()
         return len(complete) >= need and must <= set(complete)
     running = set()
+
+    def submit() -> int:
+        """Every unfinished completion not running (all at the start; then the continuations after tool turns)."""
+        new = inflight.requests(skip=running)
+        for rid, prefix, left, seed in new:
+            position, member = parse_request_id(rid)
+            engine.submit(rid, inflight.prompt_of(position, member, prompt_ids) + list(prefix), sampling, left, seed)
+            running.add(rid)
+        return len(new)
     # groups finished beyond the last round's need may already fill this one: then nothing is submitted
-    for rid, prefix, left, seed in (inflight.requests() if not done() else []):
-        position, _ = parse_request_id(rid)
-        engine.submit(rid, list(prompt_ids(inflight.groups[position].prompt_index)) + list(prefix), sampling, left,
-                      seed)
-        running.add(rid)
-    submitted, sampled = len(running), 0
+    submitted = submit() if not done() else 0
+    sampled = 0
     while running and not done():
         for rid, tokens, logprobs, finished, truncated in engine.advance():
             inflight.record(rid, tokens, logprobs, finished, truncated, version)
             sampled += len(tokens)
             if finished:
                 running.discard(rid)
+        if not done():
+            submitted += submit()
         if running and not engine.unfinished():  # the engine lost requests it was given
             raise RuntimeError(f"the generation engine holds none of the {len(running)} completions it was given "
                                f"(e.g. {sorted(running)[:3]}): they were never finished nor stopped.")
@@ -220,7 +299,7 @@ def as_rollout(groups: List[InFlightGroup], prompt_ids) -> Rollout:
     rollout.weight_versions = []
     for g in groups:
         for c in g.members:
-            rollout.prompt_ids.append(list(prompt_ids(g.prompt_index)))
+            rollout.prompt_ids.append(list(c.prompt) if c.prompt else list(prompt_ids(g.prompt_index)))
             rollout.completion_ids.append(list(c.tokens))
             rollout.sampler_logprobs.append(list(c.logprobs))
             rollout.truncated.append(c.truncated)

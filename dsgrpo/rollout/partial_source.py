@@ -15,7 +15,7 @@ from typing import List, Optional
 import torch
 
 from .. import dist
-from .partial import InFlight, as_rollout, has_long_tail, overprovision_per_rank, positions_for, run_round, \
+from .partial import InFlight, has_long_tail, overprovision_per_rank, positions_for, run_round, \
     segment_seed, staleness_metrics
 from .batch import Batch
 from .pool import PromptStream
@@ -31,7 +31,7 @@ class PartialRolloutSource(RolloutSource):
         self.stream = PromptStream(setup.prompts, setup.prompts_per_round, a.num_generations, world, a.seed,
                                    a.shuffle_dataset, order_seed=a.order_seed)
         self.sampling = setup.sampler.sampling
-        self.inflight = InFlight(a.num_generations, self.sampling.max_tokens)
+        self.inflight = InFlight(a.num_generations, self.sampling.max_tokens, turns=setup.sampler.turns(setup.prompts))
         self.next_position: Optional[int] = None  # the stream's next unclaimed position (the same on every rank)
         self.resumed_note: Optional[str] = None
         self.last_positions: List[int] = []
@@ -100,6 +100,7 @@ class PartialRolloutSource(RolloutSource):
         batch = self.setup.build_batch(self.setup.prompts, indices, [G] * len(indices), rollout)
         ranks = dist.all_gather(self._lengths(rollout, [], 0))
         batch.metrics.update(version_metrics(rollout))
+        batch.metrics.update(self._tool_metrics(batch))
         batch.metrics.update({f"partial/staleness/{age}": float(age == 0) for age in range(a.max_staleness + 1)})
         batch.metrics.update({f"partial/{k}": 0.0 for k in ("mixed_version_completions", "completions_stopped",
                                                              "completions_resampled", "tokens_discarded",
@@ -132,7 +133,7 @@ class PartialRolloutSource(RolloutSource):
         groups = self.inflight.take(self.share)
         self.last_positions = [g.position for g in groups]  # the stream positions this round trains
         generator.end_generation()  # sleep mode: nothing runs until the next round
-        rollout = as_rollout(groups, self._prompt_ids)
+        rollout = self.inflight.rollout(groups, self._prompt_ids)
         batch = self.setup.build_batch(self.setup.prompts, [g.prompt_index for g in groups],
                                        [len(g.members) for g in groups], rollout)
         self._add_metrics(batch, rollout, version,
@@ -144,6 +145,7 @@ class PartialRolloutSource(RolloutSource):
     def _add_metrics(self, batch: Batch, rollout, version: int, counts: List[float]) -> None:
         a = self.args
         batch.metrics.update(version_metrics(rollout))
+        batch.metrics.update(self._tool_metrics(batch))
         tokens = sum(len(c) for c in rollout.completion_ids)
         mine = staleness_metrics(rollout, version, a.max_staleness)
         batch.metrics.update(dist.reduce_metrics(mine, {k: tokens if "staleness" in k else len(rollout)
@@ -173,6 +175,9 @@ class PartialRolloutSource(RolloutSource):
         self.overprovisioning = bool(mine.get("overprovisioning", True)) or not self.args.partial_rollout_adaptive
         self.resumed_note = "they continue from their prefixes (their old tokens keep their versions; " \
                             "max_staleness re-samples the ones too old)"
+        if self.inflight.turns is not None and self.inflight.turns.stateful:
+            self.resumed_note = "they act on environments, which a checkpoint cannot hold: each episode starts again " \
+                                "from reset (the tokens above are sampled again)"
 
     def without_samples(self, state: Optional[dict]) -> Optional[dict]:
         if state and "partial_rollout" in state:

@@ -21,13 +21,17 @@ from .base import Generator, Rollout, SamplingConfig
 from .custom import rollout_from_func_output
 from . import tool_formats as formats
 from .environments import EnvironmentSampler
-from .tools import ToolRunner, run_tool_turns
+from .tools import SegmentTurns, ToolRunner, run_tool_turns
 
 
 class Sampler(Protocol):
     uses_tools: bool  # its rollouts carry tool_counts (the tools/* metrics)
 
     def sample(self, prompts, indices: List[int], counts: List[int], seeds: Optional[List[int]]) -> Rollout: ...
+
+    def turns(self, prompts) -> Optional[SegmentTurns]:
+        """Its tool turns for a source that steps the engine request by request (partial rollouts); None: one
+        sampled segment per completion."""
 
 
 class GeneratorSampler:
@@ -38,6 +42,9 @@ class GeneratorSampler:
 
     def sample(self, prompts, indices, counts, seeds):
         return self.generator.generate([prompts.prompt_ids[i] for i in indices], counts, self.sampling, seeds=seeds)
+
+    def turns(self, prompts):
+        return None
 
 
 class ToolSampler:
@@ -53,6 +60,9 @@ class ToolSampler:
                                     self.sampling, seeds, self.runner, self.max_iterations,
                                     chat_template_kwargs=prompts.chat_template_kwargs, call_format=self.call_format)
         return rollout
+
+    def turns(self, prompts):
+        return SegmentTurns(prompts, self.tokenizer, self.call_format, self.max_iterations, self.runner)
 
 
 class RolloutFuncSampler:
@@ -80,6 +90,9 @@ class RolloutFuncSampler:
         if self.uses_tools:
             rollout.tool_counts = tool_counts
         return rollout
+
+    def turns(self, prompts):
+        return None  # its own rollouts: partial_rollout=True refuses a rollout_func
 
 
 def make_sampler(generator: Optional[Generator], sampling: SamplingConfig, *, tokenizer,

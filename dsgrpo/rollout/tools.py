@@ -217,37 +217,39 @@ def ids_after_reply(tokenizer, messages: Sequence[dict], chat_template_kwargs: O
 
 
 @dataclass
-class _Row:
-    """One completion being built: sampled segments and tool turns, in order."""
-    prompt: List[int]
-    ids: List[int]
-    logprobs: List[float]
-    mask: List[int]
-    truncated: bool
+class Episode:
+    """One completion being built: sampled segments and tool turns, in order. Defaults on every field so that a
+    completion that keeps more state (partial rollouts' `partial.Completion`, which continues across rounds) can be
+    one."""
+    prompt: List[int] = field(default_factory=list)
+    tokens: List[int] = field(default_factory=list)
+    logprobs: List[float] = field(default_factory=list)
+    mask: List[int] = field(default_factory=list)
+    truncated: bool = False
     turn_start: int = 0   # where the latest sampled segment begins: only its tool calls are still unanswered
     calls: int = 0
     failures: int = 0
     counts: Dict[str, float] = field(default_factory=dict)  # parse failures, errors, timeouts, tool seconds
     turns: int = 1
     messages: List[dict] = field(default_factory=list)  # the conversation so far, for the reward functions
-    routes: Any = None    # a MoE sampler's experts of prompt + ids so far ([tokens, layers, k]; see take_routes)
+    routes: Any = None    # a MoE sampler's experts of prompt + tokens so far ([tokens, layers, k]; see take_routes)
 
     def append(self, ids: List[int], logprobs: Optional[List[float]] = None) -> None:
         """Sampled tokens with their log-probs, or (logprobs None) inserted tokens outside the loss."""
-        self.ids += ids
+        self.tokens += ids
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         self.mask += [1 if logprobs is not None else 0] * len(ids)
 
     def cut(self, n: int) -> None:
-        del self.ids[n:], self.logprobs[n:], self.mask[n:]
+        del self.tokens[n:], self.logprobs[n:], self.mask[n:]
 
     def take_routes(self, routes) -> None:
-        """The routes of a generate call over prompt + ids so far (and its new tokens). A position keeps the route
+        """The routes of a generate call over prompt + tokens so far (and its new tokens). A position keeps the route
         of the first call that reported one: that call's routing produced the log-probs of the tokens it sampled,
         and a continuation re-reads earlier positions in its prefill. The continuation adds the tool turn's
         positions and the last sampled token's, which its own call never fed back."""
         if routes is None or self.routes is None:
-            self.routes = routes if self.routes is None and not self.ids else None
+            self.routes = routes if self.routes is None and not self.tokens else None
             return
         merged = routes.clone()
         old = self.routes[:len(merged)]
@@ -259,31 +261,107 @@ class _Row:
         """The latest sampled segment becomes an assistant message of the conversation."""
         # decoded whole: some families' call markers are special tokens (Mistral's [TOOL_CALLS], Llama's
         # <|python_tag|>); the special tokens left in the content (its end of turn) are then dropped
-        text = tokenizer.decode(self.ids[self.turn_start:], skip_special_tokens=False)
+        text = tokenizer.decode(self.tokens[self.turn_start:], skip_special_tokens=False)
         message = assistant_message(text, call_format, self.prefix(tokenizer, call_format))
         for token in tokenizer.all_special_tokens:
             message["content"] = message["content"].replace(token, "")
         message["content"] = message["content"].strip()
         self.messages.append(message)
 
+    def close_last_turn(self, tokenizer, call_format: ToolCallFormat) -> None:
+        """The episode ended: its last sampled turn (or its only one) joins the conversation."""
+        if self.tokens[self.turn_start:] or not self.messages:
+            self.close_turn(tokenizer, call_format)
+
     def prefix(self, tokenizer, call_format: ToolCallFormat) -> str:
         """What came before the latest turn, for parsers that read it (the tokenizer's own: tool_formats.py)."""
         if not call_format.needs_prefix:
             return ""
-        return tokenizer.decode(self.prompt + self.ids[:self.turn_start], skip_special_tokens=False)
+        return tokenizer.decode(self.prompt + self.tokens[:self.turn_start], skip_special_tokens=False)
+
+    def answer_calls(self, runner: "ToolRunner", tokenizer, call_format: ToolCallFormat, limit: int,
+                     chat_template_kwargs: Optional[dict] = None) -> bool:
+        """Run the tool calls of the latest sampled turn and append the tool turn (outside the loss). True when a
+        continuation is to be sampled; False when the turn made no call, or the tool turn left no room under
+        `limit` tokens (it is then cut and the episode truncated)."""
+        if self.truncated:
+            return False
+        calls = call_format.parse(tokenizer.decode(self.tokens[self.turn_start:], skip_special_tokens=False),
+                                  self.prefix(tokenizer, call_format))
+        if not calls:
+            return False
+        outcomes = [runner.call(call) for call in calls]
+        results = [(text, kind == "ok") for text, kind, _ in outcomes]
+        self.calls += len(calls)
+        self.failures += sum(not ok for _, ok in results)
+        for _, kind, seconds in outcomes:
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            self.counts["seconds"] = self.counts.get("seconds", 0.0) + seconds
+        turn = tool_result_ids(tokenizer, [(c.name, text) for c, (text, _) in zip(calls, results)],
+                               chat_template_kwargs)
+        if self.tokens and turn and self.tokens[-1] == turn[0] and turn[0] in set(tokenizer.all_special_ids):
+            turn = turn[1:]   # the model already sampled the end-of-turn token (its eos) the template starts with
+        self.close_turn(tokenizer, call_format)
+        self.append(turn)
+        self.turn_start = len(self.tokens)
+        if len(self.tokens) >= limit:   # no room left to answer: the tool turn is cut, not part of the conversation
+            self.cut(limit)
+            self.truncated = True
+            return False
+        self.messages += [{"role": "tool", "name": c.name or "unknown", "content": text}
+                          for c, (text, _) in zip(calls, results)]
+        return True
+
+    def tool_counts(self) -> List[int]:
+        """The episode's row of Rollout.tool_counts, in COUNTS' order."""
+        c = self.counts
+        return [self.calls, self.failures, int(c.get("parse", 0)), int(c.get("raised", 0)), int(c.get("timeout", 0)),
+                self.turns, int(round(c.get("seconds", 0.0) * 1000))]
+
+    def restart_turns(self) -> None:
+        """Forget everything sampled and answered (the prompt stays)."""
+        self.tokens, self.logprobs, self.mask, self.messages, self.counts = [], [], [], [], {}
+        self.truncated, self.turn_start, self.calls, self.failures, self.turns, self.routes = False, 0, 0, 0, 1, None
 
 
-def _counts(row: _Row) -> List[int]:
-    """A row's Rollout.tool_counts, in COUNTS' order."""
-    c = row.counts
-    return [row.calls, row.failures, int(c.get("parse", 0)), int(c.get("raised", 0)), int(c.get("timeout", 0)),
-            row.turns, int(round(c.get("seconds", 0.0) * 1000))]
+class SegmentTurns:
+    """Tool turns for a source that steps the engine one request at a time (partial rollouts, rollout/partial.py):
+    `open` an episode for a dataset row, `after_segment` when one of its sampled segments ends (its calls are
+    answered and a continuation is due, or the episode is over). `stateful`: episodes act on environments, which a
+    checkpoint cannot hold (a resumed run re-runs them from reset)."""
+    stateful = False
+
+    def __init__(self, prompts, tokenizer, call_format: ToolCallFormat, max_iterations: Optional[int],
+                 runner: Optional["ToolRunner"] = None, chat_template_kwargs: Optional[dict] = None):
+        self.prompts, self.tokenizer, self.call_format = prompts, tokenizer, call_format or HERMES
+        self.max_iterations, self.runner = max_iterations, runner
+        self.chat_template_kwargs = chat_template_kwargs if chat_template_kwargs is not None \
+            else prompts.chat_template_kwargs
+
+    def open(self, index: int, instance: Any = None) -> Tuple[List[int], "ToolRunner", Any]:
+        """(prompt ids, the runner its calls go to, its environment or None) of a new episode of dataset row
+        `index`; `instance`: an environment to reset again (an episode sampled again from the start)."""
+        return list(self.prompts.prompt_ids[index]), self.runner, None
+
+    def after_segment(self, episode: Episode, runner: "ToolRunner", limit: int) -> bool:
+        """A sampled segment ended (its own stop or max tokens, not a round's cut). True when the episode goes on:
+        its calls were answered and a continuation is to be sampled; else its last turn is closed."""
+        answered = episode.turns - 1
+        if (self.max_iterations is None or answered < self.max_iterations) and \
+                episode.answer_calls(runner, self.tokenizer, self.call_format, limit, self.chat_template_kwargs):
+            episode.turns += 1
+            return True
+        episode.close_last_turn(self.tokenizer, self.call_format)
+        return False
+
+    def handed(self, instances: List[Any]) -> None:
+        """The environments of a batch about to be scored (environments keep them as the trainer's `environments`)."""
 
 
-def _routes_of(row: _Row):
+def _routes_of(row: Episode):
     """A finished row's routes, one per token kept: cut at a row's room, and -1 (the trainer routes) for a tool turn
     that was cut at max_tokens, which no call ever read."""
-    n = len(row.prompt) + len(row.ids)
+    n = len(row.prompt) + len(row.tokens)
     routes = row.routes[:n]
     if len(routes) < n:
         routes = routes.new_full((n, *routes.shape[1:]), -1)
@@ -318,73 +396,43 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
     runners = [runner] * len(first) if isinstance(runner, ToolRunner) else list(runner)
     if len(runners) != len(first):
         raise ValueError(f"{len(runners)} tool runners for {len(first)} completions: give one, or one per completion.")
-    rows = [_Row(list(first.prompt_ids[i]), [], [], [], first.truncated[i]) for i in range(len(first))]
+    rows = [Episode(list(first.prompt_ids[i]), truncated=first.truncated[i]) for i in range(len(first))]
     for i, (row, ids, logprobs) in enumerate(zip(rows, first.completion_ids, first.sampler_logprobs)):
         row.take_routes(None if first.routes is None else first.routes[i])
         row.append(list(ids), list(logprobs))
     # (prompt, position in its group) of each row, for the continuation seeds
     origin = [(j, k) for j, n in enumerate(counts) for k in range(n)]
-    special = set(tokenizer.all_special_ids)
     limit = sampling.max_tokens
     candidates = list(range(len(rows)))
     iteration = 0
     while candidates and (max_tool_calling_iterations is None or iteration < max_tool_calling_iterations):
         iteration += 1
         # ---- run the calls of every completion whose latest turn made some; append the tool turns
-        continuing = []
-        for i in candidates:
-            row = rows[i]
-            if row.truncated:
-                continue
-            calls = call_format.parse(tokenizer.decode(row.ids[row.turn_start:], skip_special_tokens=False),
-                                      row.prefix(tokenizer, call_format))
-            if not calls:
-                continue
-            outcomes = [runners[i].call(call) for call in calls]
-            results = [(text, kind == "ok") for text, kind, _ in outcomes]
-            row.calls += len(calls)
-            row.failures += sum(not ok for _, ok in results)
-            for _, kind, seconds in outcomes:
-                row.counts[kind] = row.counts.get(kind, 0) + 1
-                row.counts["seconds"] = row.counts.get("seconds", 0.0) + seconds
-            turn = tool_result_ids(tokenizer, [(c.name, text) for c, (text, _) in zip(calls, results)],
-                                   chat_template_kwargs)
-            if row.ids and turn and row.ids[-1] == turn[0] and turn[0] in special:
-                turn = turn[1:]   # the model already sampled the end-of-turn token (its eos) the template starts with
-            row.close_turn(tokenizer, call_format)
-            row.append(turn)
-            row.turn_start = len(row.ids)
-            if len(row.ids) >= limit:   # no room left to answer: the tool turn is cut, not part of the conversation
-                row.cut(limit)
-                row.truncated = True
-                continue
-            row.messages += [{"role": "tool", "name": c.name or "unknown", "content": text}
-                             for c, (text, _) in zip(calls, results)]
-            continuing.append(i)
+        continuing = [i for i in candidates
+                      if rows[i].answer_calls(runners[i], tokenizer, call_format, limit, chat_template_kwargs)]
         if not continuing:
             break
         # ---- one continuation each, in one call. The call's max_tokens is the largest room left; each row is then
         # cut to its own room (sampling stops at max_tokens, so the kept tokens are what a shorter limit samples;
         # a row whose prompt + max_tokens passes vLLM's max_model_len just stops there, past its own cut)
-        room = [limit - len(rows[i].ids) for i in continuing]
+        room = [limit - len(rows[i].tokens) for i in continuing]
         cont_seeds = None if seeds is None else [round_seed(seeds[origin[i][0]], iteration, origin[i][1])
                                                  for i in continuing]
-        more = generator.generate([rows[i].prompt + rows[i].ids for i in continuing], [1] * len(continuing),
+        more = generator.generate([rows[i].prompt + rows[i].tokens for i in continuing], [1] * len(continuing),
                                   replace(sampling, max_tokens=max(room)), seeds=cont_seeds)
         for n, i in enumerate(continuing):
             row, ids, logprobs = rows[i], list(more.completion_ids[n]), list(more.sampler_logprobs[n])
             row.take_routes(None if more.routes is None else more.routes[n])
-            row.turn_start = len(row.ids)
+            row.turn_start = len(row.tokens)
             row.truncated = more.truncated[n] or len(ids) > room[n]
             row.append(ids[:room[n]], logprobs[:room[n]])
             row.turns += 1
         candidates = continuing
-    for row in rows:  # the last sampled turn (or the only one)
-        if row.ids[row.turn_start:] or not row.messages:
-            row.close_turn(tokenizer, call_format)
-    rollout = Rollout([r.prompt for r in rows], [r.ids for r in rows], [r.logprobs for r in rows],
+    for row in rows:
+        row.close_last_turn(tokenizer, call_format)
+    rollout = Rollout([r.prompt for r in rows], [r.tokens for r in rows], [r.logprobs for r in rows],
                       [r.truncated for r in rows], tool_mask=[r.mask for r in rows], messages=[r.messages for r in rows],
-                      tool_counts=[_counts(r) for r in rows])
+                      tool_counts=[r.tool_counts() for r in rows])
     if rows and all(r.routes is not None for r in rows):
         rollout.routes = [_routes_of(r) for r in rows]
     return rollout, ToolStats.of(rollout)

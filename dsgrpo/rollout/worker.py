@@ -163,7 +163,7 @@ class PartialRolloutWorker(RolloutWorker):
         from .partial import InFlight
         self.engine, self.sampling = self.sampler.generator, self.sampler.sampling
         self.target = self.chunk + overprovision   # groups in flight
-        self.inflight = InFlight(self.stream.G, self.sampling.max_tokens)
+        self.inflight = InFlight(self.stream.G, self.sampling.max_tokens, turns=self.sampler.turns(self.prompts))
         self.running: set = set()                  # request ids the engine holds
         self.stopped = self.resampled = 0          # completions stopped by pauses; sampled again (over-stale)
 
@@ -207,23 +207,26 @@ class PartialRolloutWorker(RolloutWorker):
             self.inflight.add(position, self.stream.prompt_index(position),
                               segment_seed(self.stream.seed, position, self.stream.P, self.stream.G))
         for rid, prefix, left, seed in self.inflight.requests(skip=self.running):
-            position, _ = parse_request_id(rid)
-            prompt = self.prompts.prompt_ids[self.inflight.groups[position].prompt_index]
-            self.engine.submit(rid, list(prompt) + list(prefix), self.sampling, left, seed)
+            position, member = parse_request_id(rid)
+            prompt = self.inflight.prompt_of(position, member, self._prompt_ids)
+            self.engine.submit(rid, prompt + list(prefix), self.sampling, left, seed)
             self.running.add(rid)
         if not self.running:
             return False
         for rid, tokens, logprobs, finished, truncated in self.engine.advance():
+            # a completion that ended a turn with tool calls goes on: the next step submits its continuation
             self.inflight.record(rid, tokens, logprobs, finished, truncated, self.version)
             if finished:
                 self.running.discard(rid)
         done = self.inflight.take(len(self.inflight.complete()))
         if done:
-            from .partial import as_rollout
-            rollout = as_rollout(done, lambda i: self.prompts.prompt_ids[i])
+            rollout = self.inflight.rollout(done, self._prompt_ids)
             self._pool([g.position for g in done], [g.prompt_index for g in done], rollout,
                        [min(min(c.versions or [self.version]) for c in g.members) for g in done])
         return True
+
+    def _prompt_ids(self, index: int) -> List[int]:
+        return self.prompts.prompt_ids[index]
 
     def _claim_up_to(self, k: int) -> List[int]:
         chunk, self.chunk = self.chunk, k

@@ -221,6 +221,53 @@ def _():
             "reward_names": trainer.reward_func_names}
 
 
+# ------------------------------------------------------------------ 3b. environments with partial rollouts
+def episodes_across_rounds(batches):
+    """Per trained batch: its rows' episodes against their environments (every answered add is in the instance's
+    state, so an episode carried over a sync kept its instance), and the rows whose tool turn was answered in an
+    earlier round than tokens sampled after it (an episode that went on after the sync)."""
+    out = []
+    for batch in batches:
+        r = batch.rollout
+        envs = (r.columns or {}).get("environments")   # (a group stolen from another rank left its instances there)
+        answered = [c[0] - c[1] for c in r.tool_counts]
+        crossed = 0
+        for mask, versions in zip(r.tool_mask, r.weight_versions):
+            inserted = [v for v, m in zip(versions, mask) if m == 0]
+            crossed += bool(inserted) and max(versions) > min(inserted)
+        out.append({"rows": len(r), "answered": answered, "mixed": sum(len(set(v)) > 1 for v in r.weight_versions),
+                    "crossed": crossed, **({"instances": len({id(e) for e in envs}), "env_adds": [len(e.calls) for e in envs],
+                                            "own_rewards": [float(e.total == 5) for e in envs]} if envs else {})})
+    return out
+
+
+def partial_environment_run(name, trainer_class, **settings):
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(48)])
+    environments_seen.clear()
+    trainer = trainer_class(TOOL_MODEL, environment_reward, train_dataset=data, environment_factory=Ledger,
+                            args=config(name, max_steps=4, max_completion_length=192, temperature=0.3,
+                                        max_tool_calling_iterations=2, tool_timeout_s=0.5, shuffle_dataset=False,
+                                        partial_rollout=True, partial_rollout_adaptive=False, rollout_overprovision=8,
+                                        max_staleness=2, **settings))
+    KEEP.append(trainer)
+    batches = spy_batches(trainer)
+    trainer.train()
+    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches), "seen": list(environments_seen),
+            "batches": episodes_across_rounds(batches), "reward_names": trainer.reward_func_names}
+
+
+@check("partial_environments")
+def _():
+    """partial_rollout=True with an environment: rounds cut episodes mid-way; they go on after the sync with their
+    environments alive."""
+    return partial_environment_run("partial_environments", GRPOTrainer)
+
+
+@check("async_partial_environments")
+def _():
+    return partial_environment_run("async_partial_environments", AsyncGRPOTrainer, async_chunk_groups=1)
+
+
 # ------------------------------------------------------------------ 4. rollout_func under AsyncGRPOTrainer
 async_tags_seen = []
 

@@ -153,8 +153,10 @@ class HoldTheWorkerMidGroup:
     """At the checkpoint's step, after the sync opened the staleness window again: let this rank's async worker step
     until it holds an unfinished completion with tokens, then keep it still until the checkpoint is written. A worker
     faster than training may otherwise have finished every group its window allows, and the checkpoint would have
-    nothing in flight to carry (what the async checkpoint test is about). A rank whose worker holds nothing for
-    0.5 s has nothing left to claim (the other rank took the window's new groups) and goes on."""
+    nothing in flight to carry (what the async checkpoint test is about). A rank whose worker holds nothing while
+    the staleness window has no position left to claim (the other rank took the window's new groups) goes on. (It
+    once went on after 0.5 s of holding nothing: a worker slow to claim on a busy machine left both ranks with
+    nothing in flight, 1 run in 3.)"""
 
     def __init__(self, trainer, step: int):
         self.trainer, self.step, self.held = trainer, step, None
@@ -163,20 +165,22 @@ class HoldTheWorkerMidGroup:
         if state.global_step != self.step:
             return
         w = self.trainer.source.exchange.worker
-        deadline, empty_since = time.monotonic() + 60, None
+        deadline = time.monotonic() + 60
+        per_round = w.stream.P if w.balanced else w.stream.per_rank
         while time.monotonic() < deadline:
             with w._pause_lock:
                 w._pause_requests += 1     # the worker takes no further engine step ...
             with w._work:                  # ... once the one it is in has ended
                 mid_group = any(c.tokens and not c.finished for g in w.inflight.groups.values() for c in g.members)
                 empty = not w.inflight.groups
+                window_claimed = w.counter.add("claimed", 0) >= \
+                    (w.version + w.max_staleness + 1) * per_round + w.counter.add("dropped", 0)
             if mid_group:
                 self.held = w
                 return
             with w._pause_lock:
                 w._pause_requests -= 1
-            empty_since = (empty_since or time.monotonic()) if empty else None
-            if empty_since is not None and time.monotonic() - empty_since > 0.5:
+            if empty and window_claimed:
                 return
             time.sleep(0.005)
 
