@@ -27,12 +27,8 @@ from .rollout.environments import environment_prompts
 class TrainerSetup:
     """Mixed into GRPOTrainer: the start-up steps its __init__ runs."""
 
-    def _check_supported(self, args, tools, environment_factory=None) -> None:
+    def _check_supported(self, args) -> None:
         """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
-        if environment_factory is not None and args.vllm_tensor_parallel_size > 1:
-            raise NotImplementedError("environment_factory with vllm_tensor_parallel_size > 1: environments run on "
-                                      "GRPOTrainer (colocated vLLM, HF generate or a vLLM server, partial rollouts "
-                                      "too) and AsyncGRPOTrainer for now; set vllm_tensor_parallel_size=1.")
         if args.partial_rollout and self.rollout_func is not None:
             raise ValueError("partial_rollout=True continues completions token by token across rounds; a rollout_func "
                              "makes its own. Set partial_rollout=False.")
@@ -48,10 +44,6 @@ class TrainerSetup:
             if not args.use_vllm:
                 raise ValueError("vllm_tensor_parallel_size > 1 shards a vLLM engine; use_vllm=False generates with "
                                  "the policy itself. Set vllm_tensor_parallel_size=1.")
-            if tools:
-                raise NotImplementedError("tools with vllm_tensor_parallel_size > 1: the ranks of one engine must make "
-                                          "the same generate calls, and tool turns continue per rank. Use "
-                                          "vllm_tensor_parallel_size=1 with tools for now.")
             local = dist.local_world_size()
             if local % args.vllm_tensor_parallel_size:
                 raise ValueError(f"vllm_tensor_parallel_size={args.vllm_tensor_parallel_size}: an engine's ranks must "

@@ -89,7 +89,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             raise ValueError("eval_do_sample=False makes evaluation greedy, but rollout_func generates the "
                              "completions itself: sample greedily inside rollout_func, or leave eval_do_sample=True.")
         # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
-        self._check_supported(args, tools, environment_factory)
+        self._check_supported(args)
         check_data_source(train_dataset, environment_factory, args)
         device.prepare_process(dist.local_world_size(), args.num_threads)
         device.set_tf32(args.tf32)

@@ -16,12 +16,13 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one core of compute: the other is the unit tests'
 
-# name -> (the node id prefix of the tests that need it, "module:function" that starts it: function(folder) returns
-# a function that waits for it and returns its result)
+# name -> (the node id prefix (or prefixes) of the tests that need it, "module:function" that starts it:
+# function(folder) returns a function that waits for it and returns its result)
 JOBS = {
     "gpu_lock_resolve": ("tests/test_gpu_lock.py::test_pip_resolves_the_lock_unchanged_for_a_cuda_machine",
                          "test_gpu_lock:start_resolve"),
-    "tool_caller_model": ("tests/test_api_dist.py::", "test_api_dist:start_fine_tune"),  # agents' checks too
+    "tool_caller_model": (("tests/test_api_dist.py::", "tests/test_scale_dist.py::"),  # agents' checks too
+                          "test_api_dist:start_fine_tune"),
     "report_runs": ("tests/test_report.py::", "test_report:start_runs"),
 }
 _waiting: dict = {}  # name -> the function that waits for it

@@ -11,8 +11,11 @@ pytestmark = pytest.mark.dist
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    import background
+    proc, model = background.result("tool_caller_model")
+    assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path_factory.mktemp("scale_checks")
-    torchrun("tests/dist_scripts/scale_checks.py", str(out), timeout=900)
+    torchrun("tests/dist_scripts/scale_checks.py", str(out), model, timeout=900)
     return rank_results(out)
 
 
@@ -64,3 +67,22 @@ def test_async_trainer_on_a_sharded_engine_overlaps_generation(results):
     assert max(h["async/staleness/max"] for h in leader["overlap"]) <= 1
     for h in leader["overlap"]:
         assert h["sampling/sampling_logp_difference/max"] <= 1e-4 or h["async/staleness/max"] > 0, h
+
+
+def test_environments_act_through_one_engine_sharded_over_both_ranks(results):
+    """Tool turns of a stateful environment through a tensor-parallel engine. GRPOTrainer: every rank makes every
+    engine call, a rank without turns to continue joining with no rows, and each episode's instance holds what its
+    answered calls did. AsyncGRPOTrainer: the engine's first rank runs the episodes, the other mirrors its calls."""
+    sync = part(results, "tp_environments")
+    assert sync[0]["engine_calls"] == sync[1]["engine_calls"] and len(sync[0]["engine_calls"]) >= 4
+    assert any(n == 0 for run in sync for n in run["own"]), [run["own"] for run in sync]  # joined with no rows
+    for run in sync:
+        assert all(r["env_adds"] == r["answered"] for r in run["rows"]), run["rows"]
+    for name in ("tp_environments", "tp_async_environments"):
+        runs = part(results, name)
+        for run in runs:
+            history = run["history"]
+            assert len(history) == 2 and all(h["tools/call_frequency"] >= 0.5 for h in history), history
+            assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3, history[0]
+            assert all(r["inserted"] > 0 for r in run["rows"] if r["calls"])
+        assert any("\n5\n</tool_response>" in r["text"] for run in runs for r in run["rows"]), name

@@ -288,6 +288,24 @@ def test_a_tool_call_is_answered_and_the_model_continues(tok):
     assert t["sampler_logps"][0].tolist() == pytest.approx(rollout.sampler_logprobs[0])
 
 
+def test_in_lockstep_a_rank_without_turns_to_continue_joins_each_call_with_no_rows(tok):
+    """A tensor-parallel engine's ranks make the same calls: while another rank continues (the lockstep answers
+    True), this rank, whose completion answered at once, calls with no rows; the loop ends when no rank continues."""
+    gen = ScriptedGenerator(tok, lambda prompt_text, k: "It is 5.")
+    others = iter([True, True, False])   # the other rank continues twice
+    asked = []
+
+    def lockstep(mine):
+        asked.append(mine)
+        return mine or next(others)
+    prompt = chat_prompt(tok, "What is 2 + 3?", [calculator])
+    rollout, _ = run_tool_turns(gen, tok, [prompt], [1], SamplingConfig(max_tokens=50), [11],
+                                ToolRunner([calculator], timeout_s=1), max_tool_calling_iterations=5,
+                                lockstep=lockstep)
+    assert asked == [False, False, False] and [c["prompt_ids"] for c in gen.calls] == [[prompt], [], []]
+    assert rollout.completion_ids[0] == ids(tok, "It is 5.") + [tok.eos_token_id]
+
+
 def test_failing_tools_are_reported_to_the_model_and_the_run_continues(tok):
     calls = "".join([call_text("calculator", {"expression": "2 + 3"}), call_text("explode", {"reason": "why"}),
                      call_text("hang", {}), '<tool_call>\n{"name": "calculator", "arguments": {\n</tool_call>',

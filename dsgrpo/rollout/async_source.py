@@ -35,6 +35,8 @@ from ..errors import CheckpointError
 from .batch import Batch
 from .pool import ClaimCounter, Group, GroupPool, PromptStream, plan_batch
 from .sources import Placement, RolloutSetup, RolloutSource
+from .environments import EnvironmentSampler
+from .samplers import ToolSampler
 from .tensor_parallel import LeadingGenerator, MirrorLink, MirrorWorker, TensorParallelGenerator
 from .weight_sync import send_weights
 from .partial import overprovision_per_rank, staleness_metrics
@@ -77,6 +79,8 @@ class GroupExchange:
                 link = MirrorLink()
                 sampler = copy.copy(sampler)
                 sampler.generator = LeadingGenerator(setup.generator.engine, link)
+                if isinstance(sampler, (ToolSampler, EnvironmentSampler)):  # the leader alone runs the tool turns:
+                    sampler.lockstep = None                                 # the mirrors repeat its calls
             partial = {"overprovision": overprovision_per_rank(a.rollout_overprovision, self.placement.generators)} \
                 if a.partial_rollout else {}
             self.worker = (PartialRolloutWorker if a.partial_rollout else RolloutWorker)(

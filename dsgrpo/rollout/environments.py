@@ -173,9 +173,10 @@ class EnvironmentSampler:
     uses_tools = True
 
     def __init__(self, generator: Generator, sampling: SamplingConfig, tokenizer, environments: Environments,
-                 max_iterations: Optional[int], call_format=None):
+                 max_iterations: Optional[int], call_format=None, lockstep=None):
         self.generator, self.sampling, self.tokenizer = generator, sampling, tokenizer
         self.environments, self.max_iterations, self.call_format = environments, max_iterations, call_format
+        self.lockstep = lockstep  # tools.run_tool_turns: the ranks of a tensor-parallel engine continue together
 
     def sample(self, prompts, indices, counts, seeds):
         envs = self.environments
@@ -190,7 +191,8 @@ class EnvironmentSampler:
         row_seeds = None if seeds is None else [round_seed(s, 0, k) for s, n in zip(seeds, counts) for k in range(n)]
         rollout, _ = run_tool_turns(self.generator, self.tokenizer, prompt_ids, [1] * len(prompt_ids),
                                     self.sampling, row_seeds, runners, self.max_iterations,
-                                    chat_template_kwargs=template_kwargs(prompts), call_format=self.call_format)
+                                    chat_template_kwargs=template_kwargs(prompts), call_format=self.call_format,
+                                    lockstep=self.lockstep)
         rollout.columns = {"environments": instances}
         envs.last = instances
         return rollout

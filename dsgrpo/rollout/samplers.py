@@ -21,6 +21,7 @@ from .base import Generator, Rollout, SamplingConfig
 from .custom import rollout_from_func_output
 from . import tool_formats as formats
 from .environments import EnvironmentSampler
+from .tensor_parallel import TensorParallelGenerator
 from .tools import SegmentTurns, ToolRunner, run_tool_turns
 
 
@@ -51,14 +52,16 @@ class ToolSampler:
     uses_tools = True
 
     def __init__(self, generator: Generator, sampling: SamplingConfig, tokenizer, runner: ToolRunner,
-                 max_iterations: Optional[int], call_format=None):
+                 max_iterations: Optional[int], call_format=None, lockstep=None):
         self.generator, self.sampling, self.tokenizer = generator, sampling, tokenizer
         self.runner, self.max_iterations, self.call_format = runner, max_iterations, call_format
+        self.lockstep = lockstep  # tools.run_tool_turns: the ranks of a tensor-parallel engine continue together
 
     def sample(self, prompts, indices, counts, seeds):
         rollout, _ = run_tool_turns(self.generator, self.tokenizer, [prompts.prompt_ids[i] for i in indices], counts,
                                     self.sampling, seeds, self.runner, self.max_iterations,
-                                    chat_template_kwargs=prompts.chat_template_kwargs, call_format=self.call_format)
+                                    chat_template_kwargs=prompts.chat_template_kwargs, call_format=self.call_format,
+                                    lockstep=self.lockstep)
         return rollout
 
     def turns(self, prompts):
@@ -98,16 +101,20 @@ class RolloutFuncSampler:
 def make_sampler(generator: Optional[Generator], sampling: SamplingConfig, *, tokenizer,
                  tool_runner: Optional[ToolRunner] = None, max_tool_calling_iterations: Optional[int] = None,
                  rollout_func: Optional[Callable] = None, trainer=None, environments=None,
-                 tool_call_format: Optional[str] = None):
-    """The sampler the trainer's arguments ask for (None where this rank has no generator and no rollout_func)."""
+                 tool_call_format: Optional[str] = None, lockstep: Optional[Callable[[bool], bool]] = None):
+    """The sampler the trainer's arguments ask for (None where this rank has no generator and no rollout_func).
+    `lockstep`: the generator's ranks must make the same calls (tools.run_tool_turns)."""
     if rollout_func is not None:
         return RolloutFuncSampler(rollout_func, trainer, tokenizer, sampling.max_tokens)
     if generator is None:
         return None
     call_format = formats.tool_call_format(tokenizer, tool_call_format)
+    if lockstep is None and isinstance(generator, TensorParallelGenerator):
+        lockstep = generator.lockstep
     if environments is not None:
         return EnvironmentSampler(generator, sampling, tokenizer, environments, max_tool_calling_iterations,
-                                  call_format)
+                                  call_format, lockstep)
     if tool_runner is not None:
-        return ToolSampler(generator, sampling, tokenizer, tool_runner, max_tool_calling_iterations, call_format)
+        return ToolSampler(generator, sampling, tokenizer, tool_runner, max_tool_calling_iterations, call_format,
+                           lockstep)
     return GeneratorSampler(generator, sampling)

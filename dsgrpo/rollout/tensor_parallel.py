@@ -4,9 +4,10 @@ weights are sharded over them, for a model whose vLLM copy does not fit beside i
 Under vLLM's external_launcher every rank of an engine must make the same generate call. So each rank still asks
 for its own slots of the round (the rollout source and the seeds do not change: a seed is a function of (seed,
 round, slot), so resume stays exact), the requests of the engine's ranks are gathered over dist.TP, every rank runs
-the group's call, and each keeps its own rows. Weight sync is unchanged: each rank streams the full tensors of a
-bucket (a ZeRO-3 gather gives them to every rank) and its engine rank's loader keeps its shard, so no rank holds
-more than one bucket of the full model at once.
+the group's call, and each keeps its own rows. Tool turns continue in lock-step: a round of continuations runs
+while any rank of the engine has one, a rank with none joining the call with no rows (`lockstep`). Weight sync is
+unchanged: each rank streams the full tensors of a bucket (a ZeRO-3 gather gives them to every rank) and its engine
+rank's loader keeps its shard, so no rank holds more than one bucket of the full model at once.
 
 AsyncGRPOTrainer: the engine generates in a background thread while the main thread trains, and the ranks of an
 engine must still make the same calls in the same order. So only the engine's first rank (the leader) runs a
@@ -24,6 +25,7 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Iterable, List, Optional, Tuple
 
 import torch
@@ -61,14 +63,21 @@ class TensorParallelGenerator:
     def needs_weights(self) -> bool:
         return self.engine.needs_weights()
 
+    @staticmethod
+    def lockstep(continuing: bool) -> bool:
+        """Whether any rank of the engine has tool turns to continue (every rank then joins the call)."""
+        return dist.all_gather_object(continuing, group=dist.TP).count(True) > 0
+
     def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
                  seeds: Optional[List[int]] = None) -> Rollout:
-        requests = dist.all_gather_object((prompt_ids, counts, seeds), group=dist.TP)
+        requests = dist.all_gather_object((prompt_ids, counts, seeds, sampling.max_tokens), group=dist.TP)
         me = dist.rank(dist.TP)
         ids = [p for r in requests for p in r[0]]
         all_counts = [n for r in requests for n in r[1]]
         all_seeds = None if any(r[2] is None for r in requests) else [s for r in requests for s in r[2]]
-        rollout = self.engine.generate(ids, all_counts, sampling, seeds=all_seeds)
+        # one call with one budget: tool turns ask each rank's largest room left, and a rank cuts its rows to its own
+        rollout = self.engine.generate(ids, all_counts, replace(sampling, max_tokens=max(r[3] for r in requests)),
+                                       seeds=all_seeds)
         start = sum(sum(r[1]) for r in requests[:me])
         return rollout.rows(slice(start, start + sum(counts)))
 

@@ -374,7 +374,8 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
                    runner: Union[ToolRunner, Sequence[ToolRunner]],
                    max_tool_calling_iterations: Optional[int], *,
                    chat_template_kwargs: Optional[dict] = None,
-                   call_format: Optional[ToolCallFormat] = None) -> Tuple[Rollout, ToolStats]:
+                   call_format: Optional[ToolCallFormat] = None,
+                   lockstep: Optional[Callable[[bool], bool]] = None) -> Tuple[Rollout, ToolStats]:
     """Generate counts[j] completions for prompt j (as `generator.generate`), answering tool calls.
 
     Each iteration takes the completions whose latest turn ended (not truncated) with tool calls, runs the calls,
@@ -385,6 +386,8 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
 
     `runner`: one for every row, or one per row (each rollout's environment: rollout/environments.py).
     `call_format`: how the model writes calls (rollout/tool_formats.py; default Qwen2.5's <tool_call> blocks).
+    `lockstep`: for an engine whose ranks must make the same calls (tensor-parallel vLLM): given whether this rank
+    has rows to continue, whether any rank of the engine has; a rank with none then joins the call with no rows.
 
     Returns the Rollout (rows prompt by prompt as in `generate`, with `tool_mask`) and this call's ToolStats.
     Continuations are seeded from (seeds[j], iteration, position in the group), so a rerun samples the same."""
@@ -405,12 +408,13 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
     limit = sampling.max_tokens
     candidates = list(range(len(rows)))
     iteration = 0
-    while candidates and (max_tool_calling_iterations is None or iteration < max_tool_calling_iterations):
+    while (candidates or lockstep) and (max_tool_calling_iterations is None or
+                                        iteration < max_tool_calling_iterations):
         iteration += 1
         # ---- run the calls of every completion whose latest turn made some; append the tool turns
         continuing = [i for i in candidates
                       if rows[i].answer_calls(runners[i], tokenizer, call_format, limit, chat_template_kwargs)]
-        if not continuing:
+        if not (lockstep(bool(continuing)) if lockstep else continuing):
             break
         # ---- one continuation each, in one call. The call's max_tokens is the largest room left; each row is then
         # cut to its own room (sampling stops at max_tokens, so the kept tokens are what a shorter limit samples;
@@ -419,7 +423,7 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
         cont_seeds = None if seeds is None else [round_seed(seeds[origin[i][0]], iteration, origin[i][1])
                                                  for i in continuing]
         more = generator.generate([rows[i].prompt + rows[i].tokens for i in continuing], [1] * len(continuing),
-                                  replace(sampling, max_tokens=max(room)), seeds=cont_seeds)
+                                  replace(sampling, max_tokens=max(room, default=1)), seeds=cont_seeds)
         for n, i in enumerate(continuing):
             row, ids, logprobs = rows[i], list(more.completion_ids[n]), list(more.sampler_logprobs[n])
             row.take_routes(None if more.routes is None else more.routes[n])

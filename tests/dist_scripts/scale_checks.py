@@ -2,7 +2,8 @@
 colocated tensor parallelism (vllm_tensor_parallel_size=2: one engine over both ranks). Each check records numbers
 in OUT/result-<rank>.json; tests/test_scale_dist.py asserts on them.
 
-Usage: torchrun --nproc_per_node 2 tests/dist_scripts/scale_checks.py OUT [CHECK,CHECK,...]
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/scale_checks.py OUT TOOL_MODEL [CHECK,CHECK,...]
+(TOOL_MODEL: the tiny tool-calling model of tests/test_api_dist.py, for the environment checks.)
 """
 
 import json
@@ -15,13 +16,13 @@ from datasets import Dataset  # noqa: E402
 
 from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
+from dsgrpo.testing import Ledger, tiny_model  # noqa: E402
 from recorder import check_config  # noqa: E402
 from recorder import (SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps, recorder,  # noqa: E402
                       training_rows, vllm_logps)
 
-OUT = sys.argv[1]
-ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
+OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
+ONLY = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
 results, KEEP = {}, []
 check = recorder(results, ONLY)
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
@@ -101,6 +102,59 @@ def _():
     worker = overlap.source.worker
     return {"syncs": syncs, "history": training_rows(t), "worker": type(t.source.worker).__name__,
             "overlap": training_rows(overlap), "overlap_generated": worker.completions_generated}
+
+
+# ------------------------------------------------------------------ 5. environments on one engine over two ranks
+def environment_run(name, trainer_class, **settings):
+    """A stateful environment's tool turns through the sharded engine. Rows alternate two prompts that ask for a
+    call with two that do not, so one rank may have turns to continue while the other has none: that rank joins
+    the engine's call with no rows (the ranks of an engine must make the same calls)."""
+    asks = ["What is 2 plus 3?", "Make it explode."]
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": asks[i % 2] if i % 4 < 2 else "Hello there."}]}
+                              for i in range(32)])
+    t = trainer_class(TOOL_MODEL, lambda completions, **kw: [0.0] * len(completions), train_dataset=data,
+                      environment_factory=Ledger,
+                      args=config(name, max_steps=2, max_completion_length=192, temperature=0.3, learning_rate=1e-4,
+                                  max_tool_calling_iterations=2, tool_timeout_s=0.5, shuffle_dataset=False,
+                                  **settings))
+    KEEP.append(t)
+    calls, own, batches = [], [], []
+    engine_generate, rank_generate = t.generator.engine.generate, t.generator.generate
+
+    def engine_spy(prompt_ids, counts, sampling, seeds=None):   # every call the engine makes: every rank's rows
+        calls.append(len(prompt_ids))
+        return engine_generate(prompt_ids, counts, sampling, seeds=seeds)
+
+    def rank_spy(prompt_ids, counts, sampling, seeds=None):     # GRPOTrainer's calls: this rank's rows
+        own.append(len(prompt_ids))
+        return rank_generate(prompt_ids, counts, sampling, seeds=seeds)
+    t.generator.engine.generate, t.generator.generate = engine_spy, rank_spy
+    score = t._score
+
+    def keep(batch, group):
+        batches.append(batch)
+        return score(batch, group)
+    t._score = keep
+    t.train()
+    rows = []
+    for batch in batches:
+        r = batch.rollout
+        envs = (r.columns or {}).get("environments")
+        rows += [{"answered": c[0] - c[1], "calls": c[0], "inserted": sum(1 for m in mask if m == 0),
+                  "env_adds": len(e.calls) if envs else None, "text": t.tokenizer.decode(ids)}
+                 for k, (c, mask, ids) in enumerate(zip(r.tool_counts, r.tool_mask, r.completion_ids))
+                 for e in ([envs[k]] if envs else [None])]
+    return {"history": training_rows(t), "engine_calls": calls, "rows": rows, "own": own}
+
+
+@check("tp_environments")
+def _():
+    return environment_run("tp_environments", GRPOTrainer)
+
+
+@check("tp_async_environments")
+def _():
+    return environment_run("tp_async_environments", AsyncGRPOTrainer, max_staleness=1, async_chunk_groups=1)
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
