@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dsgrpo.testing import ServerProcess, _free_port, tiny_model
-from launch import part, rank_results, torchrun
+from launch import part, rank_results, side_by_side, torchrun
 
 pytestmark = pytest.mark.dist
 TOKEN = "test-token-5d1f"
@@ -16,16 +16,24 @@ TOKEN = "test-token-5d1f"
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    import background
+    proc, tool_model = background.result("tool_caller_model")
+    assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path_factory.mktemp("server_checks")
-    port, group_port = _free_port(), _free_port()
+    port, group_port, tool_port, tool_group_port = (_free_port() for _ in range(4))
     server = ServerProcess(tiny_model("qwen2-tied"), str(out / "server.json"), port=port, group_port=group_port,
                            token=TOKEN, extra=["--kv-cache-bytes", str(64 << 20), "--max-model-len", "256"])
-    server.start()
+    # a second server for the environment check: the tool-calling model (untied) and room for its tool-listing prompt
+    tool_server = ServerProcess(tool_model, str(out / "tool_server.json"), port=tool_port, group_port=tool_group_port,
+                                token=TOKEN, extra=["--kv-cache-bytes", str(64 << 20), "--max-model-len", "2048"])
     try:
+        side_by_side(server.start, tool_server.start)
         torchrun("tests/dist_scripts/server_checks.py", str(out), str(out / "server.json"), str(port),
-                 str(group_port), timeout=1200, env={"DSGRPO_VLLM_TOKEN": TOKEN})
+                 str(group_port), timeout=1200,
+                 env={"DSGRPO_VLLM_TOKEN": TOKEN, "TOOL_SERVER": f"{tool_model},{tool_port},{tool_group_port}"})
     finally:
         ServerProcess.from_state(str(out / "server.json")).kill()  # the one running now (checks restart it)
+        tool_server.kill()
     return rank_results(out)
 
 
@@ -96,6 +104,31 @@ def test_environments_generate_on_the_server(results):
     # the environment's reward (the row's parity) is logged under its class name, over both ranks' rollouts
     parities = [p for run in runs for p in run["parities"]]
     assert runs[0]["history"][-1]["rewards/Parity/mean"] == pytest.approx(sum(parities) / len(parities))
+
+
+def test_a_stateful_environment_acts_over_several_turns_through_the_server(results):
+    """Tool turns against an environment, generated on a `dsgrpo vllm-serve` server: calls answered, the reply
+    sampled after them, and every answered call in the episode's own instance (its sum is what the calls added)."""
+    episodes = [e for run in part(results, "server_tool_environments") for e in run["episodes"]]
+    for run in part(results, "server_tool_environments"):
+        assert run["generator"] == "ServerGenerator" and len(run["history"]) == 2
+        assert all(h["tools/call_frequency"] >= 0.5 for h in run["history"]), run["history"]
+        assert run["history"][0]["sampling/sampling_logp_difference/max"] <= 1e-3, run["history"][0]
+    assert episodes and all(e["env_adds"] == e["answered"] for e in episodes), episodes
+    continued = [e for e in episodes if e["answered"] and e["turns"] >= 2]
+    assert continued and all("\n5\n</tool_response>" in e["text"] for e in continued), episodes
+
+
+def test_agents_run_their_own_loop_through_an_endpoint_that_the_server_serves(results):
+    """vllm_mode='server': each rank's OpenAI endpoint answers its agents from the server; every recorded call is
+    what the server sampled, later calls extend their episode's chain, the trained log-probs are the sampler's."""
+    for run in part(results, "server_agents"):
+        assert run["generator"] == "ServerGenerator" and len(run["history"]) == 2
+        assert run["calls"] and all(n == 3 for n in run["calls"]), run["calls"]
+        assert run["recorded"] == sum(run["calls"]) and run["matched"] == run["recorded"], run
+        assert run["extends"] and all(run["extends"]), run["extends"]
+        assert all(h["episode/turns"] >= 2 for h in run["history"]), run["history"]
+        assert run["history"][0]["sampling/sampling_logp_difference/max"] <= 1e-3, run["history"][0]
 
 
 def test_refusals_name_the_fix(results):

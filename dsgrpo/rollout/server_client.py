@@ -120,6 +120,7 @@ class ServerGenerator:
         self.health = wait_for_server(self.url, self.token, self.timeout_s, say)
         self._request("/get_world_size")  # /health answers anyone; this needs the token where one is set
         check_server_context(self.health.get("max_model_len"), args, self.url)
+        self.max_model_len: Optional[int] = self.health.get("max_model_len")  # what an agent's call may fill
         self.routes = getattr(args, "routing_replay", "off") == "rollout"
         if self.routes and not self.health.get("routes"):
             raise ValueError(f"routing_replay='rollout' with vllm_mode='server': the server at {self.url} does not "

@@ -17,7 +17,8 @@ from datasets import Dataset  # noqa: E402
 
 from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from api_checks_tools import TOOLS  # noqa: E402
-from recorder import check_config, SHARDED_ZERO3, digit_fraction, recorder, training_rows  # noqa: E402
+from recorder import (check_config, SHARDED_ZERO3, calls_the_engine_sampled, digit_fraction, recorder,  # noqa: E402
+                      spy_engine, training_rows)
 from dsgrpo.testing import Ledger, tiny_model  # noqa: E402
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
@@ -467,31 +468,6 @@ def _():
 
 
 # ------------------------------------------------------------------ 7. agent_rollout: agents that run their own loop
-def spy_engine(trainer) -> dict:
-    """Records the engine's own outputs, row by row (prompt ids -> [(completion ids, log-probs)]) and the weight
-    version of each engine call, to compare an endpoint's recorded calls with."""
-    seen = {"rows": {}, "versions": []}
-    original = trainer.generator.generate
-
-    def engine(prompt_ids, counts, sampling, seeds=None):
-        out = original(prompt_ids, counts, sampling, seeds=seeds)
-        for p, c, lp in zip(out.prompt_ids, out.completion_ids, out.sampler_logprobs):
-            seen["rows"].setdefault(tuple(p), []).append((c, lp))
-        seen["versions"].append(trainer.generator.weight_version)
-        return out
-    trainer.generator.generate = engine
-    return seen
-
-
-def calls_the_engine_sampled(episodes, seen) -> tuple:
-    """(recorded choices, how many of them start a row the engine sampled for that prompt: a call cut to its own
-    room inside a batched engine call keeps a prefix)."""
-    recorded = [(c.prompt_ids, ch.ids, ch.logprobs) for e in episodes for c in e.calls for ch in c.choices]
-    matched = sum(any(ec[:len(ids)] == ids and elp[:len(lps)] == lps for ec, elp in seen["rows"].get(tuple(p), []))
-                  for p, ids, lps in recorded)
-    return len(recorded), matched
-
-
 def agent_section():
     """An agent (async, its own loop through the OpenAI client) makes 3 calls an episode: the question with the
     tools, the tool's answer (it runs `add` itself), then one more user message. Odd rows rewrite their history

@@ -139,3 +139,28 @@ def train_recording(trainer) -> dict:
             "loss": [h["loss"] for h in rows], "grad_norm": [h["grad_norm"] for h in rows],
             "entropy": [h.get("entropy") for h in rows], "logps": seen["logps"], "micro_steps": seen["micro_steps"],
             "steps": trainer.state.global_step}
+
+
+def spy_engine(trainer) -> dict:
+    """Records the engine's own outputs, row by row (prompt ids -> [(completion ids, log-probs)]) and the weight
+    version of each engine call, to compare an endpoint's recorded calls with."""
+    seen = {"rows": {}, "versions": []}
+    original = trainer.generator.generate
+
+    def engine(prompt_ids, counts, sampling, seeds=None):
+        out = original(prompt_ids, counts, sampling, seeds=seeds)
+        for p, c, lp in zip(out.prompt_ids, out.completion_ids, out.sampler_logprobs):
+            seen["rows"].setdefault(tuple(p), []).append((c, lp))
+        seen["versions"].append(trainer.generator.weight_version)
+        return out
+    trainer.generator.generate = engine
+    return seen
+
+
+def calls_the_engine_sampled(episodes, seen) -> tuple:
+    """(recorded choices, how many of them start a row the engine sampled for that prompt: a call cut to its own
+    room inside a batched engine call keeps a prefix)."""
+    recorded = [(c.prompt_ids, ch.ids, ch.logprobs) for e in episodes for c in e.calls for ch in c.choices]
+    matched = sum(any(ec[:len(ids)] == ids and elp[:len(lps)] == lps for ec, elp in seen["rows"].get(tuple(p), []))
+                  for p, ids, lps in recorded)
+    return len(recorded), matched

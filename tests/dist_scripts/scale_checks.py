@@ -118,7 +118,7 @@ def environment_run(name, trainer_class, **settings):
                                   max_tool_calling_iterations=2, tool_timeout_s=0.5, shuffle_dataset=False,
                                   **settings))
     KEEP.append(t)
-    calls, own, batches = [], [], []
+    calls, own = [], []
     engine_generate, rank_generate = t.generator.engine.generate, t.generator.generate
 
     def engine_spy(prompt_ids, counts, sampling, seeds=None):   # every call the engine makes: every rank's rows
@@ -129,21 +129,17 @@ def environment_run(name, trainer_class, **settings):
         own.append(len(prompt_ids))
         return rank_generate(prompt_ids, counts, sampling, seeds=seeds)
     t.generator.engine.generate, t.generator.generate = engine_spy, rank_spy
-    score = t._score
+    score, rows = t._score, []
 
-    def keep(batch, group):
-        batches.append(batch)
+    def keep(batch, group):   # read when scored: the next round resets the pool's instances
+        r = batch.rollout
+        envs = (r.columns or {}).get("environments")   # (the async trainer's groups another rank made: none)
+        rows.extend({"answered": c[0] - c[1], "calls": c[0], "inserted": sum(1 for m in mask if m == 0),
+                     "env_adds": len(envs[k].calls) if envs else None, "text": t.tokenizer.decode(ids)}
+                    for k, (c, mask, ids) in enumerate(zip(r.tool_counts, r.tool_mask, r.completion_ids)))
         return score(batch, group)
     t._score = keep
     t.train()
-    rows = []
-    for batch in batches:
-        r = batch.rollout
-        envs = (r.columns or {}).get("environments")
-        rows += [{"answered": c[0] - c[1], "calls": c[0], "inserted": sum(1 for m in mask if m == 0),
-                  "env_adds": len(e.calls) if envs else None, "text": t.tokenizer.decode(ids)}
-                 for k, (c, mask, ids) in enumerate(zip(r.tool_counts, r.tool_mask, r.completion_ids))
-                 for e in ([envs[k]] if envs else [None])]
     return {"history": training_rows(t), "engine_calls": calls, "rows": rows, "own": own}
 
 

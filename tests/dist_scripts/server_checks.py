@@ -18,8 +18,8 @@ from datasets import Dataset  # noqa: E402
 from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.http import HTTPError, request_json  # noqa: E402
 from dsgrpo.testing import ServerProcess, tiny_model  # noqa: E402
-from recorder import (check_config, FIXED, SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps,  # noqa: E402
-                      recorder, training_rows)
+from recorder import (check_config, FIXED, SHARDED_ZERO3, after_each_sync, calls_the_engine_sampled,  # noqa: E402
+                      digit_fraction, policy_logps, recorder, spy_engine, training_rows)
 
 OUT, STATE, PORT, GROUP_PORT = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 ONLY = set(sys.argv[5].split(",")) if len(sys.argv) > 5 else None
@@ -196,6 +196,73 @@ def _():
             "instances": len(t.environments), "distinct": len({id(e) for e in t.environments}),
             "observed": sum(f"Numbers: Row {e.n}." in p for e, p in zip(t.environments, prompts_seen[-len(t.environments):])),
             "parities": [e.n % 2 for e in t.environments]}
+
+
+# ------------------------------------------------------------------ 5b. a stateful environment's tool turns, on a server
+@check("server_agents")
+def _():
+    """agent_rollout with vllm_mode='server': the rank's endpoint serves the agent from the server's engine. Three calls
+    an episode (a tool call, its answer, one more message), each recorded as the server sampled it."""
+    from dsgrpo import agent_reward, agent_rollout
+    from dsgrpo.rollout.tools import tool_schemas
+    from api_checks_tools import TOOLS
+
+    model, port, group_port = os.environ["TOOL_SERVER"].split(",")
+    schemas = tool_schemas(TOOLS)
+
+    async def agent(client, row):
+        messages, reply = list(row["prompt"]), None
+        for _ in range(3):
+            reply = await client.chat.completions.create(model="policy", messages=messages, tools=schemas)
+            message = reply.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if message.tool_calls:
+                messages += [{"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": "5"}
+                             for c in message.tool_calls]
+            else:
+                messages.append({"role": "user", "content": "Say it again."})
+        return 1.0 if "5" in (reply.choices[0].message.content or "") else 0.0
+
+    rollout = agent_rollout(agent, max_concurrent=8)
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}]} for _ in range(8)])
+    t = GRPOTrainer(model, agent_reward, train_dataset=data, rollout_func=rollout,
+                    args=config("server_agents", max_steps=2, max_completion_length=256, temperature=1.0,
+                                learning_rate=1e-4, vllm_server_port=int(port), vllm_group_port=int(group_port)))
+    KEEP.append(t)
+    seen = spy_engine(t)
+    t.train()
+    recorded, matched = calls_the_engine_sampled(rollout.last_episodes, seen)
+    return {"history": training_rows(t), "generator": type(t.generator).__name__, "recorded": recorded,
+            "matched": matched, "calls": [len(e.calls) for e in rollout.last_episodes],
+            "extends": [c.extends for e in rollout.last_episodes for c in e.calls[1:]]}
+
+
+@check("server_tool_environments")
+def _():
+    """Ledger (tests' environment: its `add` keeps a sum across turns) acted out through the second server, which
+    serves the tool-calling model: every answered call is in its instance's state."""
+    from dsgrpo.testing import Ledger
+
+    model, port, group_port = os.environ["TOOL_SERVER"].split(",")
+    asks = ["What is 2 plus 3?", "Make it explode.", "Wait for me."]
+    rows = Dataset.from_list([{"prompt": [{"role": "user", "content": asks[i % 3]}]} for i in range(12)])
+    t = GRPOTrainer(model, lambda completions, **kw: [0.0] * len(completions), train_dataset=rows,
+                    environment_factory=Ledger,
+                    args=config("server_tool_environments", max_steps=2, max_completion_length=192, temperature=0.3,
+                                learning_rate=1e-4, max_tool_calling_iterations=2, tool_timeout_s=0.5,
+                                shuffle_dataset=False, vllm_server_port=int(port), vllm_group_port=int(group_port)))
+    KEEP.append(t)
+    episodes, score = [], t._score
+
+    def keep(batch, group):   # read when scored: the next round resets the pool's instances
+        r = batch.rollout
+        for c, mask, ids, env in zip(r.tool_counts, r.tool_mask, r.completion_ids, r.columns["environments"]):
+            episodes.append({"calls": c[0], "answered": c[0] - c[1], "turns": c[5], "env_adds": len(env.calls),
+                             "inserted": mask.count(0), "text": t.tokenizer.decode(ids)})
+        return score(batch, group)
+    t._score = keep
+    t.train()
+    return {"history": training_rows(t), "generator": type(t.generator).__name__, "episodes": episodes}
 
 
 # ------------------------------------------------------------------ 5b. replicated weights (ZeRO-2): no rank overtakes
