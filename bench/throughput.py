@@ -193,7 +193,6 @@ def time_parts(trainer, a, reps: int = 2):
     import torch
 
     from dsgrpo import dist
-    from dsgrpo.rollout import sync_weights
     from dsgrpo.trl_surface import generation_batch_rows
 
     trainer.state.max_steps = trainer.state.global_step + 2 * reps  # room for the updates timed below
@@ -216,7 +215,7 @@ def time_parts(trainer, a, reps: int = 2):
     out["update"] = (time.perf_counter() - t) / reps
     t = time.perf_counter()
     for _ in range(reps):
-        sync_weights(trainer.policy.module, trainer.generator, trainer.args.weight_sync_bucket_bytes, trainer.tied)
+        trainer.weight_sync(trainer.policy.module, trainer.generator)
     out["sync"] = (time.perf_counter() - t) / reps
     del rollout
     return out

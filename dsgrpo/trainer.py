@@ -35,7 +35,7 @@ from . import evaluation
 from .plan import check_at_start as check_memory_at_start
 from .preemption import Preemption
 from .rewards import RewardStack
-from .rollout import SamplingConfig, connect_generator, make_generator
+from .rollout import SamplingConfig, TrainerWeightSync, connect_generator, make_generator
 from .rollout.batch import Batch, BatchBuilder
 from .rollout.choice import choose_source
 from .rollout.generating_rank import GeneratingRank
@@ -183,10 +183,12 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             args.save(os.path.join(args.output_dir, "resolved_config.yaml"))
         # --- the models, the generator and the rollout source -----------------------------------------------
         policy = self._build_engines(model, optimizers) if self.placement.trains else None
+        self.weight_sync = TrainerWeightSync(args, self.tied)  # the policy's weights into the engine, every step
         self.generator = make_generator(args, self.placement, model_path=self.model_path,
                                         policy_engine=policy, tokenizer=self.tokenizer,
                                         dtype=self.dtype, zero3=is_zero3(self.ds_config), tied=self.tied,
-                                        connected=self.server, total_steps=self.state.max_steps)
+                                        connected=self.server, total_steps=self.state.max_steps,
+                                        weight_sync=self.weight_sync)
         self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
                                     max_tool_calling_iterations=args.max_tool_calling_iterations,
                                     rollout_func=rollout_func, trainer=self, environments=self.environment_set,
@@ -196,7 +198,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),
             reward_matrix=self._reward_matrix, scores_anywhere=not self.rewards.has_models, placement=self.placement,
             prompts_per_round=self.prompts_per_round, steps_after_round=self._steps_after_round,
-            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer, reward_weights=self.rewards.weights)
+            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer, reward_weights=self.rewards.weights,
+            weight_sync=self.weight_sync)
         # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
         self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
         self.source = self.rollout_source(setup) if self.placement.trains else None

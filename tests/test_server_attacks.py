@@ -14,7 +14,7 @@ import torch
 
 from dsgrpo import dist
 from dsgrpo.rewards.remote import make_server, serve_reward
-from dsgrpo.rollout.weight_sync import manifest_dtype
+from dsgrpo.rollout.weight_stream import manifest_dtype
 
 
 @pytest.fixture

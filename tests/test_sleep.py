@@ -98,11 +98,10 @@ class Prompts:
 
 def source_with(gen, monkeypatch):
     """A GenerationSource around `gen` whose sampling is one generate call (the real samplers are tested elsewhere)."""
-    import dsgrpo.rollout.sources as sources
 
-    monkeypatch.setattr(sources, "sync_weights", lambda module, g, bucket, tied, **kw: g.load_weights([("w", torch.zeros(1))]))
     setup = SimpleNamespace(generator=gen, sampler=None, prompts=Prompts(), prompts_per_round=2, tied=False,
-                            placement=SimpleNamespace(trainers=1))
+                            placement=SimpleNamespace(trainers=1),
+                            weight_sync=lambda module, g, version: g.load_weights([("w", torch.zeros(1))]))
     args = SimpleNamespace(order_seed=0, shuffle_dataset=False, num_generations=2, weight_sync_bucket_bytes=1 << 20,
                            per_device_eval_batch_size=4)
     src = GenerationSource.__new__(GenerationSource)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dsgrpo.engines.gather import layer_groups
-from dsgrpo.rollout.weight_sync import (SyncStats, WeightSyncError, check_received, largest_bucket_bytes,
-                                        memcpy_seconds, received_weights)
+from dsgrpo.rollout.weight_stream import largest_bucket_bytes, received_weights
+from dsgrpo.rollout.weight_sync import SyncStats, WeightSyncError, check_received, memcpy_seconds
 from dsgrpo.rollout.weight_source import ParamMeta
 from dsgrpo.timing import step_breakdown
 

@@ -2,9 +2,9 @@
 turns, rollout_func); rollout sources (how the loop gets each round's batch); weight sync."""
 
 from .base import Generator, Rollout, SamplingConfig
-from .weight_sync import check_against_checkpoint, sync_weights
+from .weight_sync import TrainerWeightSync, check_against_checkpoint
 
-__all__ = ["Generator", "Rollout", "SamplingConfig", "sync_weights", "check_against_checkpoint", "connect_generator",
+__all__ = ["Generator", "Rollout", "SamplingConfig", "TrainerWeightSync", "check_against_checkpoint", "connect_generator",
            "make_generator"]
 
 
@@ -18,7 +18,7 @@ def connect_generator(args):
 
 
 def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dtype, zero3, tied, connected=None,
-                   total_steps=None):
+                   total_steps=None, weight_sync=None):
     """The engine this rank generates with: vLLM (colocated) or the policy's own `generate`; None on a
     split-placement training rank, which only joins the generating ranks' engine start-up."""
     if not placement.generates:
@@ -26,7 +26,7 @@ def make_generator(args, placement, *, model_path, policy_engine, tokenizer, dty
         join_engine_setup_without_engine(model_path, args, dtype=dtype, total_steps=total_steps)
         return None
     if connected is not None:  # a `dsgrpo vllm-serve` server (connect_generator)
-        return connected.attach(policy_engine.module, tied)
+        return connected.attach(policy_engine.module, tied, weight_sync)
     if args.use_vllm:
         from .vllm_engine import VLLMGenerator
         if args.vllm_tensor_parallel_size > 1:  # consecutive ranks share one engine

@@ -105,7 +105,7 @@ class AgentRollout:
             self.endpoint = OpenAIEndpoint(
                 generator, tokenizer, SamplingConfig.from_args(args),
                 call_format=tool_call_format(tokenizer, args.tool_call_format),
-                max_model_len=getattr(generator, "max_model_len", None), model_name=self.model_name, host=self.host,
+                max_model_len=generator.max_model_len, model_name=self.model_name, host=self.host,
                 port=self.port, token=self.token, chat_template_kwargs=args.chat_template_kwargs)
         return self.endpoint
 

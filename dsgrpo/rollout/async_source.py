@@ -38,7 +38,7 @@ from .sources import Placement, RolloutSetup, RolloutSource
 from .environments import EnvironmentSampler
 from .samplers import ToolSampler
 from .tensor_parallel import LeadingGenerator, MirrorLink, MirrorWorker, TensorParallelGenerator
-from .weight_sync import send_weights
+from .weight_stream import send_weights
 from .partial import overprovision_per_rank, staleness_metrics
 from .worker import PartialRolloutWorker, RolloutWorker, as_rollout_rows
 

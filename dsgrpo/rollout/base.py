@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Protocol, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -242,20 +242,48 @@ def round_seed(seed: int, round_index: int, slot: int) -> int:
     return (seed * 1_000_003 + round_index * 100_003 + slot) % (2 ** 31 - 1)
 
 
-class Generator(Protocol):
+class Generator:
+    """What rollout sources, the weight sync and the agent endpoint ask of an engine. A generator implements
+    `generate` and `load_weights`; everything else below is a documented default it overrides where it differs
+    (nothing probes for a method with hasattr). `rollout/hf_generate.FollowsReplacedGenerate` is the one exception:
+    it forwards every attribute to the engine it wraps, so it is not a subclass (a default here would hide the
+    engine's)."""
+    weight_version: int = 0            # weight loads taken (0: the initial weights); every sampled token is labelled
+    max_model_len: Optional[int] = None  # the longest prompt + completion the engine serves (None: not known)
+    loads_weight_groups = False        # takes a sync's groups as they come (load_weight_groups), not one stream
+    sends_weights = False              # load_weights sends the bytes to another process: a sync times it as wire time
+
     def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
                  seeds: Optional[List[int]] = None) -> Rollout:
         """Generate counts[j] completions for prompt j (sampled from seeds[j] when given); rows come out prompt
         by prompt, in order."""
+        raise NotImplementedError
 
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights with these HF-named full tensors (a no-op for backends that share the
         policy's parameters)."""
+        raise NotImplementedError
 
-    def needs_weight_sync(self) -> bool: ...
+    def load_weight_groups(self, groups, stats) -> Optional[list]:
+        """With `loads_weight_groups`: take a sync's groups (rollout/weight_source.py) one at a time, timing into
+        `stats`; returns the checksums of what it received (None: not checked)."""
+        raise NotImplementedError
+
+    def needs_weight_sync(self) -> bool:
+        """Whether the policy's weights must be copied in after each update (False: it samples from them directly)."""
+        return True
 
     def end_generation(self) -> None:
         """A round's completions are all made (the engine may release memory until its next weight load)."""
 
     def needs_weights(self) -> bool:
         """True when the engine cannot generate before a weight load (asleep at level 2)."""
+        return False
+
+    def weights_not_held(self) -> set:
+        """Names a sync sends that the engine does not keep (not compared when checksums are checked)."""
+        return set()
+
+    def received_checksums(self) -> Optional[list]:
+        """After a streamed load: the checksums of what the engine received (None: not checked)."""
+        return None

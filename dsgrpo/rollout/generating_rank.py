@@ -11,7 +11,7 @@ from .. import dist
 from ..timing import phase
 from .async_source import GroupExchange
 from .sources import RolloutSetup
-from .weight_sync import received_weights
+from .weight_stream import received_weights
 
 
 class GeneratingRank:

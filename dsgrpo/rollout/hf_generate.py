@@ -14,10 +14,10 @@ import torch
 
 from .. import compat, dist
 from ..engines import routing
-from .base import ROUTE_DTYPE, Rollout, SamplingConfig
+from .base import ROUTE_DTYPE, Generator, Rollout, SamplingConfig
 
 
-class HFGenerator:
+class HFGenerator(Generator):
     def __init__(self, engine, tokenizer, *, zero3: bool, gather_for_generation: bool = True,
                  cache_implementation: Optional[str] = None):
         self.engine = engine

@@ -380,7 +380,7 @@ class OpenAIEndpoint:
                 for _ in range(n):
                     ids, lps = rollout.completion_ids[row], rollout.sampler_logprobs[row]
                     versions = (rollout.weight_versions[row] if rollout.weight_versions
-                                else [getattr(self.generator, "weight_version", 0)] * len(ids))
+                                else [self.generator.weight_version] * len(ids))
                     choices.append(Choice(list(ids[:max_tokens]), list(lps[:max_tokens]),
                                           list(versions[:max_tokens]),
                                           rollout.truncated[row] or len(ids) > max_tokens))

@@ -62,7 +62,7 @@ class PartialRolloutSource(RolloutSource):
     # ---- the round
     def next_batch(self, round_index: int) -> Batch:
         a, generator = self.args, self.setup.generator
-        version = int(getattr(generator, "weight_version", round_index))
+        version = int(generator.weight_version)
         if self.next_position is None:  # a fresh run, or one resumed from a checkpoint without partial rollouts
             self.next_position = round_index * self.stream.P
         if not self.overprovisioning and not self.inflight.groups:

@@ -163,7 +163,7 @@ class EngineServer:
         return {"world_size": self.world}
 
     def _update_weights(self, body: dict) -> dict:
-        from .weight_sync import received_weights
+        from .weight_stream import received_weights
 
         if self.communicator is None:
             raise RuntimeError("no communicator: POST /init_communicator first")

@@ -23,8 +23,9 @@ import torch
 
 from .. import dist
 from ..http import HTTPError, request_json
-from .base import Rollout, SamplingConfig, decode_routes
-from .weight_sync import expected_checkpoint_shapes, largest_bucket_bytes, send_weights, sync_weights
+from .base import Generator, Rollout, SamplingConfig, decode_routes
+from .weight_stream import largest_bucket_bytes, send_weights
+from .weight_sync import expected_checkpoint_shapes
 
 TOKEN_ENV = "DSGRPO_VLLM_TOKEN"
 POLL_SECONDS = 1.0
@@ -101,7 +102,7 @@ def check_server_context(max_model_len: Optional[int], args, url: str) -> None:
                              f"with --max-model-len {need} (or lower max_prompt_length / max_completion_length).")
 
 
-class ServerGenerator:
+class ServerGenerator(Generator):
     """A Generator whose engine is a `dsgrpo vllm-serve` server (one per run; every training rank holds one)."""
     routes = False  # routing_replay='rollout': the server returns each token's experts (checked in __init__)
     sends_weights = True  # the time a sync spends in load_weights is the wire's (sync/wire_s)
@@ -134,13 +135,13 @@ class ServerGenerator:
         say(f"dsgrpo: vLLM server at {self.url}: {self.health.get('model')} on {self.health.get('world_size')} "
             "rank(s)")
 
-    def attach(self, policy_module, tied: bool) -> "ServerGenerator":
+    def attach(self, policy_module, tied: bool, weight_sync) -> "ServerGenerator":
         """Check the server's model against the policy, then push the policy's weights (every training rank: the
         gathers are collective), so round 0 samples them whatever the server loaded or served before."""
         check_server_model(self.health.get("checkpoint", {}), expected_checkpoint_shapes(policy_module, tied),
                            self.url)
         check_wire_settings(self.health, policy_module, tied, self.bucket_bytes, self.url)
-        sync_weights(policy_module, self, self.bucket_bytes, tied)
+        weight_sync(policy_module, self)  # the trainer's (weight_sync.TrainerWeightSync)
         return self
 
     @property

@@ -26,7 +26,6 @@ from ..evaluation import eval_sampling
 from .base import Generator, Rollout, round_seed
 from .batch import Batch, BatchBuilder
 from .tools import ToolStats
-from .weight_sync import sync_weights
 
 
 @dataclass(frozen=True)
@@ -61,6 +60,7 @@ class RolloutSetup:
     tied: bool                           # tied embeddings: lm_head.weight is sent too
     timer: object                        # PhaseTimer: sources may add phases (time/wait_for_weights)
     reward_weights: Optional[list] = None  # each reward source's weight (the stack's: environments' included)
+    weight_sync: Optional[Callable] = None  # the trainer's weight_sync.TrainerWeightSync
 
 
 class RolloutSource:
@@ -107,9 +107,8 @@ class RolloutSource:
         discarded its weights (sleep mode) gets them anyway, so an evaluation or the next round can generate."""
         generator = self.setup.generator
         if generator is not None and (needed or generator.needs_weights()):
-            self.last_sync = sync_weights(policy_module, self.setup.generator, self.args.weight_sync_bucket_bytes,
-                                          self.setup.tied, version=str(round_index + 1), args=self.args)
-            if self.last_sync is not None and hasattr(generator, "weight_version"):
+            self.last_sync = self.setup.weight_sync(policy_module, generator, version=str(round_index + 1))
+            if self.last_sync is not None:
                 generator.weight_version = round_index + 1
 
     def sync_metrics(self) -> dict:
@@ -175,7 +174,7 @@ class RolloutSource:
             start = end
         rollout = parts[0] if len(parts) == 1 else Rollout.concat(parts) if parts else \
             self.setup.sampler.sample(prompts, [], [], [])
-        label_versions(rollout, getattr(self.setup.generator, "weight_version", 0))
+        label_versions(rollout, engine_version(self.setup.generator))
         batch = self.setup.build_batch(prompts, share.indices, share.counts, rollout)
         batch.metrics.update(self._tool_metrics(batch))
         batch.metrics.update(version_metrics(rollout))
@@ -188,6 +187,11 @@ class RolloutSource:
             return {}
         stats = ToolStats.of(batch.rollout)
         return dist.reduce_metrics(stats.metrics(), stats.weights())
+
+
+def engine_version(generator: Optional[Generator]) -> int:
+    """The weights the engine holds (0 where this rank has none: a rollout_func makes the rows)."""
+    return generator.weight_version if generator is not None else 0
 
 
 def label_versions(rollout: Rollout, version: int) -> None:
@@ -224,5 +228,5 @@ class GenerationSource(RolloutSource):
                                                 args.shuffle_dataset)
         batch = self._sample(self.setup.prompts, rows, round_index, args.num_generations)
         self.setup.generator.end_generation()  # sleep mode: the engine's memory goes to training until the sync
-        check_on_policy(batch.rollout, getattr(self.setup.generator, "weight_version", 0))
+        check_on_policy(batch.rollout, engine_version(self.setup.generator))
         return batch

@@ -31,17 +31,23 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 
 from .. import dist
-from .base import Rollout, SamplingConfig
+from .base import Generator, Rollout, SamplingConfig
 from .worker import BackgroundThread
 
 
-class TensorParallelGenerator:
+class TensorParallelGenerator(Generator):
+    loads_weight_groups = True
+
     def __init__(self, engine):
         self.engine = engine
         self.llm = engine.llm          # rollout_func users reach the engine here (the same call on every TP rank)
 
-    def needs_weight_sync(self) -> bool:
-        return True
+    @property
+    def max_model_len(self) -> Optional[int]:
+        return self.engine.max_model_len
+
+    def weights_not_held(self) -> set:
+        return self.engine.weights_not_held()
 
     def load_weights(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
         self.engine.load_weights(named_tensors)
@@ -112,11 +118,19 @@ class MirrorLink:
             self.send(NOOP)
 
 
-class LeadingGenerator:
+class LeadingGenerator(Generator):
     """The leader's rollout worker generates through this: the call goes to the mirrors, then to the engine."""
 
     def __init__(self, engine, link: MirrorLink):
         self.engine, self.link = engine, link
+
+    @property
+    def weight_version(self) -> int:   # the worker labels its tokens itself; an agent's endpoint reads this
+        return self.engine.weight_version
+
+    @property
+    def max_model_len(self) -> Optional[int]:
+        return self.engine.max_model_len
 
     def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
                  seeds: Optional[List[int]] = None) -> Rollout:

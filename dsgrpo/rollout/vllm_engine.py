@@ -14,7 +14,7 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 
 from .. import compat, device, dist
-from .base import Rollout, SamplingConfig
+from .base import Generator, Rollout, SamplingConfig
 from .sleep import EngineSleep
 
 CPU_KV_CACHE_CAP = 1 << 30  # 1 GiB per engine unless the config says otherwise
@@ -45,10 +45,10 @@ def enforce_eager(args, total_steps: Optional[int]) -> bool:
     return rounds * args.max_completion_length < CPU_COMPILE_MIN_DECODE_STEPS
 
 
-class VLLMGenerator:
+class VLLMGenerator(Generator):
     routes = False  # routing_replay='rollout': vLLM returns each token's experts (set in __init__)
     native_weights = False  # built with vLLM's native weight-transfer API (dsgrpo's in-process backend)
-    weight_version = 0      # the policy version the engine holds (labelled on every token it samples)
+    loads_weight_groups = True  # load_weight_groups: a sync's groups as they come (native API or reload)
 
     def __init__(self, model_path: str, args, *, dtype: torch.dtype, total_steps: Optional[int] = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process

@@ -2,7 +2,7 @@
 layer at a time (rollout/weight_source.py), the generator loads each group (vLLM's native weight-transfer API where
 it has one), every phase is timed (sync/* metrics), the engine's weights are labelled with the version they are,
 and with verify_weight_sync the engine's checksums of what it received are compared with what was sent. The rest
-of this module streams weights to engines in other processes (a vLLM server, split placement's generators)."""
+streams weights to engines in other processes (a vLLM server, split placement's generators): rollout/weight_stream.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import torch
 
 from .. import compat
 
-from ..engines.gather import byte_buckets
 from ..engines.weights import checkpoint_layout
 
 
@@ -133,8 +132,8 @@ class WeightSync:
         from .weight_source import Zero3WeightSource
 
         self.args = args
-        self.timeout_s = float(getattr(args, "weight_sync_timeout_s", 600))
-        self.verify = getattr(args, "verify_weight_sync", "off")
+        self.timeout_s = float(args.weight_sync_timeout_s)
+        self.verify = args.verify_weight_sync
         world = dist.world_size()
         sharded = any(compat.is_zero3_param(p) for p in module.parameters())
         side_ok = world > 1 and not dist.is_split()
@@ -194,12 +193,12 @@ class WeightSync:
                 yield group
                 waited = time.perf_counter()
 
-        received = generator.load_weight_groups(counted(), stats) if hasattr(generator, "load_weight_groups") \
+        received = generator.load_weight_groups(counted(), stats) if generator.loads_weight_groups \
             else _load_flat(generator, counted(), stats)
         stats.peak_extra_bytes = GatherStats.peak_bytes
         if self.verify != "off" and received is not None:
             t = time.perf_counter()
-            not_held = generator.weights_not_held() if hasattr(generator, "weights_not_held") else set()
+            not_held = generator.weights_not_held()
             check_received([s for s in sent if s[0] not in not_held], received, version)
             stats.verify_s = time.perf_counter() - t
         stats.total_s = time.perf_counter() - start
@@ -227,12 +226,12 @@ def _load_flat(generator, groups, stats: SyncStats):
     start = time.perf_counter()
     generator.load_weights(flat())
     spent = time.perf_counter() - start - stats.wait_s
-    if getattr(generator, "sends_weights", False):
+    if generator.sends_weights:
         stats.wire_s += spent
     else:
         stats.load_s += spent
     stats.path = "stream"
-    return getattr(generator, "received_checksums", lambda: None)()
+    return generator.received_checksums()
 
 
 def check_received(sent: list, received: list, version: str) -> None:
@@ -253,87 +252,18 @@ def _same_checksum(a, b) -> bool:
     return all(abs(x - y) <= 1e-9 * max(1.0, abs(x), abs(y)) for x, y in zip(a[:2], b[:2]))
 
 
-_syncs: Dict[int, WeightSync] = {}
+class TrainerWeightSync:
+    """The weight sync a trainer owns (its source syncs through it, and so does a server's first push): a WeightSync
+    built at the first sync an engine needs (collective, as every sync is) and built again for another module."""
 
+    def __init__(self, args, tied_lm_head: bool):
+        self.args, self.tied = args, tied_lm_head
+        self.current: Optional[WeightSync] = None
 
-def sync_weights(policy_module, generator, bucket_bytes: int, tied_lm_head: bool, version: str = "0",
-                 args=None) -> Optional[SyncStats]:
-    """Every rank calls this (the gathers are collective), after every optimizer step that precedes a
-    generation. The first call builds the trainer's WeightSync (collective too)."""
-    if not generator.needs_weight_sync():
-        return None
-    sync = _syncs.get(id(policy_module))
-    if sync is None or sync.source.module is not policy_module:
-        args = args if args is not None else _Defaults(bucket_bytes)
-        sync = _syncs[id(policy_module)] = WeightSync(policy_module, tied_lm_head, args)
-    return sync.sync(generator, version)
-
-
-@dataclass
-class _Defaults:
-    weight_sync_bucket_bytes: int
-    weight_sync_timeout_s: float = 600.0
-    verify_weight_sync: str = "off"
-
-
-# ------------------------------------------------------------------------------ weights to another process's engine
-def largest_bucket_bytes(source_meta, bucket_bytes: int) -> int:
-    """The largest bucket send_weights can make of these tensors: a tensor larger than a bucket is sent alone."""
-    sizes = [int(torch.Size(m.shape).numel()) * torch.empty((), dtype=m.dtype).element_size() for m in source_meta]
-    return max([bucket_bytes] + sizes)
-
-
-def send_weights(named_tensors, bucket_bytes: int, channel, src: int, sending: bool) -> None:
-    """The sending side of a weight stream to engines in other processes (split placement's generators, a vLLM
-    server). Every training rank iterates `named_tensors` (its ZeRO-3 gathers are collective over the training
-    ranks); the `sending` rank packs the full tensors into buckets of about `bucket_bytes` (one dtype each) and
-    broadcasts each over `channel` (dist.GroupChannel or dist.Communicator) from rank `src`: first the bucket's
-    manifest, then one flat buffer. An empty manifest ends the stream."""
-    if not sending:
-        for _ in named_tensors:  # the gathers are collective: take part, send nothing
-            pass
-        return
-    for bucket in byte_buckets(named_tensors, lambda nt: nt[1].numel() * nt[1].element_size(), bucket_bytes,
-                               key=lambda nt: nt[1].dtype):
-        channel.broadcast_plain([(n, tuple(t.shape), str(t.dtype)) for n, t in bucket], src=src)
-        channel.broadcast(torch.cat([t.reshape(-1) for _, t in bucket]), src=src)
-    channel.broadcast_plain([], src=src)
-
-
-WEIGHT_DTYPES = {str(t): t for t in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.float8_e4m3fn,
-                                     torch.float8_e5m2, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool)}
-
-
-def manifest_dtype(manifest) -> torch.dtype:
-    """A bucket's manifest is [[name, shape, dtype], ...] with one dtype; anything else (it may come from the
-    network) is refused before a byte is allocated."""
-    if not isinstance(manifest, list) or not all(
-            isinstance(e, (list, tuple)) and len(e) == 3 and isinstance(e[0], str) and isinstance(e[1], (list, tuple))
-            and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in e[1])
-            and e[2] == manifest[0][2] for e in manifest):
-        raise ValueError("malformed weight manifest: expected [[name, shape, dtype], ...] of one dtype")
-    if manifest[0][2] not in WEIGHT_DTYPES:
-        raise ValueError(f"weight manifest names dtype {manifest[0][2]!r}: not one of {sorted(WEIGHT_DTYPES)}")
-    return WEIGHT_DTYPES[manifest[0][2]]
-
-
-def received_weights(channel, src: int, max_bytes: Optional[int] = None):
-    """The receiving side: yield (name, tensor) as buckets arrive, until the empty manifest. A bucket larger than
-    `max_bytes` is refused before anything is allocated for it."""
-    while True:
-        manifest = channel.broadcast_plain(None, src=src)
-        if not manifest:
-            return
-        dtype = manifest_dtype(manifest)
-        numel = sum(int(torch.Size(shape).numel()) for _, shape, _ in manifest)
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        if max_bytes is not None and nbytes > max_bytes:
-            raise ValueError(f"a weight bucket of {nbytes} bytes arrived; this engine takes at most {max_bytes} "
-                             "(--max-weight-bucket-bytes)")
-        flat = torch.empty(numel, dtype=dtype)
-        channel.broadcast(flat, src=src)
-        offset = 0
-        for name, shape, _ in manifest:
-            n = int(torch.Size(shape).numel())
-            yield name, flat[offset:offset + n].view(shape)
-            offset += n
+    def __call__(self, policy_module, generator, version: str = "0") -> Optional[SyncStats]:
+        """Every rank calls this after every optimizer step that precedes a generation."""
+        if not generator.needs_weight_sync():
+            return None
+        if self.current is None or self.current.source.module is not policy_module:
+            self.current = WeightSync(policy_module, self.tied, self.args)
+        return self.current.sync(generator, str(version))

@@ -20,7 +20,6 @@ from peft import LoraConfig  # noqa: E402
 from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
 from dsgrpo.engines.gather import GatherStats, full_parameters  # noqa: E402
 from dsgrpo.engines.weights import checkpoint_units  # noqa: E402
-from dsgrpo.rollout.weight_sync import _syncs  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
 from recorder import (check_config, SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows,  # noqa: E402
                       vllm_logps, watch_split_versions)
@@ -139,7 +138,7 @@ def _():
         "optimizer_numel_here": sum(t.numel() for t in opt.fp32_partitioned_groups_flat),
         "model_bytes": sum(u.nbytes() for u in units),
         "largest_unit_bytes": max(u.nbytes() for u in units),
-        "largest_layer_bytes": max(_syncs[id(trainer.policy.module)].source.sharded_bytes()),
+        "largest_layer_bytes": max(trainer.weight_sync.current.source.sharded_bytes()),
         "unit_names": [u.name for u in units],
         "at_start": at_start, "syncs": syncs, "history": training_rows(trainer), "final_policy": final_policy,
     }

@@ -22,7 +22,7 @@ from dsgrpo.engines.gather import DeepSpeedGather, GatherStats  # noqa: E402
 from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
 from dsgrpo.rollout import Rollout  # noqa: E402
 from dsgrpo.rollout.weight_source import Zero3WeightSource  # noqa: E402
-from dsgrpo.rollout.weight_sync import WeightSyncError, _syncs  # noqa: E402
+from dsgrpo.rollout.weight_sync import WeightSyncError  # noqa: E402
 from dsgrpo.testing import tiny_model  # noqa: E402
 from recorder import recorder  # noqa: E402
 
@@ -46,7 +46,7 @@ module = trainer.policy.module
 generator = trainer.generator
 rank = dist.rank()
 trainer.source.sync_weights(module, 0)  # the first sync builds the trainer's WeightSync (collective)
-sync = _syncs[id(module)]
+sync = trainer.weight_sync.current
 PROBE = Rollout([[1, 5, 9, 12, 40, 41]], [[30, 31, 32, 33, 34, 35]], [[0.0] * 6], [True])
 
 
