@@ -22,6 +22,7 @@ from .run_identity import deepspeed_auto_of
 from .steps import StepPlan
 from .rollout import check_against_checkpoint
 from .rollout.environments import environment_prompts
+from .rollout.server_client import check_server_context
 
 
 class TrainerSetup:
@@ -153,6 +154,8 @@ class TrainerSetup:
         if (self.tool_runner is not None or self.environment_set is not None) and not train.conversational:
             raise ValueError("tools need conversational prompts (lists of messages): the chat template is what shows "
                              "the model the tools. Give train_dataset a 'prompt' column of message lists.")
+        if self.server is not None:  # the server's context against the prompts it will be sent, before any load
+            check_server_context(self.server.max_model_len, args, self.server.url, train.longest_prompt())
         # eval_dataset: one set, or a dict of named sets (metrics then prefixed eval_<name>_, as transformers does)
         named = eval_dataset if isinstance(eval_dataset, dict) else ({"": eval_dataset} if eval_dataset is not None else {})
         evaluation = {name: PromptSource(materialised(load_dataset_spec(ds)), self.tokenizer,

@@ -69,6 +69,12 @@ def test_context_and_url():
     check_server_context(300, args, "http://s")
     with pytest.raises(ValueError, match="300 tokens.*256-token context.*--max-model-len 300"):
         check_server_context(256, args, "http://s")
+    # without max_prompt_length, the longest training prompt once known (a tool listing makes prompts long)
+    unbounded = GRPOConfig(max_completion_length=192, vllm_mode="server")
+    check_server_context(1024, unbounded, "http://s")                      # prompts not known yet: nothing to say
+    check_server_context(1024, unbounded, "http://s", longest_prompt=832)
+    with pytest.raises(ValueError, match=r"longest training prompt \(847 tokens.*1039 tokens.*--max-model-len 1039"):
+        check_server_context(1024, unbounded, "http://s", longest_prompt=847)
     assert server_url(args) == "http://127.0.0.1:8000"            # TRL's default host 0.0.0.0: this machine
     assert server_url(GRPOConfig(vllm_server_host="10.0.0.7", vllm_server_port=9000)) == "http://10.0.0.7:9000"
     assert server_url(GRPOConfig(vllm_server_base_url="http://gen:8001/", vllm_server_port=9000)) == "http://gen:8001"

@@ -92,14 +92,23 @@ def check_wire_settings(health: dict, policy_module, tied: bool, bucket_bytes: i
                          f"--max-weight-bucket-bytes {need}, or lower weight_sync_bucket_bytes.")
 
 
-def check_server_context(max_model_len: Optional[int], args, url: str) -> None:
-    """A prompt plus its completion must fit the server engine's context (vLLM refuses the request otherwise)."""
-    if max_model_len and args.max_prompt_length is not None:
-        need = args.max_prompt_length + args.max_completion_length
-        if need > max_model_len:
-            raise ValueError(f"vllm_mode='server': max_prompt_length + max_completion_length = {need} tokens, but "
-                             f"the server at {url} runs a {max_model_len}-token context. Start `dsgrpo vllm-serve` "
-                             f"with --max-model-len {need} (or lower max_prompt_length / max_completion_length).")
+def check_server_context(max_model_len: Optional[int], args, url: str, longest_prompt: Optional[int] = None) -> None:
+    """A prompt plus its completion must fit the server engine's context (vLLM refuses the request otherwise, in
+    the middle of a run): max_prompt_length where it is set, else the longest training prompt once the prompts are
+    known (rendered with the tools the model is shown; a tool turn's continuation is held to the same budget)."""
+    if not max_model_len:
+        return
+    if args.max_prompt_length is not None:
+        prompt, which = args.max_prompt_length, "max_prompt_length"
+    elif longest_prompt is not None:
+        prompt, which = longest_prompt, f"the longest training prompt ({longest_prompt} tokens, tools listed)"
+    else:
+        return
+    need = prompt + args.max_completion_length
+    if need > max_model_len:
+        raise ValueError(f"vllm_mode='server': {which} + max_completion_length = {need} tokens, but the server at "
+                         f"{url} runs a {max_model_len}-token context. Start `dsgrpo vllm-serve` with --max-model-len "
+                         f"{need} (or lower max_prompt_length / max_completion_length).")
 
 
 class ServerGenerator(Generator):
