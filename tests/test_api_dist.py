@@ -245,6 +245,20 @@ def test_partial_rollouts_carry_episodes_over_the_sync_with_their_environments_a
     assert crossed > 0  # episodes whose tool turn was answered in one round and whose reply was sampled in a later
 
 
+def test_a_resume_starts_the_episodes_it_had_in_flight_again_from_reset(results):
+    """A checkpoint cannot hold an environment: the resumed run says so once (rank 0) and samples those episodes
+    again from reset, so no trained token predates the resumed weights (version 3) and every instance holds its
+    episode's answered calls."""
+    runs = part(results, "partial_environments_resumed")
+    assert sum(r["saved_tokens"] for r in runs) > 0 and runs[0]["steps"] == 4
+    total = sum(r["saved_groups"] for r in runs)
+    assert len(runs[0]["said"]) == 1 and f"resumed {total} prompt group(s)" in runs[0]["said"][0], runs[0]["said"]
+    assert runs[1]["said"] == []
+    for run in runs:
+        assert run["versions"] and min(run["versions"]) == 3, run["versions"]
+        assert all(b["env_adds"] == b["answered"] for b in run["batches"] if "env_adds" in b), run["batches"]
+
+
 def test_async_trainer_feeds_rollout_func_columns_to_the_rewards(results):
     ranks = part(results, "async_rollout_func")
     seen = {t for run in ranks for t in run["tags_seen"]}

@@ -127,7 +127,8 @@ class InFlight:
         self.G, self.max_tokens, self.turns = num_generations, max_tokens, turns
         self.groups: Dict[int, InFlightGroup] = {}
         self.live: Dict[Tuple[int, int], Tuple[object, object]] = {}  # (position, member) -> (runner, environment)
-        self.rerun_from_reset = 0
+        self.rerun_from_reset = 0  # episodes a resume started again from reset, and the tokens they had
+        self.rerun_tokens = 0
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -248,7 +249,7 @@ class InFlight:
         for group in self.groups.values():
             for c in group.members:
                 if self.turns is not None and self.turns.stateful:
-                    c.restart()
+                    self.rerun_tokens += c.restart()
                     self.rerun_from_reset += 1
                 self._open(group, c)
 

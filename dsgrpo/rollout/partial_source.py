@@ -116,6 +116,8 @@ class PartialRolloutSource(RolloutSource):
         restarted, discarded = self.inflight.restart_stale(version, a.max_staleness)
         want = max(0, self.share + extra - len(self.inflight))
         held_tokens = sum(len(c.tokens) for g in self.inflight.groups.values() for c in g.members)
+        if self.resumed_note is not None:  # (episodes started again from reset had these, before the checkpoint)
+            held_tokens += self.inflight.rerun_tokens
         needs = dist.all_gather_object((want, len(self.inflight), held_tokens))
         if self.resumed_note is not None:
             if dist.is_main():

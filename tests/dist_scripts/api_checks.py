@@ -261,7 +261,35 @@ def partial_environment_run(name, trainer_class, **settings):
 def _():
     """partial_rollout=True with an environment: rounds cut episodes mid-way; they go on after the sync with their
     environments alive."""
-    return partial_environment_run("partial_environments", GRPOTrainer)
+    return partial_environment_run("partial_environments", GRPOTrainer, save_steps=3)
+
+
+@check("partial_environments_resumed")
+def _():
+    """The run above saved at step 3 with episodes in flight: resumed, they start again from reset (said once), so
+    no trained token predates the resumed weights."""
+    import contextlib
+    import io
+
+    saved = os.path.join(OUT, "partial_environments", "checkpoint-3")
+    state = json.load(open(os.path.join(saved, f"rollout_state_{dist.rank()}.json")))["partial_rollout"]["in_flight"]
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(48)])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        trainer = GRPOTrainer(TOOL_MODEL, environment_reward, train_dataset=data, environment_factory=Ledger,
+                              args=config("partial_environments", max_steps=4, max_completion_length=192,
+                                          temperature=0.3, max_tool_calling_iterations=2, tool_timeout_s=0.5,
+                                          shuffle_dataset=False, partial_rollout=True, partial_rollout_adaptive=False,
+                                          rollout_overprovision=8, max_staleness=2, resume_from_checkpoint=saved,
+                                          save_steps=10**6))
+        KEEP.append(trainer)
+        batches = spy_batches(trainer)
+        trainer.train()
+    return {"saved_tokens": sum(len(c["tokens"]) for g in state for c in g["members"]),
+            "saved_groups": len(state), "said": [line for line in printed.getvalue().splitlines()
+                                                 if "starts again from reset" in line],
+            "versions": [min(min(v) for v in b.rollout.weight_versions) for b in batches],
+            "batches": episodes_across_rounds(batches), "steps": trainer.state.global_step}
 
 
 @check("async_partial_environments")
