@@ -11,15 +11,13 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
-from api_checks_tools import TOOLS  # noqa: E402
-from recorder import (check_config, SHARDED_ZERO3, calls_the_engine_sampled, digit_fraction, recorder,  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
+from api_checks_tools import TOOLS
+from recorder import (check_config, SHARDED_ZERO3, calls_the_engine_sampled, digit_fraction, recorder,
                       spy_engine, training_rows)
-from dsgrpo.testing import Ledger, tiny_model  # noqa: E402
+from dsgrpo.testing import Ledger, tiny_model
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
 ONLY = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None  # a developer's run of some checks

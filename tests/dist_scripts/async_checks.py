@@ -11,15 +11,13 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import check_config  # noqa: E402
-from recorder import (SHARDED_ZERO3, digit_fraction, recorder, rollout_worker, training_rows,  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
+from dsgrpo.engines.weights import named_full_parameters
+from dsgrpo.testing import tiny_model
+from recorder import check_config
+from recorder import (SHARDED_ZERO3, digit_fraction, recorder, rollout_worker, training_rows,
                       watch_split_versions)
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>` shows where a hang is

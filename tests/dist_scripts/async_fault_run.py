@@ -17,14 +17,12 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import AsyncGRPOTrainer, GRPOConfig, dist  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from dsgrpo.watchdog import RankLostError  # noqa: E402
-from recorder import SHARDED_ZERO3, digit_fraction  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOConfig, dist
+from dsgrpo.testing import tiny_model
+from dsgrpo.watchdog import RankLostError
+from recorder import SHARDED_ZERO3, digit_fraction
 
 OUT, PLACEMENT = sys.argv[1], sys.argv[2]
 FAULT = sys.argv[3] if len(sys.argv) > 3 else ""

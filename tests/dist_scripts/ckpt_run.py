@@ -21,16 +21,14 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines import completion_logprobs  # noqa: E402
-from dsgrpo.rollout import Rollout  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from dsgrpo.watchdog import RANK_LOST_EXIT_CODE, RankLostError  # noqa: E402
-from recorder import digit_fraction, training_rows  # noqa: E402
+from dsgrpo import GRPOConfig, GRPOTrainer, dist
+from dsgrpo.engines import completion_logprobs
+from dsgrpo.rollout import Rollout
+from dsgrpo.testing import tiny_model
+from dsgrpo.watchdog import RANK_LOST_EXIT_CODE, RankLostError
+from recorder import digit_fraction, training_rows
 
 ARGV = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
 OUT = ARGV[0]

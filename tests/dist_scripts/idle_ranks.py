@@ -2,12 +2,9 @@
 kills the launcher of (tests/test_stopped_rank_dist.py). Prints `READY <rank> <pid>` once its watcher runs."""
 
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from dsgrpo import dist, watchdog  # noqa: E402
+from dsgrpo import dist, watchdog
 
 dist.init(timeout_s=60)
 watchdog.start(dist.rank(), dist.world_size(), step=lambda: 0)

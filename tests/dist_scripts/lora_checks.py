@@ -12,16 +12,14 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
+from peft import LoraConfig
 
-from datasets import Dataset  # noqa: E402
-from peft import LoraConfig  # noqa: E402
-
-from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines.gather import GatherStats, full_parameters  # noqa: E402
-from dsgrpo.engines.weights import checkpoint_units  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import (check_config, SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows,  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
+from dsgrpo.engines.gather import GatherStats, full_parameters
+from dsgrpo.engines.weights import checkpoint_units
+from dsgrpo.testing import tiny_model
+from recorder import (check_config, SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows,
                       vllm_logps, watch_split_versions)
 
 OUT = sys.argv[1]

@@ -13,14 +13,12 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, digit_fraction, policy_logps, recorder, vllm_logps  # noqa: E402
+from dsgrpo import GRPOConfig, GRPOTrainer, dist
+from dsgrpo.engines.weights import named_full_parameters
+from dsgrpo.testing import tiny_model
+from recorder import SHARDED_ZERO3, digit_fraction, policy_logps, recorder, vllm_logps
 
 OUT = sys.argv[1]
 results, KEEP, kept = {}, [], []

@@ -13,16 +13,14 @@ import sys
 import time
 from contextlib import redirect_stdout
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.rollout.choice import choose_source  # noqa: E402
-from dsgrpo.rollout.partial_source import PartialRolloutSource  # noqa: E402
-from dsgrpo.rollout.sources import GenerationSource  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import check_config, SHARDED_ZERO3, digit_fraction, recorder  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
+from dsgrpo.rollout.choice import choose_source
+from dsgrpo.rollout.partial_source import PartialRolloutSource
+from dsgrpo.rollout.sources import GenerationSource
+from dsgrpo.testing import tiny_model
+from recorder import check_config, SHARDED_ZERO3, digit_fraction, recorder
 
 OUT = sys.argv[1]
 results = {}

@@ -8,15 +8,13 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.rewards import RemoteReward  # noqa: E402
-from dsgrpo.rewards.models import RewardModel  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import recorder, training_rows  # noqa: E402
+from dsgrpo import GRPOConfig, GRPOTrainer, dist
+from dsgrpo.rewards import RemoteReward
+from dsgrpo.rewards.models import RewardModel
+from dsgrpo.testing import tiny_model
+from recorder import recorder, training_rows
 
 OUT = sys.argv[1]
 results = {}

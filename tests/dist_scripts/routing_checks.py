@@ -12,14 +12,12 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines import routing  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import check_config, SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows  # noqa: E402
+from dsgrpo import GRPOTrainer, dist
+from dsgrpo.engines import routing
+from dsgrpo.testing import tiny_model
+from recorder import check_config, SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows
 
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None

@@ -10,15 +10,13 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
-from dsgrpo.testing import Ledger, tiny_model  # noqa: E402
-from recorder import check_config  # noqa: E402
-from recorder import (SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps, recorder,  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
+from dsgrpo.engines.weights import named_full_parameters
+from dsgrpo.testing import Ledger, tiny_model
+from recorder import check_config
+from recorder import (SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps, recorder,
                       training_rows, vllm_logps)
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]

@@ -11,14 +11,12 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.http import HTTPError, request_json  # noqa: E402
-from dsgrpo.testing import ServerProcess, tiny_model  # noqa: E402
-from recorder import (check_config, FIXED, SHARDED_ZERO3, after_each_sync, calls_the_engine_sampled,  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
+from dsgrpo.http import HTTPError, request_json
+from dsgrpo.testing import ServerProcess, tiny_model
+from recorder import (check_config, FIXED, SHARDED_ZERO3, after_each_sync, calls_the_engine_sampled,
                       digit_fraction, policy_logps, recorder, spy_engine, training_rows)
 
 OUT, STATE, PORT, GROUP_PORT = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -9,14 +9,12 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from dsgrpo.http import request_json  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import (FIXED, SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps,  # noqa: E402
+from dsgrpo import GRPOConfig, GRPOTrainer
+from dsgrpo.http import request_json
+from dsgrpo.testing import tiny_model
+from recorder import (FIXED, SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps,
                       recorder, training_rows)
 
 OUT, PORT, GROUP_PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

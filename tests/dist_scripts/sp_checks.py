@@ -13,13 +13,11 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, recorder, train_recording  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist
+from dsgrpo.testing import tiny_model
+from recorder import SHARDED_ZERO3, recorder, train_recording
 
 OUT = sys.argv[1]
 results, KEEP = {}, []

@@ -11,17 +11,15 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from recorder import recorder, training_rows  # noqa: E402
-from dsgrpo.engines import completion_logprobs  # noqa: E402
-from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
-from dsgrpo.rollout import Rollout  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from dsgrpo.rollout.batch import Batch  # noqa: E402
+from dsgrpo import GRPOConfig, GRPOTrainer, dist
+from recorder import recorder, training_rows
+from dsgrpo.engines import completion_logprobs
+from dsgrpo.engines.weights import named_full_parameters
+from dsgrpo.rollout import Rollout
+from dsgrpo.testing import tiny_model
+from dsgrpo.rollout.batch import Batch
 
 OUT = sys.argv[1]
 results = {}

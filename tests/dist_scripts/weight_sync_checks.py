@@ -12,19 +12,17 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import GRPOConfig, GRPOTrainer, compat, dist  # noqa: E402
-from dsgrpo.engines import completion_logprobs  # noqa: E402
-from dsgrpo.engines.gather import DeepSpeedGather, GatherStats  # noqa: E402
-from dsgrpo.engines.weights import named_full_parameters  # noqa: E402
-from dsgrpo.rollout import Rollout  # noqa: E402
-from dsgrpo.rollout.weight_source import Zero3WeightSource  # noqa: E402
-from dsgrpo.rollout.weight_sync import WeightSyncError  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import recorder  # noqa: E402
+from dsgrpo import GRPOConfig, GRPOTrainer, compat, dist
+from dsgrpo.engines import completion_logprobs
+from dsgrpo.engines.gather import DeepSpeedGather, GatherStats
+from dsgrpo.engines.weights import named_full_parameters
+from dsgrpo.rollout import Rollout
+from dsgrpo.rollout.weight_source import Zero3WeightSource
+from dsgrpo.rollout.weight_sync import WeightSyncError
+from dsgrpo.testing import tiny_model
+from recorder import recorder
 
 OUT = sys.argv[1]
 results = {}

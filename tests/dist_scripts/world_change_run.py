@@ -16,17 +16,14 @@ checkpoint every 2. It writes, on rank 0:
 import argparse
 import json
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from datasets import Dataset
 
-from datasets import Dataset  # noqa: E402
-
-from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist  # noqa: E402
-from dsgrpo.testing import tiny_model  # noqa: E402
-from recorder import SHARDED_ZERO3, training_rows  # noqa: E402
+from dsgrpo import AsyncGRPOTrainer, GRPOConfig, GRPOTrainer, dist
+from dsgrpo.testing import tiny_model
+from recorder import SHARDED_ZERO3, training_rows
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
