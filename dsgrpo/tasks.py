@@ -262,7 +262,7 @@ def assistant_only(tok, messages: List[dict], tools) -> tuple:
     return ids, labels
 
 
-DOOR_WARMUP = {"task": "door", "kind": "right_or_usual_mistake", "copy_fraction": 0.15, "steps": 100,
+DOOR_WARMUP = {"task": "door", "kind": "right_or_usual_mistake", "copy_fraction": 0.15, "steps": 200,
                "batch_size": 16, "lr": 3e-3, "max_grad_norm": 1.0, "seed": 0}
 
 
