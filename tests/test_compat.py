@@ -227,7 +227,8 @@ def test_a_rank_under_deepspeeds_runner_follows_the_runner(tmp_path):
     try:
         for _ in range(200):
             kids = open(f"/proc/{runner.pid}/task/{runner.pid}/children").read().split()
-            if kids:
+            # A child is listed from its fork, before its exec: until then its command line is the runner's.
+            if kids and b"deepspeed.launcher.launch" in open(f"/proc/{kids[0]}/cmdline", "rb").read():
                 node_launcher = int(kids[0])
                 break
             time.sleep(0.05)
