@@ -1,54 +1,65 @@
-"""GRPOTrainer's start-up: the checks that refuse a run before anything is built, and the pieces __init__ builds
-(the model source and tokenizer, the prompt sets, the DeepSpeed specs, the engines, the packed-step budget, the
-step counts). trainer.py mixes it in; __init__ there says in which order they run."""
+"""GRPOTrainer's build from its plan (preflight.py decided everything first): the engines (policy, reference,
+reward models), the generator and its weight sync, the sampler, the rollout source, the packed-step budget, the
+update. trainer.py mixes it in."""
 
 from __future__ import annotations
 
-import os
-import warnings
 from typing import Optional
 
 import torch
 
 from . import dist, layout, sequence_parallel
-from .data import PromptSource, load_dataset_spec, make_prompt_source
+from .algorithms import Truncation
 from .engines import ModelLoader, build_inference_engine, build_policy_engine, is_zero3
 from .engines import lora, routing
 from .engines.builder import prepare_model
-from .engines.export import save_hf_model
 from .engines.forward import packing_leak
-from .plan import ASSUMED_PROMPT_LENGTH, Hardware, choose_deepspeed
-from .run_identity import deepspeed_auto_of
-from .steps import StepPlan
-from .rollout import check_against_checkpoint
-from .rollout.environments import environment_prompts
-from .rollout.server_client import check_server_context
+from .logging import MetricSinks
+from .plan import ASSUMED_PROMPT_LENGTH
+from .rollout import TrainerWeightSync, check_against_checkpoint, make_generator
+from .rollout.batch import BatchBuilder
+from .rollout.generating_rank import GeneratingRank
+from .rollout.samplers import make_sampler
+from .rollout.sources import RolloutSetup
+from .update import PolicyUpdate
 
 
 class TrainerSetup:
-    """Mixed into GRPOTrainer: the start-up steps its __init__ runs."""
+    """Mixed into GRPOTrainer: what its __init__ builds, from the plan's fields it holds."""
 
-    def _check_supported(self, args) -> None:
-        """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
-        if args.partial_rollout and self.rollout_func is not None:
-            raise ValueError("partial_rollout=True continues completions token by token across rounds; a rollout_func "
-                             "makes its own. Set partial_rollout=False.")
-        if args.use_vllm and args.vllm_mode == "server":
-            if args.async_placement == "split":
-                raise ValueError("async_placement='split' makes some of the trainer's ranks generate, and "
-                                 "vllm_mode='server' generates on the server: use async_placement='colocate' (the "
-                                 "default) with a server.")
-            if args.vllm_tensor_parallel_size > 1 and dist.is_main():
-                print("dsgrpo: warning: vllm_tensor_parallel_size applies to vllm_mode='colocate' (as in TRL); a "
-                      "server's engine is sharded by `dsgrpo vllm-serve --tensor-parallel-size`.", flush=True)
-        elif args.vllm_tensor_parallel_size > 1:
-            if not args.use_vllm:
-                raise ValueError("vllm_tensor_parallel_size > 1 shards a vLLM engine; use_vllm=False generates with "
-                                 "the policy itself. Set vllm_tensor_parallel_size=1.")
-            local = dist.local_world_size()
-            if local % args.vllm_tensor_parallel_size:
-                raise ValueError(f"vllm_tensor_parallel_size={args.vllm_tensor_parallel_size}: an engine's ranks must "
-                                 f"share a node, but this node runs {local} ranks. Choose a divisor of {local}.")
+    def _build(self, model, optimizers, model_config) -> None:
+        """From the plan's fields (preflight.py): the engines, the generator and its weight sync, the sampler, the
+        rollout source (or a split-placement generating rank's loop), the packed-step budget, the update, the
+        metric sinks."""
+        args = self.args
+        policy = self._build_engines(model, optimizers) if self.placement.trains else None
+        self.weight_sync = TrainerWeightSync(args, self.tied)  # the policy's weights into the engine, every step
+        self.generator = make_generator(args, self.placement, model_path=self.model_path,
+                                        policy_engine=policy, tokenizer=self.tokenizer,
+                                        dtype=self.dtype, zero3=is_zero3(self.ds_config), tied=self.tied,
+                                        connected=self.server, total_steps=self.state.max_steps,
+                                        weight_sync=self.weight_sync)
+        self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
+                                    max_tool_calling_iterations=args.max_tool_calling_iterations,
+                                    rollout_func=self.rollout_func, trainer=self, environments=self.environment_set,
+                                    tool_call_format=args.tool_call_format)
+        setup = RolloutSetup(
+            args=args, prompts=self.train_prompts, sampler=self.sampler, generator=self.generator,
+            build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),
+            reward_matrix=self._reward_matrix, scores_anywhere=not self.rewards.has_models, placement=self.placement,
+            prompts_per_round=self.prompts_per_round, steps_after_round=self._steps_after_round,
+            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer, reward_weights=self.rewards.weights,
+            weight_sync=self.weight_sync)
+        # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
+        self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
+        self.source = self.rollout_source(setup) if self.placement.trains else None
+        # the sampler's truncation, which the trainer's log-probs reproduce (vLLM's order, or transformers')
+        self.truncation = Truncation(self.sampling.top_k, self.sampling.top_p, self.sampling.min_p,
+                                     order="vllm" if args.use_vllm else "hf")
+        self.budget = self._token_budget(model_config)
+        self.update = (PolicyUpdate(args, self.policy, self.world, self.state, self._end_optimizer_step,
+                                    self.truncation, self.budget, self.step_plan) if self.placement.trains else None)
+        self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
 
     def _build_engines(self, model, optimizers):
         """Policy (ZeRO-3 partitioned at load; LoRA-wrapped before DeepSpeed), frozen reference (none for a LoRA
@@ -117,116 +128,3 @@ class TrainerSetup:
         sp = sequence_parallel.start(self.sp_size, self.policy.module.config, self.tokenizer.pad_token_id) \
             if self.sp_size > 1 else None
         return layout.TokenBudget(tokens, int(getattr(text, "hidden_size", 0) or 0), self.tokenizer.pad_token_id, sp)
-
-    def _deepspeed_specs(self, args, model_config, adapter_config):
-        """The policy's and the frozen engines' DeepSpeed configs: "auto" is chosen by the memory plan (whole weights
-        where they fit, plan.choose_deepspeed), or kept from the checkpoint being resumed; recorded in checkpoints."""
-        ds_spec, ref_ds_spec, auto_choice = choose_deepspeed(
-            args, model_config, Hardware.this_run(), world=self.world, reward_configs=self.rewards.model_configs(),
-            lora_config=adapter_config, asynchronous=self.rollout_source.generates_while_training,
-            prompt_length=self.train_prompts.longest_prompt(),
-            resumed=deepspeed_auto_of(self.resume_path) if self.resume_path else None)
-        self.deepspeed_auto = {k: v for k, v in (("deepspeed", ds_spec), ("ref_deepspeed", ref_ds_spec))
-                               if getattr(args, k) in (None, "auto")}
-        if auto_choice and dist.is_main():
-            print(f"dsgrpo: {auto_choice}", flush=True)
-        return ds_spec, ref_ds_spec
-
-    def _prompt_sources(self, train_dataset, eval_dataset, model_config):
-        """The training prompts (and evaluation prompts, or None), tokenised and checked against the context."""
-        args = self.args
-        template_kwargs = dict(args.chat_template_kwargs or {})
-        if self.tool_runner is not None:
-            template_kwargs["tools"] = self.tool_runner.schemas  # the chat template lists them in the prompt
-        elif self.environment_set is not None:  # each rollout's prompt is rendered with its own environment's tools;
-            template_kwargs["tools"] = self.environment_set.all_schemas()  # these are for the length checks
-            train_dataset = environment_prompts(train_dataset, args.resolved_generation_batch_size(self.world)
-                                                // args.num_generations)
-        context = args.vllm_max_model_length or getattr(model_config, "max_position_embeddings", None)
-        common = dict(max_prompt_length=args.max_prompt_length, context_length=context,
-                      max_completion_length=args.max_completion_length, chat_template_kwargs=template_kwargs,
-                      keep_columns=not args.remove_unused_columns)
-        train = make_prompt_source(load_dataset_spec(train_dataset), self.tokenizer, **common)
-        if train.streaming:
-            streaming_limits(args)
-        if self.environment_set is not None:
-            self.environment_set.check_dataset(train)
-        if (self.tool_runner is not None or self.environment_set is not None) and not train.conversational:
-            raise ValueError("tools need conversational prompts (lists of messages): the chat template is what shows "
-                             "the model the tools. Give train_dataset a 'prompt' column of message lists.")
-        if self.server is not None:  # the server's context against the prompts it will be sent, before any load
-            check_server_context(self.server.max_model_len, args, self.server.url, train.longest_prompt())
-        # eval_dataset: one set, or a dict of named sets (metrics then prefixed eval_<name>_, as transformers does)
-        named = eval_dataset if isinstance(eval_dataset, dict) else ({"": eval_dataset} if eval_dataset is not None else {})
-        evaluation = {name: PromptSource(materialised(load_dataset_spec(ds)), self.tokenizer,
-                                         field=f"eval_dataset[{name!r}]" if name else "eval_dataset", **common)
-                      for name, ds in named.items()}
-        return train, evaluation
-
-    def _model_source(self, model, processing_class=None):
-        """(path vLLM can load, model config). A PreTrainedModel (or PeftModel) instance is saved once, with its
-        tokenizer, so vLLM can load it."""
-        from transformers import AutoConfig, PreTrainedModel
-
-        from .engines.builder import check_model_source
-        if isinstance(model, str):
-            check_model_source(model)
-            try:
-                return model, AutoConfig.from_pretrained(model, trust_remote_code=self.args.trust_remote_code)
-            except (OSError, ValueError) as exc:
-                raise OSError(f"model={model!r}: cannot read its config ({exc}). Pass a folder saved with "
-                              "save_pretrained or a cached hub id.") from None
-        if not isinstance(model, PreTrainedModel) and not lora.is_peft_model(model):
-            raise TypeError(f"model must be a hub id, a local path, a PreTrainedModel or a PeftModel, not "
-                            f"{type(model).__name__}.")
-        path = os.path.join(self.args.output_dir, "initial_model")
-        tokenizer = processing_class or self._tokenizer_of(model)  # every rank: an error stops them all here
-        if dist.is_main():  # a PeftModel's initial weights for vLLM: its adapter merged in
-            save_hf_model(model, path, self.args.weight_sync_bucket_bytes, tokenizer, gathers_on_every_rank=False)
-        dist.barrier("initial model on disk before vLLM loads it", group=dist.EVERYONE)
-        return path, model.config
-
-    @staticmethod
-    def _tokenizer_of(model):
-        from transformers import AutoTokenizer
-        try:
-            return AutoTokenizer.from_pretrained(model.name_or_path)
-        except (OSError, ValueError, TypeError) as exc:
-            raise ValueError(f"model is a {type(model).__name__} whose name_or_path {model.name_or_path!r} has no "
-                             f"tokenizer ({exc}). Pass processing_class=<its tokenizer>.") from None
-
-    def _tokenizer(self, processing_class):
-        from transformers import AutoTokenizer
-
-        tok = processing_class or AutoTokenizer.from_pretrained(self.model_path,
-                                                                trust_remote_code=self.args.trust_remote_code)
-        tok.padding_side = "left"
-        if tok.pad_token is None:
-            warnings.warn(f"The tokenizer has no pad token; using eos ({tok.eos_token!r}) for padding.")
-            tok.pad_token = tok.eos_token
-        if tok.eos_token_id is None:
-            raise ValueError("The tokenizer has no eos token: completions could never end. Set tokenizer.eos_token.")
-        return tok
-
-    def _step_plan(self) -> StepPlan:
-        """How many optimizer steps the run makes and which micro-steps each accumulates, as TRL counts (steps.py)."""
-        rounds = None if self.train_prompts.streaming else self.train_prompts.rounds_per_epoch(self.prompts_per_round)
-        return StepPlan.from_args(self.args, self.prompts_per_round, self.spg, rounds)
-
-
-def streaming_limits(args) -> None:
-    """An IterableDataset has no length: what needs one is refused before anything is built."""
-    if args.max_steps <= 0:
-        raise ValueError("train_dataset is an IterableDataset, which has no length to count epochs in: set max_steps.")
-    for name in ("save_strategy", "logging_strategy", "eval_strategy"):
-        if getattr(args, name) == "epoch":
-            raise ValueError(f"{name}='epoch' with an IterableDataset: a stream has no epochs to count. Use 'steps'.")
-
-
-def materialised(dataset):
-    """An evaluation set read whole (evaluation goes over every prompt; a stream is read into a Dataset once)."""
-    import datasets
-
-    if isinstance(dataset, datasets.IterableDataset):
-        return datasets.Dataset.from_list(list(dataset))
-    return dataset

@@ -12,42 +12,30 @@ TRL user reads on a trainer besides the loop is in trl_surface.py, and the start
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
 
-from . import checkpoint, compat, device, dist, layout, quantization, sequence_parallel, watchdog
-from .algorithms import Truncation, compute_advantages
+from . import checkpoint, device, dist, layout, watchdog
+from .algorithms import compute_advantages
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
-from .engines import completion_logprobs, is_zero3, resolve
-from .engines import lora, routing
+from .engines import completion_logprobs
 from .engines.export import save_hf_model
 from .engines.forward import packed_forward
 from .engines.weights import mix_partitions
-from .hub import make_pusher
-from .logging import MetricSinks, set_log_levels
 from .metrics import completion_rows, round_metrics
 from . import evaluation
-from .plan import check_at_start as check_memory_at_start
 from .preemption import Preemption
-from .rewards import RewardStack
-from .rollout import SamplingConfig, TrainerWeightSync, connect_generator, make_generator
-from .rollout.batch import Batch, BatchBuilder
-from .rollout.choice import choose_source
-from .rollout.generating_rank import GeneratingRank
-from .rollout.samplers import make_sampler
-from .rollout.sources import GenerationSource, RolloutSetup
-from .rollout.environments import Environments, check_data_source
-from .rollout.tools import ToolRunner
-from .schedule import Schedule, warmup_steps
+from .preflight import preflight
+from .rollout.batch import Batch
+from .rollout.sources import GenerationSource
 from .startup import TrainerSetup
 from .timing import PhaseTimer, phase, step_breakdown
 from .trl_surface import TRLSurface, generation_batch_rows
-from .update import NonFiniteError, PolicyUpdate, learning_alarm, router_aux_coef
+from .update import NonFiniteError, learning_alarm
 
 __all__ = ["GRPOTrainer", "NonFiniteError", "save_hf_model"]
 
@@ -70,151 +58,27 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                  eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
                  optimizers=(None, None), quantization_config=None, peft_config=None, tools=None, rollout_func=None,
                  environment_factory=None):
-        ignored = quantization.check(model, quantization_config, getattr(args, "model_init_kwargs", None))
-        if ignored:
-            print(f"dsgrpo: warning: {ignored}", file=sys.stderr, flush=True)
-        lora.check_lora_model(model, peft_config)
-        self.peft_config = lora.as_lora_config(peft_config) if peft_config is not None else None
-        adapter_config = self.peft_config or (model.peft_config[model.active_adapter] if lora.is_peft_model(model) else None)
-        self.adapter = lora.fingerprint(adapter_config) if adapter_config is not None else None  # a LoRA policy's shape
-        if rollout_func is not None and not callable(rollout_func):
-            raise TypeError(f"rollout_func must be a function (prompts, trainer) -> dict, not {type(rollout_func).__name__}.")
-        if rollout_func is not None and (tools or environment_factory is not None):
-            raise ValueError("rollout_func replaces the trainer's generation, so the trainer cannot run `tools` or "
-                             "environments for it: call them inside rollout_func (and return env_mask), or drop "
-                             "rollout_func.")
-        self.rollout_func = rollout_func
-        self.args = args = args or GRPOConfig()
-        if rollout_func is not None and not args.eval_do_sample:
-            raise ValueError("eval_do_sample=False makes evaluation greedy, but rollout_func generates the "
-                             "completions itself: sample greedily inside rollout_func, or leave eval_do_sample=True.")
-        # --- checks and cheap set-up first: every error is raised before a model is loaded -------------------
-        self._check_supported(args)
-        check_data_source(train_dataset, environment_factory, args)
-        device.prepare_process(dist.local_world_size(), args.num_threads)
-        device.set_tf32(args.tf32)
-        dist.init(timeout_s=args.ddp_timeout)
-        # every rank's heartbeat, so a failed collective can name the rank that was lost and where (watchdog.py)
-        watchdog.start(dist.rank(dist.EVERYONE), dist.world_size(dist.EVERYONE),
-                       step=lambda: self.state.global_step if hasattr(self, "state") else 0, lost_after_s=args.ddp_timeout)
-        set_log_levels(args)
-        if dist.is_main():
-            compat.warn_if_untested()
-        self.rollout_source = choose_source(args, self.rollout_source)  # an option may ask for a variant of it
-        self.placement = self.rollout_source.placement(args)  # split placement makes its process groups here
-        self.world = self.placement.trainers
-        args.validate(world_size=self.world)
-        self.dtype = device.train_dtype(args.bf16, args.fp16)
-        unused_dtype = args.ignored_dtype(self.dtype)
-        if unused_dtype and dist.is_main():
-            print(f"dsgrpo: warning: {unused_dtype}", file=sys.stderr, flush=True)
-        self.hub = make_pusher(args) if self.placement.trains else None  # a Hub that cannot take uploads fails now
-        self.server = connect_generator(args)  # so does a vLLM server that is missing or refuses the token
-        self.model_path, model_config = self._model_source(model, processing_class)
-        router_aux_coef(args, model_config)  # router_aux_loss_coef on a dense model is refused before loading
-        self.tokenizer = self._tokenizer(processing_class)
-        # environments are probed now (reset, tools' schemas); those that own a reward add a source of weight 1
-        self.environment_set = (Environments(environment_factory, tools or [], args.tool_timeout_s)
-                                if environment_factory is not None else None)
-        self.rewards = RewardStack(reward_funcs, args.reward_weights, reward_processing_classes, args.reward_errors_as_none,
-                                   trust_remote_code=args.trust_remote_code, code_sandbox=args.code_sandbox,
-                                   extra_sources=self.environment_set.reward_sources if self.environment_set else ())
-        if self.environment_set is not None and self.rewards.has_models and self.rollout_source.generates_while_training:
-            raise NotImplementedError("environment_factory with a reward model on AsyncGRPOTrainer: its rollouts are "
-                                      "scored away from the worker that keeps their environments. Use GRPOTrainer, "
-                                      "or reward functions (and get_reward) instead of a reward model.")
-        self.tool_runner = (ToolRunner(tools, args.tool_timeout_s)  # checks the schemas now
-                            if tools and self.environment_set is None else None)
-        self.train_prompts, self.eval_prompts = self._prompt_sources(train_dataset, eval_dataset, model_config)
-        self.correctness_column = evaluation.check(args, self.rewards.names)  # pass@k's right / wrong
-        checkpoint.check_best_metric(args, evaluation.metric_names(args, list(self.eval_prompts or {}), self.rewards.names))
-        hidden = getattr(model_config, "hidden_size", None)
-        self.resume_path = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
-        ds_spec, ref_ds_spec = self._deepspeed_specs(args, model_config, adapter_config)
-        self.ds_config = resolve(ds_spec, args, hidden, "deepspeed", train=True, world_size=self.world)
-        self.sp_size = sequence_parallel.requested_size(args, self.ds_config)
-        self.ds_config.pop("sequence_parallel_size", None)  # data parallelism stays the world's (sequence_parallel.py)
-        sequence_parallel.check(self.sp_size, args, self.world, model_config, split=dist.is_split())
-        routing.check_replay(args, model_config, rollout_func=rollout_func is not None,
-                             on_gpu=device.on_gpu())
-        if self.ds_config.get("gradient_accumulation_steps", args.gradient_accumulation_steps) != args.gradient_accumulation_steps:
-            raise ValueError(f"deepspeed config sets gradient_accumulation_steps={self.ds_config['gradient_accumulation_steps']} "
-                             f"but the GRPOConfig has {args.gradient_accumulation_steps}. Set it to \"auto\" in the JSON.")
-        self.frozen_ds_spec = ref_ds_spec  # the reference's and the reward models' engines
-        frozen_ds_config = resolve(ref_ds_spec, args, hidden, "ref_deepspeed", train=False, world_size=self.world)
-        frozen_ds_config.pop("sequence_parallel_size", None)
-        self.ref_ds_config = frozen_ds_config if args.beta and not self.lora_policy else None
-        self.memory_plan = check_memory_at_start(  # resolves gradient_checkpointing 'auto'
-            args, model_config, self.ds_config, ref_ds_config=frozen_ds_config,
-            reward_configs=self.rewards.model_configs(), lora_config=adapter_config,
-            asynchronous=self.rollout_source.generates_while_training, world=dist.world_size(dist.EVERYONE),
-            local_world=dist.local_world_size(), prompt_length=self.train_prompts.longest_prompt())
-        plan = self.memory_plan
-        device.choose_heap_trimming(plan.peak_bytes_per_device / plan.hardware.device_bytes if plan else None)
-        if args.sync_ref_model and self.lora_policy:
-            raise ValueError("sync_ref_model=True with a LoRA policy: its reference is the base model with the adapter "
-                             "switched off, which has nothing to mix into. Drop sync_ref_model or train without LoRA.")
-        self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
-        if self.resume_path:  # refuse a checkpoint this run cannot continue before anything is written
-            checkpoint.check_resume(self.resume_path, args, self.world, model_config, self.adapter, self.rollout_source)
-        self.spg = args.resolved_steps_per_generation(self.world)
-        self.prompts_per_round = args.resolved_generation_batch_size(self.world) // args.num_generations
-        self.step_plan = self._step_plan()
-        self._started_at = (0, 0)  # (generation round, optimizer step) where train() starts; set again on resume
-        total = self.step_plan.max_steps
-        self.schedule = Schedule.from_args(args, total)
-        self.state = TrainerState(max_steps=total, is_world_process_zero=dist.is_main(),
+        # --- every check and derived setting first (preflight.py): each error is raised before a model loads ----
+        plan = preflight(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
+                         reward_processing_classes, quantization_config, peft_config, tools, rollout_func,
+                         environment_factory, rollout_source=self.rollout_source,
+                         step=lambda: self.state.global_step if hasattr(self, "state") else 0)
+        for name, value in plan.items():
+            setattr(self, name, value)
+        self.state = TrainerState(max_steps=plan.step_plan.max_steps, is_world_process_zero=dist.is_main(),
                                   is_local_process_zero=dist.local_rank() == 0, logging_steps=self.schedule.logging_every,
                                   save_steps=self.schedule.save_every, eval_steps=self.schedule.eval_every,
-                                  train_batch_size=args.per_device_train_batch_size, num_train_epochs=args.num_train_epochs)
-        if dist.is_main():  # the arithmetic a TRL user plans by, said once (steps.py)
-            rows = None if self.train_prompts.streaming else len(self.train_prompts)
-            print("dsgrpo: plan: " + self.step_plan.describe(rows, args.num_generations, str(args.lr_scheduler_type),
-                                                            warmup_steps(args, total)), flush=True)
-        self.control = TrainerControl()
-        self.callbacks = CallbackHandler(callbacks)
-        self.timer = PhaseTimer()
-        self.sampling = SamplingConfig.from_args(args)
-        self.rollout_source.check(args, placement=self.placement, prompts_per_round=self.prompts_per_round,
-                                  reward_models=self.rewards.has_models,
-                                  evaluates=bool(self.eval_prompts) and args.eval_strategy != "no",
-                                  streaming=self.train_prompts.streaming)
-        if dist.is_main():
-            args.save(os.path.join(args.output_dir, "resolved_config.yaml"))
-        # --- the models, the generator and the rollout source -----------------------------------------------
-        policy = self._build_engines(model, optimizers) if self.placement.trains else None
-        self.weight_sync = TrainerWeightSync(args, self.tied)  # the policy's weights into the engine, every step
-        self.generator = make_generator(args, self.placement, model_path=self.model_path,
-                                        policy_engine=policy, tokenizer=self.tokenizer,
-                                        dtype=self.dtype, zero3=is_zero3(self.ds_config), tied=self.tied,
-                                        connected=self.server, total_steps=self.state.max_steps,
-                                        weight_sync=self.weight_sync)
-        self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
-                                    max_tool_calling_iterations=args.max_tool_calling_iterations,
-                                    rollout_func=rollout_func, trainer=self, environments=self.environment_set,
-                                    tool_call_format=args.tool_call_format)
-        setup = RolloutSetup(
-            args=args, prompts=self.train_prompts, sampler=self.sampler, generator=self.generator,
-            build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),
-            reward_matrix=self._reward_matrix, scores_anywhere=not self.rewards.has_models, placement=self.placement,
-            prompts_per_round=self.prompts_per_round, steps_after_round=self._steps_after_round,
-            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer, reward_weights=self.rewards.weights,
-            weight_sync=self.weight_sync)
-        # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
-        self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
-        self.source = self.rollout_source(setup) if self.placement.trains else None
-        # the sampler's truncation, which the trainer's log-probs reproduce (vLLM's order, or transformers')
-        self.truncation = Truncation(self.sampling.top_k, self.sampling.top_p, self.sampling.min_p,
-                                     order="vllm" if args.use_vllm else "hf")
-        self.budget = self._token_budget(model_config)
-        self.update = (PolicyUpdate(args, self.policy, self.world, self.state, self._end_optimizer_step,
-                                    self.truncation, self.budget, self.step_plan) if self.placement.trains else None)
-        self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
+                                  train_batch_size=self.args.per_device_train_batch_size,
+                                  num_train_epochs=self.args.num_train_epochs)
+        self.control, self.callbacks, self.timer = TrainerControl(), CallbackHandler(callbacks), PhaseTimer()
+        self._started_at = (0, 0)  # (generation round, optimizer step) where train() starts; set again on resume
+        # --- the models, the generator and the rollout source (startup.py) ---------------------------------------
+        self._build(model, optimizers, plan.model_config)
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
         self._last_evaluation = None  # (step, metrics) of the newest evaluation
         self._since_log: List[Dict[str, float]] = []  # rounds since the last logging step (the summary row's)
         self._completion_rows: List[dict] = []  # log_completions: the last round's rows until a logging step
-        self.control = self.callbacks.fire("on_init_end", args, self.state, self.control)
+        self.control = self.callbacks.fire("on_init_end", self.args, self.state, self.control)
 
     # ================================================================================================ the loop
     def train(self, resume_from_checkpoint=None) -> TrainerState:

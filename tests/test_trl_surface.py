@@ -315,7 +315,7 @@ def test_an_iterable_dataset_is_read_a_round_at_a_time():
 
 
 def test_streaming_needs_max_steps_and_no_epoch_strategies():
-    from dsgrpo.startup import streaming_limits
+    from dsgrpo.preflight import streaming_limits
 
     with pytest.raises(ValueError, match="set max_steps"):
         streaming_limits(GRPOConfig())
