@@ -99,6 +99,8 @@ def test_in_flight_state_round_trips_and_reshards_without_loss_or_duplicates():
     copy = InFlight(2, 8)
     copy.load(flight.state())
     assert copy.state() == flight.state()
+    # a completion without tool turns is written without its mask (all ones) and read back with it
+    assert "mask" not in flight.state()[1]["members"][1] and copy.groups[9].members[1].mask == [1, 1]
     states = [{"partial_rollout": {"next_position": 12, "in_flight": [g]}} for g in flight.state()] + \
         [{"partial_rollout": {"next_position": 12, "in_flight": []}}]
     source = PartialRolloutSource.__new__(PartialRolloutSource)

@@ -71,7 +71,10 @@ class Completion(Episode):
         return dropped
 
     def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "routes"}
+        out = {k: v for k, v in asdict(self).items() if k != "routes"}
+        if all(self.mask):  # every token sampled (no tool turn): from_json restores the mask from the tokens
+            del out["mask"]
+        return out
 
 
 @dataclass
@@ -189,22 +192,21 @@ class InFlight:
         return out
 
     def record(self, rid: str, tokens: List[int], logprobs: List[float], finished: bool, truncated: bool,
-               version: int) -> bool:
-        """A request's new tokens, sampled on `version`. True when its completion goes on in a new request (it
-        ended a turn with tool calls, now answered)."""
+               version: int) -> None:
+        """A request's new tokens, sampled on `version`. A completion that ended a turn with tool calls has them
+        answered here and goes on in a new request (it stays unfinished)."""
         position, member = parse_request_id(rid)
         c = self.groups[position].members[member]
         c.append(list(tokens), list(logprobs))
         c.versions.extend([version] * len(tokens))
         if not finished:
-            return False
+            return
         c.finished, c.truncated = True, truncated
         if self.turns is not None:
             c.finished = not self.turns.after_segment(c, self.live[(position, member)][0], self.max_tokens)
             # the tool turn's tokens (outside the loss) carry the version that answered them; a cut drops some
             del c.versions[len(c.tokens):]
             c.versions.extend([version] * (len(c.tokens) - len(c.versions)))
-        return not c.finished
 
     def complete(self) -> List[int]:
         return sorted(p for p, g in self.groups.items() if g.complete())
