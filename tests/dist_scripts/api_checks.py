@@ -16,7 +16,7 @@ from datasets import Dataset
 from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
 from api_checks_tools import TOOLS
 from recorder import (check_config, SHARDED_ZERO3, calls_the_engine_sampled, digit_fraction, recorder,
-                      spy_engine, training_rows)
+                      spy_batches, spy_engine, training_rows)
 from dsgrpo.testing import Ledger, tiny_model
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
@@ -29,17 +29,6 @@ DS = SHARDED_ZERO3
 
 
 config = check_config(OUT, max_steps=2, learning_rate=1e-4, seed=3, deepspeed=DS, vllm_kv_cache_bytes=64 * 2**20)
-
-
-def spy_batches(trainer):
-    seen = []
-    original = trainer._score
-
-    def spy(batch, group):
-        seen.append(batch)
-        return original(batch, group)
-    trainer._score = spy
-    return seen
 
 
 # ------------------------------------------------------------------ 1. tools: a calculator through vLLM

@@ -141,6 +141,18 @@ def train_recording(trainer) -> dict:
             "steps": trainer.state.global_step}
 
 
+def spy_batches(trainer, read=None) -> list:
+    """Every batch the trainer scores, caught as it is scored (the next round may reset the environments its rows
+    point to): the batches themselves, or the items `read(batch)` makes of each."""
+    seen, score = [], trainer._score
+
+    def spy(batch, group):
+        seen.extend([batch] if read is None else read(batch))
+        return score(batch, group)
+    trainer._score = spy
+    return seen
+
+
 def spy_engine(trainer) -> dict:
     """Records the engine's own outputs, row by row (prompt ids -> [(completion ids, log-probs)]) and the weight
     version of each engine call, to compare an endpoint's recorded calls with."""

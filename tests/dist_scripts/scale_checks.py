@@ -16,7 +16,7 @@ from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
 from dsgrpo.engines.weights import named_full_parameters
 from dsgrpo.testing import Ledger, tiny_model
 from recorder import check_config
-from recorder import (SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps, recorder,
+from recorder import (SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps, recorder, spy_batches,
                       training_rows, vllm_logps)
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
@@ -127,16 +127,14 @@ def environment_run(name, trainer_class, **settings):
         own.append(len(prompt_ids))
         return rank_generate(prompt_ids, counts, sampling, seeds=seeds)
     t.generator.engine.generate, t.generator.generate = engine_spy, rank_spy
-    score, rows = t._score, []
 
-    def keep(batch, group):   # read when scored: the next round resets the pool's instances
+    def read(batch):   # read when scored: the next round resets the pool's instances
         r = batch.rollout
         envs = (r.columns or {}).get("environments")   # (the async trainer's groups another rank made: none)
-        rows.extend({"answered": c[0] - c[1], "calls": c[0], "inserted": sum(1 for m in mask if m == 0),
-                     "env_adds": len(envs[k].calls) if envs else None, "text": t.tokenizer.decode(ids)}
-                    for k, (c, mask, ids) in enumerate(zip(r.tool_counts, r.tool_mask, r.completion_ids)))
-        return score(batch, group)
-    t._score = keep
+        return [{"answered": c[0] - c[1], "calls": c[0], "inserted": sum(1 for m in mask if m == 0),
+                 "env_adds": len(envs[k].calls) if envs else None, "text": t.tokenizer.decode(ids)}
+                for k, (c, mask, ids) in enumerate(zip(r.tool_counts, r.tool_mask, r.completion_ids))]
+    rows = spy_batches(t, read)
     t.train()
     return {"history": training_rows(t), "engine_calls": calls, "rows": rows, "own": own}
 

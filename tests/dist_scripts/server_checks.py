@@ -17,7 +17,7 @@ from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
 from dsgrpo.http import HTTPError, request_json
 from dsgrpo.testing import ServerProcess, tiny_model
 from recorder import (check_config, FIXED, SHARDED_ZERO3, after_each_sync, calls_the_engine_sampled,
-                      digit_fraction, policy_logps, recorder, spy_engine, training_rows)
+                      digit_fraction, policy_logps, recorder, spy_batches, spy_engine, training_rows)
 
 OUT, STATE, PORT, GROUP_PORT = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 ONLY = set(sys.argv[5].split(",")) if len(sys.argv) > 5 else None
@@ -250,15 +250,13 @@ def _():
                                 learning_rate=1e-4, max_tool_calling_iterations=2, tool_timeout_s=0.5,
                                 shuffle_dataset=False, vllm_server_port=int(port), vllm_group_port=int(group_port)))
     KEEP.append(t)
-    episodes, score = [], t._score
 
-    def keep(batch, group):   # read when scored: the next round resets the pool's instances
+    def read(batch):   # read when scored: the next round resets the pool's instances
         r = batch.rollout
-        for c, mask, ids, env in zip(r.tool_counts, r.tool_mask, r.completion_ids, r.columns["environments"]):
-            episodes.append({"calls": c[0], "answered": c[0] - c[1], "turns": c[5], "env_adds": len(env.calls),
-                             "inserted": mask.count(0), "text": t.tokenizer.decode(ids)})
-        return score(batch, group)
-    t._score = keep
+        return [{"calls": c[0], "answered": c[0] - c[1], "turns": c[5], "env_adds": len(env.calls),
+                 "inserted": mask.count(0), "text": t.tokenizer.decode(ids)}
+                for c, mask, ids, env in zip(r.tool_counts, r.tool_mask, r.completion_ids, r.columns["environments"])]
+    episodes = spy_batches(t, read)
     t.train()
     return {"history": training_rows(t), "generator": type(t.generator).__name__, "episodes": episodes}
 
