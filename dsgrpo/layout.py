@@ -72,6 +72,13 @@ class Sequence:
     prompt_len: int
     completion_len: int         # tokens scored (the completion's real tokens)
     routes: Optional[torch.Tensor] = None  # [L, layers, k]: a MoE sampler's experts per token (engines/routing.py)
+    # a piece of its row (Rollout.restarts: part of the completion was sampled after a prompt of its own): the
+    # logical columns [column, column + completion_len) it scores; None: the whole row
+    column: Optional[int] = None
+
+    @property
+    def first(self) -> int:
+        return self.column or 0
 
     @property
     def length(self) -> int:
@@ -80,7 +87,8 @@ class Sequence:
 
 def sequences_of(micro: List[dict], which: Optional[Seq[int]] = None) -> List[Sequence]:
     """The sequences of the logical micro-batches `which` (all by default), read from their padded tensors.
-    Sequences with nothing to score (an empty completion) are left out: no forward needs them."""
+    Sequences with nothing to score (an empty completion) are left out: no forward needs them. A row that restarts
+    (mb["restarts"], Rollout.restarts) becomes one sequence per piece, each with its own prompt."""
     out = []
     for j in (range(len(micro)) if which is None else which):
         mb = micro[j]
@@ -90,10 +98,27 @@ def sequences_of(micro: List[dict], which: Optional[Seq[int]] = None) -> List[Se
         for b in range(ids.shape[0]):
             real = attention[b].bool()
             c = int(attention[b, P:].sum())
-            if c:
+            restarts = mb["restarts"][b] if "restarts" in mb else None
+            if c and restarts:
+                if "routes" in mb:
+                    raise ValueError("a completion that restarts from a prompt of its own (an agent that rewrote "
+                                     "its history) has no sampler routes for that prompt: set routing_replay='off'.")
+                out += _pieces(j, b, ids[b][real], int(attention[b, :P].sum()), c, restarts)
+            elif c:
                 routes = mb["routes"][b][real] if "routes" in mb else None
                 out.append(Sequence(j, b, ids[b][real], int(attention[b, :P].sum()), c, routes))
     return out
+
+
+def _pieces(micro: int, row: int, ids: torch.Tensor, prompt_len: int, completion_len: int,
+            restarts: List[list]) -> List[Sequence]:
+    """A restarting row's sequences: its prompt with the completion up to the first restart, then each restart's
+    prompt with the completion up to the next."""
+    completion = ids[prompt_len:]
+    cuts = [0] + [int(at) for at, _ in restarts] + [completion_len]
+    prompts = [ids[:prompt_len]] + [torch.tensor(p, dtype=ids.dtype) for _, p in restarts]
+    return [Sequence(micro, row, torch.cat([prompt, completion[a:b]]), len(prompt), b - a, column=a)
+            for prompt, a, b in zip(prompts, cuts, cuts[1:]) if b > a]
 
 
 @dataclass
@@ -123,8 +148,10 @@ class PackedStep:
         if flat is None:
             return None
         S, T = len(self.sequences), max(self.widths, default=1)
-        counts = torch.tensor([s.completion_len for s in self.sequences])
-        real = torch.arange(T).unsqueeze(0) < counts.unsqueeze(1)
+        first = torch.tensor([s.first for s in self.sequences]).unsqueeze(1)
+        counts = torch.tensor([s.completion_len for s in self.sequences]).unsqueeze(1)
+        columns = torch.arange(T).unsqueeze(0)
+        real = (columns >= first) & (columns < first + counts)
         return flat.new_zeros((S, T)).masked_scatter(real, flat)
 
     def gather(self, per_micro: Optional[List[torch.Tensor]]) -> Optional[torch.Tensor]:
@@ -138,7 +165,10 @@ class PackedStep:
         out = first.new_zeros((len(self.sequences), T))
         for i, s in enumerate(self.sequences):
             row = per_micro[s.micro][s.row]
-            out[i, :row.shape[0]] = row
+            if s.column is None:
+                out[i, :row.shape[0]] = row
+            else:  # a piece: only its own columns (the row's others are scored in its other pieces)
+                out[i, s.column:s.column + s.completion_len] = row[s.column:s.column + s.completion_len]
         return out
 
 
@@ -149,7 +179,8 @@ def scatter(steps: List[PackedStep], values: List[torch.Tensor], shapes: List[to
     for step, flat in zip(steps, values):
         at = 0
         for s in step.sequences:
-            out[s.micro][s.row, :s.completion_len] = flat[at:at + s.completion_len].to(out[s.micro].dtype)
+            out[s.micro][s.row, s.first:s.first + s.completion_len] = \
+                flat[at:at + s.completion_len].to(out[s.micro].dtype)
             at += s.completion_len
     return out
 

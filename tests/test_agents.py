@@ -26,11 +26,18 @@ def test_an_episode_that_appends_trains_as_one_sequence_with_the_tokens_between_
     assert seq["versions"] == [4] * 9 and seq["turns"] == 3 and not seq["rewritten"]
 
 
-def test_an_episode_that_rewrote_its_history_trains_its_last_chain():
+def test_an_episode_that_rewrote_its_history_is_split_at_each_rewrite():
     calls = [call([1, 2], [10, 2], False), call([1, 7], [11, 2], False), call([1, 7, 11, 2, 5], [12], True)]
-    seq = assemble(calls, [9])
-    assert seq["prompt_ids"] == [1, 7] and seq["completion_ids"] == [11, 2, 5, 12]
+    seq = assemble(calls, [9])  # every chain: the second trains after its own prompt (a restart at token 2)
+    assert seq["prompt_ids"] == [1, 2] and seq["completion_ids"] == [10, 2, 11, 2, 5, 12]
+    assert seq["restarts"] == [[2, [1, 7]]] and seq["env_mask"] == [1, 1, 1, 1, 0, 1]
+    assert seq["logprobs"] == [-0.5] * 4 + [0.0, -0.5] and seq["turns"] == 3 and seq["rewritten"]
+    # padded micro-batches cannot keep two contexts apart in a row: the last chain alone
+    seq = assemble(calls, [9], whole=False)
+    assert seq["prompt_ids"] == [1, 7] and seq["completion_ids"] == [11, 2, 5, 12] and seq["restarts"] == []
     assert seq["env_mask"] == [1, 1, 0, 1] and seq["turns"] == 2 and seq["rewritten"]
+    # a chain that sampled nothing leaves no piece
+    assert assemble([call([1, 2], [], False), call([1, 7], [11], False)], [9])["restarts"] == []
     # the chosen choice of an n>1 call is the one the next call continued
     branch = call([1], [3], False)
     branch.choices.append(Choice([4, 2], [-1.0, -1.0], [0, 0], False))
@@ -83,6 +90,18 @@ def test_only_episodes_the_trainer_opened_are_served():
     assert episodes.close("e1").budget == 64
     with pytest.raises(RequestError):
         episodes.get("e1")
+
+
+def test_a_split_episode_spends_one_budget_over_its_chains():
+    """Every chain of a split episode trains, so max_completion_length holds them together: a call's room is what
+    the chains before its own left (the endpoint's _room); an episode whose last chain alone trains spends nothing
+    before it."""
+    calls = [call([1, 2], [10, 2], False), call([1, 7], [11, 2], False), call([1, 7, 11, 2, 5], [12], True)]
+    whole = Episode(64, whole_episode=True, calls=list(calls))
+    assert whole.spent(extends=True) == 2       # a call continuing the second chain: the first chain's 2 tokens
+    assert whole.spent(extends=False) == 2 + 4  # a third chain: both chains' (the second: 11 2 5 12)
+    assert Episode(64, whole_episode=True).spent(extends=False) == 0
+    assert Episode(64, calls=list(calls)).spent(extends=False) == 0
 
 
 def test_agent_rollout_refuses_what_cannot_run_and_its_reward_reads_the_column():

@@ -353,8 +353,9 @@ def test_a_resume_says_once_what_another_dataset_or_reward_list_changes_and_can_
 def test_agents_run_their_own_loop_through_the_openai_endpoint(results):
     """agent_rollout: every call an agent made through the OpenAI client is recorded as the engine sampled it
     (ids and log-probs), an episode that appends to its conversation trains as one sequence (tool results masked),
-    one that rewrote its history trains its last chain and is counted, a streamed call continues its chain as a
-    whole one does, and bad requests get OpenAI's errors while the endpoint keeps serving."""
+    one that rewrote its history is split where it did (each chain trained after its own prompt) and counted, a
+    streamed call continues its chain as a whole one does, and bad requests get OpenAI's errors while the endpoint
+    keeps serving."""
     runs = part(results, "agents")
     rows = [r for run in runs for r in run["rows"]]
     for run in runs:
@@ -388,9 +389,12 @@ def test_agents_run_their_own_loop_through_the_openai_endpoint(results):
         text_turns = [a for a in r["answers"][:2] if not a.get("tool_calls")]
         assert ("Say it again." in r["inserted"]) == bool(text_turns[:r["calls"] - 1]) and r["length"] <= 256
     assert any("\n5\n</tool_response>" in r["inserted"] for r in appended)
-    for r in rewritten:  # the agent replaced its history after the tool call: calls 2-3 train
-        last_start = max(i for i, e in enumerate(r["extends"]) if not e)
-        assert last_start >= 1 and r["turns"] == len(r["extends"]) - last_start, r
-        assert "<tool_response>" not in r["inserted"]
+    for r in rewritten:  # the agent replaced its history after the tool call: split there, every call trains
+        starts = [i for i, e in enumerate(r["extends"]) if not e]
+        assert len(starts) >= 2 and len(r["restarts"]) == len(starts) - 1 and r["turns"] == r["calls"], r
+        assert "<tool_response>" not in r["inserted"] and r["length"] <= 256  # one budget over its chains
+    for run in runs:  # the split episodes trained as pieces, each after its own prompt: the trained log-probs
+        # above equal the sampler's only if every piece saw its own context (one context would move them far)
+        assert run["packed"] and sum(n > 0 for n in run["trained_restarts"]) >= 2, run["trained_restarts"]
     shares = [h["episode/rewritten"] for run in runs for h in run["history"] if "episode/rewritten" in h]
     assert shares and all(0 <= s <= 1 for s in shares) and sum(shares) > 0

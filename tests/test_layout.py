@@ -93,6 +93,36 @@ def test_a_packed_forward_gives_the_padded_forwards_log_probs_and_entropies(mode
             assert (a - getattr(b, name)).abs().max() <= 1e-5
 
 
+def test_a_row_that_restarts_trains_each_piece_after_its_own_prompt(model):
+    """Rollout.restarts (an agent that rewrote its history): the row's completion from token `at` on was sampled after
+    a prompt of its own. Packed, each piece is scored after its own prompt — the log-probs the padded forward gives
+    each piece as a row of its own — and lands in its own columns of the logical row."""
+    first, second, third = [11, 12, 13], [40, 41, 42, 43, 44], [70, 71]
+    c1, c2, c3 = [20, 21, 22, 23], [50, 51, 52], [80, 81, 82, 83, 84]
+    row = Rollout([first], [c1 + c2 + c3], [[-1.0] * 12], [False], restarts=[[[4, second], [7, third]]])
+    alone = Rollout([first, second, third], [c1, c2, c3], [[-1.0] * 4, [-1.0] * 3, [-1.0] * 5], [False] * 3)
+    micro = [row.tensors(0)]
+    steps, = plan(micro, 64)
+    pieces = steps[0].sequences
+    assert [(s.ids.tolist(), s.prompt_len, s.first) for s in sorted(pieces, key=lambda s: s.first)] == [
+        (first + c1, 3, 0), (second + c2, 5, 4), (third + c3, 2, 7)]
+    with torch.no_grad():
+        packed = [packed_forward(model, st, temperature=0.7) for st in steps]
+        mb = alone.tensors(0)
+        separate = policy_forward(model, mb["input_ids"], mb["attention_mask"], 5, temperature=0.7).logps
+    back, = layout.scatter(steps, [f.logps for f in packed], [micro[0]["completion_mask"].shape])
+    expected = torch.cat([separate[0, :4], separate[1, :3], separate[2, :5]])
+    assert (back[0] - expected).abs().max() <= 1e-5
+    # rows() and gather() agree column by column; a piece's gathered row holds only its own columns
+    truth = torch.arange(1.0, 13.0).unsqueeze(0)
+    flat = torch.cat([truth[0, s.first:s.first + s.completion_len] for s in steps[0].sequences])
+    assert torch.equal(steps[0].rows(flat), steps[0].gather([truth]))
+    assert torch.equal(layout.scatter(steps, [flat], [truth.shape])[0], truth)
+    # the padded layout would read the pieces as one context: a MoE route replay cannot be given for their prompts
+    with pytest.raises(ValueError, match="routing_replay='off'"):
+        layout.sequences_of([{**micro[0], "routes": torch.zeros(1, 15, 1, 1)}])
+
+
 @pytest.mark.parametrize("loss_type", sorted(LOSS_TYPES.names()))
 def test_token_weights_give_each_loss_type_its_micro_batch_normaliser(loss_type):
     """The loss of a micro-batch equals the sum of its rows' weighted losses however the rows are split."""

@@ -49,6 +49,20 @@ def test_env_mask_becomes_the_tool_mask_not_a_column():
     assert rollout.tensors(pad_id=0)["completion_mask"][0].tolist() == [1.0, 0.0, 1.0]
 
 
+def test_restarts_become_the_rollouts_pieces_not_a_column_and_bad_ones_are_named():
+    restarts = [[[1, [30, 31]]], [], [], []]  # row 0: tokens 1-2 were sampled after the prompt [30, 31]
+    rollout, columns = rollout_from_func_output(output(restarts=restarts), 4)
+    assert rollout.restarts == restarts and "restarts" not in columns
+    assert rollout.tensors(pad_id=0)["restarts"] == restarts
+    assert "restarts" not in rollout.tensors(pad_id=0, rows=slice(1, 4))  # no row of these restarts
+    for bad, why in (([[[0, [30]]], [], [], []], r"'restarts'\[0\]\[0\] is \[0, \[30\]\]"),  # at the start
+                     ([[[3, [30]]], [], [], []], r"'restarts'\[0\]\[0\]"),            # past the completion
+                     ([[[2, [30]], [1, [31]]], [], [], []], r"'restarts'\[0\]\[1\]"),  # not rising
+                     ([[[1, []]], [], [], []], "has no prompt ids")):
+        with pytest.raises(ValueError, match=why):
+            rollout_from_func_output(output(restarts=bad), 4)
+
+
 def message(exc_info) -> str:
     return str(exc_info.value)
 

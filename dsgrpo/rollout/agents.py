@@ -13,8 +13,12 @@ Each sample is an episode: the client sends its id with every call. The trained 
 episode's recorded calls: while each call's prompt continues the previous one's prompt + sampled ids (the endpoint
 builds it so when the agent appends to its conversation), the episode is one sequence, the sampled ids in the loss
 and the tokens in between (tool results, new user messages) masked out. An agent that rewrote its history (dropped
-or summarised turns) starts a new chain: the episode's last chain is what trains, with the episode's reward, and
-the episode is counted in `episode/rewritten` — nothing is re-tokenised. Episodes run concurrently (an agent waits
+or summarised turns) starts a new chain, and the episode is split: each chain trains as a sequence of its own, after
+its own first prompt (base.Rollout.restarts; packed steps keep their contexts apart), all with the episode's reward
+and advantage, its tokens weighed as one sample of the group's; such episodes are counted in `episode/rewritten`.
+Nothing is re-tokenised. The chains of an episode hold at most max_completion_length tokens together (the endpoint
+refuses a call past that). Padded micro-batches (token_budget=0) cannot keep two contexts apart in one row: there
+the episode's last chain alone trains. Episodes run concurrently (an agent waits
 on I/O), at most `max_concurrent` at once per rank; an agent that raises or outlives `timeout_s` scores None and is
 counted in `env/errors` / `env/timeouts`, and the run goes on. Metrics: `episode/turns` (calls an episode),
 `tools/calls_per_episode` (tool calls the model wrote), those two, and `episode/rewritten`."""
@@ -40,16 +44,20 @@ def agent_reward(completions, agent_reward, **kwargs) -> List[Optional[float]]:
     return [None if r is None else float(r) for r in agent_reward]
 
 
-def assemble(calls: List[Call], fallback_prompt: List[int]) -> dict:
-    """One episode's trained sequence from its recorded calls: its last chain (see the module docstring). Returns
-    prompt_ids, completion_ids, logprobs, env_mask, versions, the chain's length and whether calls came before it."""
-    if not calls:
-        return {"prompt_ids": fallback_prompt, "completion_ids": [], "logprobs": [], "env_mask": [], "versions": [],
-                "turns": 0, "rewritten": False, "tool_calls": 0}
-    start = len(calls) - 1
-    while start > 0 and calls[start].extends:
-        start -= 1
-    chain = calls[start:]
+def chains(calls: List[Call]) -> List[List[Call]]:
+    """An episode's calls cut where the agent rewrote its history: a chain's calls each continue the one before."""
+    out: List[List[Call]] = []
+    for call in calls:
+        if out and call.extends:
+            out[-1].append(call)
+        else:
+            out.append([call])
+    return out
+
+
+def _chain_tokens(chain: List[Call]) -> dict:
+    """One chain as a completion after its first prompt: the sampled ids in the loss, the tokens in between (tool
+    results, new user messages) masked out."""
     ids, logprobs, mask, versions = [], [], [], []
     for k, call in enumerate(chain):
         if k:
@@ -67,9 +75,32 @@ def assemble(calls: List[Call], fallback_prompt: List[int]) -> dict:
         logprobs += sampled.logprobs
         mask += [1] * len(sampled.ids)
         versions += sampled.versions
-    return {"prompt_ids": chain[0].prompt_ids, "completion_ids": ids, "logprobs": logprobs, "env_mask": mask,
-            "versions": versions, "turns": len(chain), "rewritten": start > 0,
-            "tool_calls": sum(len((c.sampled.answer or {}).get("tool_calls", [])) for c in chain)}
+    return {"completion_ids": ids, "logprobs": logprobs, "env_mask": mask, "versions": versions}
+
+
+def assemble(calls: List[Call], fallback_prompt: List[int], whole: bool = True) -> dict:
+    """One episode's trained sequence from its recorded calls (see the module docstring): every chain, the later
+    ones as `restarts` ([at, prompt_ids]: base.Rollout.restarts), or (whole=False) the last chain alone. Returns
+    prompt_ids, completion_ids, logprobs, env_mask, versions, restarts, the calls trained, whether the agent
+    rewrote its history and the tool calls the model wrote in what trains."""
+    if not calls:
+        return {"prompt_ids": fallback_prompt, "completion_ids": [], "logprobs": [], "env_mask": [], "versions": [],
+                "restarts": [], "turns": 0, "rewritten": False, "tool_calls": 0}
+    episode = chains(calls)
+    trained = episode if whole else episode[-1:]
+    pieces = [(chain[0].prompt_ids, _chain_tokens(chain)) for chain in trained]
+    pieces = [p for p in pieces if p[1]["completion_ids"]] or pieces[:1]  # a chain that sampled nothing trains nothing
+    out = {"prompt_ids": pieces[0][0], "completion_ids": [], "logprobs": [], "env_mask": [], "versions": [],
+           "restarts": []}
+    for k, (prompt_ids, tokens) in enumerate(pieces):
+        if k:
+            out["restarts"].append([len(out["completion_ids"]), prompt_ids])
+        for key, values in tokens.items():
+            out[key] += values
+    used = [c for chain in trained for c in chain]
+    out.update(turns=len(used), rewritten=len(episode) > 1,
+               tool_calls=sum(len((c.sampled.answer or {}).get("tool_calls", [])) for c in used))
+    return out
 
 
 class AgentRollout:
@@ -118,21 +149,24 @@ class AgentRollout:
     def __call__(self, prompts: List[Any], trainer, columns: Optional[Dict[str, list]] = None) -> dict:
         endpoint = self._endpoint(trainer)
         budget = trainer.args.max_completion_length
+        # a rewritten episode trains every chain, each after its own prompt, in packed steps; padded micro-batches
+        # cannot keep the chains' contexts apart, so there only its last chain trains
+        whole = trainer.budget is not None
         rows = [{"prompt": p, **{c: v[i] for c, v in (columns or {}).items()}} for i, p in enumerate(prompts)]
         ids = [f"{dist.rank()}-{self.rounds}-{i}-{uuid.uuid4().hex[:8]}" for i in range(len(rows))]
         self.rounds += 1
         for episode_id in ids:
-            endpoint.episodes.open(episode_id, budget)
+            endpoint.episodes.open(episode_id, budget, whole_episode=whole)
         outcomes = asyncio.run(self._run_all(endpoint, rows, ids))
         out: Dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
-                                REWARD_COLUMN: [], "tool_counts": []}
+                                REWARD_COLUMN: [], "tool_counts": [], **({"restarts": []} if whole else {})}
         tokenizer = trainer.processing_class
         self.last_episodes = []
         for row, episode_id, (reward, how) in zip(rows, ids, outcomes):
             episode = endpoint.episodes.close(episode_id)
             self.last_episodes.append(episode)
-            seq = assemble(episode.calls, _prompt_ids(tokenizer, row["prompt"]))
-            for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
+            seq = assemble(episode.calls, _prompt_ids(tokenizer, row["prompt"]), whole)
+            for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask") + (("restarts",) if whole else ()):
                 out[key].append(seq[key])
             out[REWARD_COLUMN].append(reward)
             counts = dict(calls=seq["tool_calls"], turns=seq["turns"], errors=int(how == "error"),

@@ -112,7 +112,7 @@ def decode_routes(value, tokens: Optional[List[int]] = None, source: str = "rout
 ROLLOUT_LISTS = ("prompt_ids", "completion_ids", "sampler_logprobs", "truncated")
 # columns of live objects (each rollout's environment instance): scored where they were made, never serialised
 LOCAL_COLUMNS = ("environments",)
-ROLLOUT_OPTIONAL = ("tool_mask", "messages", "tool_counts", "weight_versions")
+ROLLOUT_OPTIONAL = ("tool_mask", "messages", "tool_counts", "weight_versions", "restarts")
 
 
 @dataclass
@@ -138,6 +138,10 @@ class Rollout:
     # the policy version (weight syncs seen: 0 = the initial weights) each completion token was sampled with, as the
     # engine labelled it; None where no one said (rollout sources fill it from the generator's version)
     weight_versions: Optional[List[List[int]]] = None
+    # per row, [[at, prompt_ids], ...]: the completion from token `at` on was sampled after `prompt_ids` (an agent that
+    # rewrote its history, rollout/agents.py), not after the row's prompt and completion so far. Such a row trains as
+    # one sequence per piece, each with its own prompt (layout.sequences_of: packed steps only); [] or None: one
+    restarts: Optional[List[List[list]]] = None
 
     def rows(self, rows: slice) -> "Rollout":
         """The rows `rows` as a Rollout of their own (optional fields kept)."""
@@ -162,6 +166,9 @@ class Rollout:
         if any(p.tool_mask is not None for p in parts):
             out.tool_mask = [m for p in parts for m in (p.tool_mask if p.tool_mask is not None
                                                         else [[1] * len(c) for c in p.completion_ids])]
+        if any(p.restarts is not None for p in parts):
+            out.restarts = [r for p in parts for r in (p.restarts if p.restarts is not None
+                                                       else [[] for _ in p.completion_ids])]
         for k in ("messages", "tool_counts", "weight_versions"):
             if parts and all(getattr(p, k) is not None for p in parts):
                 setattr(out, k, [x for p in parts for x in getattr(p, k)])
@@ -231,6 +238,8 @@ class Rollout:
             out["token_versions"] = versions
         if routes is not None:
             out["routes"] = routes
+        if self.restarts is not None and any(self.restarts[i] for i in idx):
+            out["restarts"] = [self.restarts[i] for i in idx]
         return out
 
     def lengths(self) -> torch.Tensor:

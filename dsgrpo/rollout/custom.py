@@ -9,6 +9,10 @@ Contract (TRL's), checked by `rollout_from_func_output`:
   sampler's log-prob of each completion token, aligned token by token with `completion_ids`).
 - Optional `env_mask` (TRL's name): per row, 1 for each token the model sampled and 0 for each token the
   environment inserted (tool output, observations); 0 tokens stay in the forward pass but leave the loss.
+- Optional `restarts` (dsgrpo's): per row, a list of [at, prompt_ids] pairs: the completion from token `at` on was
+  sampled after `prompt_ids`, not after the row's prompt and completion so far (an agent that rewrote its history,
+  rollout/agents.py). The row then trains as one sequence per piece, each after its own prompt, sharing the row's
+  advantage (packed steps only: token_budget unset or > 0).
 - Any other key is a list with one value per row, handed to the reward functions as a column."""
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from .base import Rollout
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 ENV_MASK_KEY = "env_mask"
+RESTARTS_KEY = "restarts"
 # the reward functions' own arguments (rewards/stack.py): a column of that name would shadow them
 RESERVED_COLUMNS = ("prompts", "completions", "completion_ids")
 CONTRACT = ("rollout_func(prompts, trainer) must return a dict with 'prompt_ids', 'completion_ids' and 'logprobs': "
@@ -57,6 +62,9 @@ def rollout_from_func_output(out, prompts_count: int, *, eos_token_id: Optional[
     tool_mask = None
     if ENV_MASK_KEY in out:
         tool_mask = [_mask_row(out, i, len(completion_ids[i])) for i in range(prompts_count)]
+    restarts = None
+    if RESTARTS_KEY in out:
+        restarts = [_restarts_row(out, i, len(completion_ids[i]), vocab_size) for i in range(prompts_count)]
     if max_tokens is not None:
         for i, c in enumerate(completion_ids):
             if len(c) > max_tokens:
@@ -69,7 +77,7 @@ def rollout_from_func_output(out, prompts_count: int, *, eos_token_id: Optional[
     dataset_columns = set(dataset_columns)
     columns = {}
     for key, value in out.items():
-        if key in REQUIRED_KEYS or key == ENV_MASK_KEY:
+        if key in REQUIRED_KEYS or key in (ENV_MASK_KEY, RESTARTS_KEY):
             continue
         if key in RESERVED_COLUMNS:
             raise ValueError(f"rollout_func's extra key {key!r} has the name of an argument the reward functions "
@@ -78,7 +86,7 @@ def rollout_from_func_output(out, prompts_count: int, *, eos_token_id: Optional[
             raise ValueError(f"rollout_func's extra key {key!r} is also a dataset column, and a reward function can "
                              "get only one of them; rename the key or the column.")
         columns[key] = list(value)
-    rollout = Rollout(prompt_ids, completion_ids, logprobs, truncated, tool_mask=tool_mask)
+    rollout = Rollout(prompt_ids, completion_ids, logprobs, truncated, tool_mask=tool_mask, restarts=restarts)
     return rollout, columns
 
 
@@ -135,3 +143,21 @@ def _mask_row(out: dict, i: int, completion_len: int) -> List[int]:
         if value not in (0, 1):   # True/False pass as 1/0
             raise ValueError(f"rollout_func's {ENV_MASK_KEY!r}[{i}][{t}] is {value!r}; it must hold {rule}.")
     return [int(v) for v in row]
+
+
+def _restarts_row(out: dict, i: int, completion_len: int, vocab_size: Optional[int]) -> List[list]:
+    row = _sequence(out, RESTARTS_KEY, i)
+    rule = (f"a list of [at, prompt_ids] pairs, `at` rising inside 'completion_ids'[{i}] (1 to {completion_len - 1}) "
+            "and prompt_ids the token ids the rest was sampled after")
+    pairs, last = [], 0
+    for k, pair in enumerate(row):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], Integral)
+                and not isinstance(pair[0], bool) and last < pair[0] < completion_len):
+            raise ValueError(f"rollout_func's {RESTARTS_KEY!r}[{i}][{k}] is {pair!r}; the row must hold {rule}.")
+        prompt = _token_row({RESTARTS_KEY: [pair[1]]}, RESTARTS_KEY, 0, vocab_size) if isinstance(
+            pair[1], (list, tuple)) else None
+        if not prompt:
+            raise ValueError(f"rollout_func's {RESTARTS_KEY!r}[{i}][{k}] has no prompt ids; the row must hold {rule}.")
+        pairs.append([int(pair[0]), prompt])
+        last = pair[0]
+    return pairs

@@ -12,8 +12,9 @@ the assistant message that request was answered with, then new messages, its pro
 ids that were sampled + the new messages' tokens as the chat template renders them after an assistant turn
 (tools.ids_after_reply) — never a re-tokenisation of the conversation. A completions request continues when its
 ids start with the previous prompt + sampled ids. Any other request (the agent rewrote its history) starts a new
-chain of calls. An episode's chain holds at most `max_completion_length` tokens after its first prompt: a call is
-given what is left, and none once it is used up.
+chain of calls. An episode's chain holds at most `max_completion_length` tokens after its first prompt, and when
+every chain trains (rollout/agents.py) its chains hold that much together: a call is given what is left, and none
+once it is used up.
 
 Calls waiting together are generated in one engine call (a few milliseconds' window), so many episodes in flight
 keep the engine's batch full. A bad request gets an OpenAI-style error ({"error": {"message", "type", "param",
@@ -82,6 +83,7 @@ class Call:
 @dataclass
 class Episode:
     budget: int                           # tokens a chain may hold after its first prompt
+    whole_episode: bool = False           # the budget holds every chain's tokens (they all train: rollout/agents.py)
     calls: List[Call] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -92,6 +94,19 @@ class Episode:
             k -= 1
         return max(k, 0)
 
+    def spent(self, extends: bool) -> int:
+        """Tokens of the chains before the one a call continues (`extends`) or starts, where they count."""
+        if not self.whole_episode or not self.calls:
+            return 0
+        end = self.chain_start() if extends else len(self.calls)
+        total, first = 0, 0
+        for k in range(1, end + 1):
+            if k == end or not self.calls[k].extends:  # calls[first:k] is a chain
+                last = self.calls[k - 1]
+                total += len(last.prompt_ids) + len(last.sampled.ids) - len(self.calls[first].prompt_ids)
+                first = k
+        return total
+
 
 class Episodes:
     """The episodes the trainer opened, by id (thread-safe); a request naming another id is refused."""
@@ -100,9 +115,9 @@ class Episodes:
         self._open: Dict[str, Episode] = {}
         self._lock = threading.Lock()
 
-    def open(self, episode_id: str, budget: int) -> None:
+    def open(self, episode_id: str, budget: int, whole_episode: bool = False) -> None:
         with self._lock:
-            self._open[episode_id] = Episode(budget)
+            self._open[episode_id] = Episode(budget, whole_episode)
 
     def get(self, episode_id) -> Episode:
         with self._lock:
@@ -241,14 +256,15 @@ class OpenAIEndpoint:
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the engine's context holds "
                                f"{self.max_model_len}", "messages", "context_length_exceeded")
         start = len(episode.calls[episode.chain_start()].prompt_ids) if extends else len(prompt_ids)
-        room = episode.budget - (len(prompt_ids) - start)
+        room = episode.budget - episode.spent(extends) - (len(prompt_ids) - start)
         if self.max_model_len is not None:
             room = min(room, self.max_model_len - len(prompt_ids))
         if room <= 0:
             raise RequestError(f"this episode's token budget is used up: its conversation holds "
-                               f"{len(prompt_ids) - start} tokens after its first prompt, and the trainer trains at "
-                               f"most {episode.budget} (max_completion_length)", "messages",
-                               "context_length_exceeded")
+                               f"{len(prompt_ids) - start} tokens after its first prompt"
+                               + (f" and its earlier chains {episode.spent(extends)}" if episode.spent(extends) else "")
+                               + f", and the trainer trains at most {episode.budget} (max_completion_length)",
+                               "messages", "context_length_exceeded")
         return min(room, wanted) if wanted is not None else room
 
     def _chat(self, body: dict) -> Tuple[int, dict]:

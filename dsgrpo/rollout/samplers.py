@@ -90,6 +90,11 @@ class RolloutFuncSampler:
             out, len(rows), eos_token_id=self.tokenizer.eos_token_id, max_tokens=self.max_tokens,
             vocab_size=len(self.tokenizer), dataset_columns=prompts.columns)
         rollout.columns = extra
+        if rollout.restarts is not None and any(rollout.restarts) and self.trainer.budget is None:
+            raise ValueError("rollout_func returned 'restarts' (completions sampled after prompts of their own), "
+                             "which train as separate sequences in packed steps, but this run trains padded "
+                             "micro-batches (token_budget=0, or a model that lets packed sequences attend to each "
+                             "other): leave token_budget unset, or return each row's last piece alone.")
         if self.uses_tools:
             rollout.tool_counts = tool_counts
         return rollout

@@ -86,7 +86,7 @@ class ToolStats:
     timeouts: int = 0
     turns: int = 0
     tool_ms: int = 0
-    rewrites: int = 0   # agent episodes whose history was rewritten (rollout/agents.py): their last chain trains
+    rewrites: int = 0   # agent episodes whose history was rewritten (rollout/agents.py): split where it was
 
     @classmethod
     def of(cls, rollout: Rollout) -> "ToolStats":

@@ -486,7 +486,8 @@ def _():
 def agent_section():
     """An agent (async, its own loop through the OpenAI client) makes 3 calls an episode: the question with the
     tools, the tool's answer (it runs `add` itself), then one more user message. Odd rows rewrite their history
-    after the tool call (one fresh message holding the result): their last chain trains."""
+    after the tool call (one fresh message holding the result): the episode is split, each chain trained after its
+    own prompt."""
     import urllib.error
     import urllib.request
 
@@ -537,6 +538,7 @@ def agent_section():
                           args=config("agents", max_completion_length=256, temperature=1.0))
     KEEP.append(trainer)
     seen = spy_engine(trainer)
+    restarts = spy_batches(trainer, lambda batch: [len(r) for r in batch.rollout.restarts or []])
     start = time.time()
     trainer.train()
     seconds = time.time() - start
@@ -549,7 +551,7 @@ def agent_section():
         inserted = [t for t, m in zip(seq["completion_ids"], seq["env_mask"]) if m == 0]
         rows.append({"calls": len(e.calls), "rewritten": seq["rewritten"], "turns": seq["turns"],
                      "extends": [c.extends for c in e.calls], "inserted": tok.decode(inserted),
-                     "length": len(seq["completion_ids"]),
+                     "length": len(seq["completion_ids"]), "restarts": [at for at, _ in seq["restarts"]],
                      "answers": [c.sampled.answer for c in e.calls]})
     # bad requests, sent by hand on an open episode; the endpoint answers each and goes on serving
     endpoint = rollout.endpoint
@@ -575,7 +577,8 @@ def agent_section():
                                {"X-Episode-Id": "probe"}),
            "after": post({"messages": hello, "max_tokens": 4, "episode_id": "probe"})}
     return {"history": training_rows(trainer), "seconds": seconds, "rows": rows, "bad": bad,
-            "recorded": recorded, "matched_engine": matched,
+            "recorded": recorded, "matched_engine": matched, "trained_restarts": restarts,
+            "packed": trainer.budget is not None,
             "calls_by_style": {s: calls_made.count(s) for s in ("append", "rewrite")}, "streamed": streamed,
             "endpoint_host": endpoint.host}
 
