@@ -47,14 +47,13 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from . import compat, dist, resume_guards
+from . import dist, resume_guards
 from .checkpoint_integrity import (CHECKSUMS, COMPLETE, DamagedCheckpointError, _digest_share, check_intact,
                                    checkpoint_files)
 from .errors import CheckpointError
 from .run_identity import check_can_continue, run_identity
-from .world_change import ENGINE_TAG, UNIVERSAL_TAG, _saved_world, check_world_change, universal_engine, world_change_note
+from .world_change import ENGINE_TAG, _saved_world, check_world_change, universal_engine, world_change_note
 
-REFERENCE_TAG = "reference"
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again", a checkpoint was written; batch scripts requeue on it
 
 def checkpoint_name(step: int) -> str:
@@ -171,11 +170,13 @@ def _jsonable(x):
 
 
 # ------------------------------------------------------------------------------------------------ save / load
-def save(trainer) -> str:
-    """Write checkpoint-<global_step> (every rank calls this; the engine save is collective). A write that fails
-    on any rank (OSError: a full disk, a lost mount) fails it on every rank with CheckpointWriteError, after the
-    partial folder is removed; `latest` and the older checkpoints are untouched."""
-    args, step = trainer.args, trainer.state.global_step
+def save(policy, state, source, run: Dict[str, Any]) -> str:
+    """Write checkpoint-<global_step> of `policy` (policy.py), the TrainerState `state` and the rollout `source`'s
+    state, with `run`: the trainer state's other entries (the entropy control's, resume_guards.recorded). Every rank
+    calls this; the engine save is collective. A write that fails on any rank (OSError: a full disk, a lost mount)
+    fails it on every rank with CheckpointWriteError, after the partial folder is removed; `latest` and the older
+    checkpoints are untouched."""
+    args, step = policy.args, state.global_step
     final = os.path.join(args.output_dir, checkpoint_name(step))
     partial = os.path.join(args.output_dir, f".{checkpoint_name(step)}.partial")
     _agree_or_fail(_attempt(lambda: check_space(args.output_dir, checkpoint_name(step)), args.output_dir), partial,
@@ -184,9 +185,10 @@ def save(trainer) -> str:
         shutil.rmtree(partial, ignore_errors=True)  # debris of a save that was killed
         os.makedirs(partial)
     dist.barrier("partial checkpoint folder exists before ranks write into it")
-    failure = _attempt(lambda: _write_rank_state(trainer, partial), args.output_dir)
+    failure = _attempt(lambda: _write_rank_state(policy, source, partial), args.output_dir)
     _agree_or_fail(failure, partial, "every rank's shards and RNG state are on disk")
-    failure = _attempt(lambda: _write_trainer_state(trainer, partial, step), args.output_dir) if dist.is_main() else None
+    failure = _attempt(lambda: _write_trainer_state(policy, state, run, partial), args.output_dir) \
+        if dist.is_main() else None
     _agree_or_fail(failure, partial, "trainer state and model files are on disk")
     failure, share = None, {}
     try:
@@ -197,7 +199,7 @@ def save(trainer) -> str:
     failures = [f for f, _ in digests if f]
     if not failures and dist.is_main():
         failure = _attempt(lambda: _publish(partial, final, {k: v for _, d in digests for k, v in d.items()}, args, step,
-                                            trainer.state.best_model_checkpoint), args.output_dir)
+                                            state.best_model_checkpoint), args.output_dir)
     _agree_or_fail(failures[0] if failures else failure, partial, "checkpoint published")
     return final
 
@@ -247,52 +249,27 @@ def _agree_or_fail(failure: Optional[str], partial: str, reason: str) -> None:
                                f"{os.path.dirname(partial)} are as they were. Free space (or fix the mount) and resume.")
 
 
-def _write_rank_state(trainer, partial: str) -> None:
-    args = trainer.args
-    if args.save_only_model:  # the model in Hugging Face format, nothing to resume from (transformers' meaning)
-        trainer.write_model(partial)
+def _write_rank_state(policy, source, partial: str) -> None:
+    if policy.args.save_only_model:  # the model in Hugging Face format, nothing to resume from (transformers' meaning)
+        policy.write(partial)
     else:
-        # a LoRA policy's frozen base weights are reloaded from the model at resume: only the adapter is state
-        # each save keeps the ranks' collectives paired when its writes fail on some ranks only
-        failure = None
-        try:
-            compat.save_engine_checkpoint(trainer.policy, partial, ENGINE_TAG, save_latest=False,
-                                          exclude_frozen_parameters=trainer.lora_policy)
-        except (OSError, RuntimeError) as exc:
-            failure = exc
-        if args.sync_ref_model and trainer.reference is not None:  # the mixed reference is state too
-            try:
-                compat.save_engine_checkpoint(trainer.reference, partial, REFERENCE_TAG, save_latest=False)
-            except (OSError, RuntimeError) as exc:
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+        policy.save_engines(partial)
     with open(os.path.join(partial, f"rng_state_{dist.rank()}.json"), "w") as fh:
         json.dump(rng_state(), fh)
     with open(os.path.join(partial, rollout_state_name(dist.rank())), "w") as fh:
-        json.dump(trainer.source.state_dict(), fh)
+        json.dump(source.state_dict(), fh)
 
 
-def _write_trainer_state(trainer, partial: str, step: int) -> None:
-    args = trainer.args
-    state = {"global_step": step, "generation_round": trainer.state.generation_round,
-             "num_input_tokens_seen": trainer.state.num_input_tokens_seen, "max_steps": trainer.state.max_steps,
-             "epoch": trainer.state.epoch, "log_history": trainer.state.log_history,
-             "entropy_control": trainer.update.entropy_coef.state_dict(), "model_only": bool(args.save_only_model),
-             "identity": run_identity(args, trainer.world, trainer.policy.module.config, trainer.adapter),
-             "deepspeed_auto": trainer.deepspeed_auto, **resume_guards.recorded(trainer),
-             **{k: getattr(trainer.state, k) for k in BEST_FIELDS}}
+def _write_trainer_state(policy, state, run: Dict[str, Any], partial: str) -> None:
+    args = policy.args
+    saved = {"global_step": state.global_step, "generation_round": state.generation_round,
+             "num_input_tokens_seen": state.num_input_tokens_seen, "max_steps": state.max_steps,
+             "epoch": state.epoch, "log_history": state.log_history, "model_only": bool(args.save_only_model),
+             "identity": policy.identity(), **run, **{k: getattr(state, k) for k in BEST_FIELDS}}
     with open(os.path.join(partial, "trainer_state.json"), "w") as fh:
-        json.dump(state, fh)
+        json.dump(saved, fh)
     args.save(os.path.join(partial, "resolved_config.yaml"))
-    trainer.policy.module.config.save_pretrained(partial)
-    if trainer.lora_policy:  # `dsgrpo export` rebuilds the adapter from it
-        module = trainer.policy.module
-        module.peft_config[module.active_adapters[0]].save_pretrained(partial)
-    generation_config = getattr(trainer.policy.module, "generation_config", None)
-    if generation_config is not None:
-        generation_config.save_pretrained(partial)
-    trainer.tokenizer.save_pretrained(partial)
+    policy.write_description(partial)
 
 
 def _publish(partial: str, final: str, digests: Dict[str, Dict[str, Any]], args, step: int,
@@ -385,10 +362,10 @@ def consider_best(state, args, evaluation: Optional[tuple], path: str) -> Option
     return before
 
 
-def load_weights(trainer, path: str) -> None:
+def load_weights(policy, path: str) -> None:
     """The policy's weights (and optimizer state, which DeepSpeed restores with them) from checkpoint `path` of this
     run (every training rank): load_best_model_at_end. The best one may predate a change of the world size."""
-    _load_policy(trainer, path, _saved_world(path))
+    policy.load_engine(path, _saved_world(path))
 
 
 class CheckpointCanRunCodeWarning(UserWarning):
@@ -410,69 +387,50 @@ def warn_checkpoint_can_run_code(path: str, why: str) -> None:
                   CheckpointCanRunCodeWarning, stacklevel=3)
 
 
-def load(trainer, path: str) -> None:
-    """Restore engine, trainer state and this rank's RNG states from a complete checkpoint (every rank). One written
-    by another number of ranks loads from its universal copy (made by check_resume): parameters, Adam moments,
-    scheduler and step exactly; the prompt stream continues by round; what is per rank is said once."""
+def load(policy, state, source, path: str, *, prompts, run: Dict[str, Any], prompts_per_round: int) -> dict:
+    """Restore `policy`'s engines, the TrainerState `state`, the rollout `source`'s state and this rank's RNG states
+    from a complete checkpoint (every rank); `prompts` (the train prompts) continue at the checkpoint's round, `run`
+    is this run's resume_guards.recorded entries. One written by another number of ranks loads from its universal
+    copy (made by check_resume): parameters, Adam moments, scheduler and step exactly; the prompt stream continues
+    by round; what is per rank is said once. Returns the checkpoint's trainer state (its other entries)."""
     with open(os.path.join(path, "trainer_state.json")) as fh:
-        state = json.load(fh)
-    check_can_continue(state["identity"], run_identity(trainer.args, trainer.world, trainer.policy.module.config, trainer.adapter),
-                       path)
-    saved_world = state["identity"]["world_size"]
+        saved = json.load(fh)
+    check_can_continue(saved["identity"], policy.identity(), path)
+    saved_world, world = saved["identity"]["world_size"], policy.world
     rng_file = os.path.join(path, f"rng_state_{dist.rank()}.json")
-    if not os.path.isfile(rng_file) and saved_world == trainer.world:
+    if not os.path.isfile(rng_file) and saved_world == world:
         raise CheckpointError(f"{path} has no {os.path.basename(rng_file)}: it was written by fewer ranks.")
-    _load_policy(trainer, path, saved_world)
-    if trainer.args.sync_ref_model and trainer.reference is not None:
-        if not os.path.isdir(os.path.join(path, REFERENCE_TAG)):
-            raise CheckpointError(f"{path} has no {REFERENCE_TAG}/ (the mixed reference of sync_ref_model): it was "
-                                  "written without sync_ref_model. Resume with the settings that wrote it.")
-        trainer.reference.load_checkpoint(path, tag=REFERENCE_TAG, load_optimizer_states=False,
-                                          load_lr_scheduler_states=False)
+    policy.load_engine(path, saved_world)
+    policy.load_reference(path)
     if os.path.isfile(rng_file):  # a rank the writing run did not have keeps its seed-derived streams
         with open(rng_file) as fh:
             set_rng_state(json.load(fh))
-    offset, note, data_changed = resume_guards.resume_note(path, state, trainer, trainer.prompts_per_round)
-    trainer.train_prompts.round_offset = offset
+    offset, note, data_changed = resume_guards.resume_note(path, saved, run, policy.args, prompts_per_round)
+    prompts.round_offset = offset
     try:
-        if saved_world == trainer.world:
+        if saved_world == world:
             rollout_state = read_rollout_state(path, dist.rank())
         else:
             states = [read_rollout_state(path, r) for r in range(saved_world)]
-            rollout_state = trainer.source.reshard_state(states, dist.rank(), trainer.world)
+            rollout_state = source.reshard_state(states, dist.rank(), world)
         if data_changed:  # groups sampled from the old set's rows would be trained with the new set's columns
-            rollout_state = trainer.source.without_samples(rollout_state)
-        trainer.source.load_state_dict(rollout_state)
+            rollout_state = source.without_samples(rollout_state)
+        source.load_state_dict(rollout_state)
     except CheckpointError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
-    trainer.state.global_step = state["global_step"]
-    trainer.state.generation_round = state["generation_round"]
-    trainer.state.num_input_tokens_seen = state["num_input_tokens_seen"]
-    trainer.state.epoch = state.get("epoch", 0.0)
-    trainer.state.log_history = state["log_history"]
-    if "entropy_control" in state:
-        trainer.update.entropy_coef.load_state_dict(state["entropy_control"])
+    state.global_step = saved["global_step"]
+    state.generation_round = saved["generation_round"]
+    state.num_input_tokens_seen = saved["num_input_tokens_seen"]
+    state.epoch = saved.get("epoch", 0.0)
+    state.log_history = saved["log_history"]
     for key in BEST_FIELDS:  # the best checkpoint so far stays the one to beat
-        setattr(trainer.state, key, state.get(key))
-    trainer.last_checkpoint = path
+        setattr(state, key, saved.get(key))
     if note and dist.is_main():
         print(note, file=sys.stderr, flush=True)
-    if saved_world != trainer.world and dist.is_main():
-        print(world_change_note(path, saved_world, trainer.world, state["generation_round"],
-                                trainer.source.reshard_note(saved_world, trainer.world)), file=sys.stderr, flush=True)
-
-
-def _load_policy(trainer, path: str, saved_world: int) -> None:
-    """The policy engine's weights, optimizer and scheduler state: DeepSpeed's own files when the world size is the
-    writing run's, its universal copy (converted once, collective) otherwise."""
-    kwargs = dict(load_optimizer_states=True, load_lr_scheduler_states=True, load_module_strict=not trainer.lora_policy)
-    if saved_world == trainer.world:
-        loaded, _ = trainer.policy.load_checkpoint(path, tag=ENGINE_TAG, **kwargs)
-    else:
-        universal_engine(path)
-        loaded, _ = compat.load_universal_engine_checkpoint(trainer.policy, path, UNIVERSAL_TAG, **kwargs)
-    if loaded is None:
-        raise CheckpointError(f"DeepSpeed found no engine state in {path}/{ENGINE_TAG}.")
+    if saved_world != world and dist.is_main():
+        print(world_change_note(path, saved_world, world, saved["generation_round"],
+                                source.reshard_note(saved_world, world)), file=sys.stderr, flush=True)
+    return saved
 
 
 # ------------------------------------------------------------------------------------------------ export

@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import List, Optional
 
 
-def recorded(trainer) -> dict:
-    """The trainer state's entries these checks read at the next resume."""
-    return {"data": trainer.train_prompts.identity(), "data_round_offset": trainer.train_prompts.round_offset,
-            "reward_funcs": list(trainer.rewards.names), "reward_weights": trainer.args.reward_weights}
+def recorded(prompts, reward_names: List[str], args) -> dict:
+    """The trainer state's entries these checks read at the next resume: the train prompts', the rewards'."""
+    return {"data": prompts.identity(), "data_round_offset": prompts.round_offset,
+            "reward_funcs": list(reward_names), "reward_weights": args.reward_weights}
 
 
 def data_changed(saved: dict, current: dict) -> bool:
@@ -24,10 +24,9 @@ def data_changed(saved: dict, current: dict) -> bool:
     return saved.get("rows") != current.get("rows")
 
 
-def resume_note(path: str, state: dict, trainer, prompts_per_round: int) -> tuple:
-    """(the new round offset of the prompt stream, the one message to print or None, whether the dataset changed)."""
-    args = trainer.args
-    now = recorded(trainer)
+def resume_note(path: str, state: dict, now: dict, args, prompts_per_round: int) -> tuple:
+    """(the new round offset of the prompt stream, the one message to print or None, whether the dataset changed).
+    `state`: the checkpoint's trainer state; `now`: this run's `recorded` entries."""
     round_index = state["generation_round"]
     changed = data_changed(state.get("data") or {}, now["data"])
     offset = int(state.get("data_round_offset", 0))

@@ -16,6 +16,7 @@ from .engines.builder import prepare_model
 from .engines.forward import packing_leak
 from .logging import MetricSinks
 from .plan import ASSUMED_PROMPT_LENGTH
+from .policy import Policy
 from .rollout import TrainerWeightSync, check_against_checkpoint, make_generator
 from .rollout.batch import BatchBuilder
 from .rollout.generating_rank import GeneratingRank
@@ -57,7 +58,7 @@ class TrainerSetup:
         self.truncation = Truncation(self.sampling.top_k, self.sampling.top_p, self.sampling.min_p,
                                      order="vllm" if args.use_vllm else "hf")
         self.budget = self._token_budget(model_config)
-        self.update = (PolicyUpdate(args, self.policy, self.world, self.state, self._end_optimizer_step,
+        self.update = (PolicyUpdate(args, self.policy.engine, self.world, self.state, self._end_optimizer_step,
                                     self.truncation, self.budget, self.step_plan) if self.placement.trains else None)
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
 
@@ -74,23 +75,25 @@ class TrainerSetup:
         if self.lora_policy and dist.is_main():
             print(f"dsgrpo: {lora.adapter_summary(policy_model)}", flush=True)
         prepare_model(policy_model, args)
-        self.policy = build_policy_engine(policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps)
+        engine = build_policy_engine(policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps)
         self.zero3 = is_zero3(self.ds_config)
-        self.reference = None
+        reference = None
         if self.ref_ds_config:
-            reference = ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
-            prepare_model(reference, args)
-            self.reference = build_inference_engine(reference, self.ref_ds_config)
+            reference_model = ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
+            prepare_model(reference_model, args)
+            reference = build_inference_engine(reference_model, self.ref_ds_config)
+        self.policy = Policy(engine, reference, adapter=self.adapter, tokenizer=self.tokenizer, args=args,
+                             world=self.world)
         # MoE: the sampler's routes (when the generator captures them) are replayed or compared in every forward
-        for engine in (self.policy, self.reference):
-            if engine is not None:
-                routing.attach(engine, replace=args.routing_replay == "rollout")
+        for each in (engine, reference):
+            if each is not None:
+                routing.attach(each, replace=args.routing_replay == "rollout")
         self.rewards.load_models(args=args, ds_spec=self.frozen_ds_spec, dtype=self.dtype, world_size=self.world)
         if args.use_vllm and args.vllm_mode == "colocate":  # a server checks its own (ServerGenerator.attach)
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
         self.callbacks.context.update(model=self.policy.module, processing_class=self.tokenizer,
-                                      optimizer=self.policy.optimizer, lr_scheduler=self.policy.lr_scheduler)
-        return self.policy
+                                      optimizer=engine.optimizer, lr_scheduler=engine.lr_scheduler)
+        return engine
 
     # a packed sequence's states may move this much (relative) when its neighbour changes: fp32 (True) and half
     # precision (False) rounding of MoE experts' token-grouped GEMMs; measured leaks are ≥ 0.01 (Bloom) to 0.6
@@ -106,12 +109,12 @@ class TrainerSetup:
             return None
         text = getattr(model_config, "text_config", None) or model_config
         if self.placement.trains:  # packing is exact only if attention stays inside each sequence: measure it
-            engines = [self.policy] + ([self.reference] if self.reference is not None else [])
+            engines = [self.policy.engine] + ([self.reference] if self.reference is not None else [])
             leak = max(packing_leak(e, int(getattr(text, "vocab_size", 0) or 2)) for e in engines)
             for engine in engines:  # ZeRO-3 kept the first module's weights gathered after the probe's forwards
                 engine.empty_partition_cache()
             if leak > self.PACKING_LEAK_TOLERANCE[self.dtype == torch.float32]:
-                name = type(getattr(self.policy, "module", self.policy)).__name__
+                name = type(self.policy.module).__name__
                 if args.token_budget is not None or self.sp_size > 1:
                     raise ValueError(
                         f"token_budget={args.token_budget} (sequence parallelism {self.sp_size}): {name} (attn_implementation "

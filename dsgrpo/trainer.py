@@ -18,14 +18,13 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import checkpoint, device, dist, layout, watchdog
+from . import checkpoint, device, dist, layout, resume_guards, watchdog
 from .algorithms import compute_advantages
 from .callbacks import CallbackHandler, TrainerControl, TrainerState
 from .config import GRPOConfig
 from .engines import completion_logprobs
 from .engines.export import save_hf_model
 from .engines.forward import packed_forward
-from .engines.weights import mix_partitions
 from .metrics import completion_rows, round_metrics
 from . import evaluation
 from .preemption import Preemption
@@ -195,7 +194,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         try:
             with self.source.paused(), phase("checkpoint"):  # a still source: it holds exactly what was sampled so far
                 self.source.check_before_save()
-                path = checkpoint.save(self)
+                path = checkpoint.save(self.policy, self.state, self.source, self._run_entries())
         except BaseException:
             if best_before is not None:  # the record must not name a checkpoint that was never written
                 for key, value in zip(checkpoint.BEST_FIELDS, best_before):
@@ -220,11 +219,20 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             print(f"dsgrpo: load_best_model_at_end: the final model is {best} (step {state.best_global_step}, "
                   f"{self.args.metric_for_best_model} {state.best_metric:.4g})", flush=True)
         with phase("checkpoint"):
-            checkpoint.load_weights(self, best)
+            checkpoint.load_weights(self.policy, best)
+
+    def _run_entries(self) -> dict:
+        """What a checkpoint keeps of this run beside the policy, the state and the source (and a resume compares)."""
+        return {"entropy_control": self.update.entropy_coef.state_dict(), "deepspeed_auto": self.deepspeed_auto,
+                **resume_guards.recorded(self.train_prompts, self.rewards.names, self.args)}
 
     def _resume(self, path: str) -> None:
         with phase("resume"):
-            checkpoint.load(self, path)
+            saved = checkpoint.load(self.policy, self.state, self.source, path, prompts=self.train_prompts,
+                                    run=self._run_entries(), prompts_per_round=self.prompts_per_round)
+        if "entropy_control" in saved:
+            self.update.entropy_coef.load_state_dict(saved["entropy_control"])
+        self.last_checkpoint = path
         # the generator was built from the initial weights: give it the resumed ones before it generates
         self.source.sync_weights(self.policy.module, self.state.generation_round - 1)
         self.sinks.resumed(path, self.state.global_step)
@@ -243,7 +251,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             # π_old differs from π_θ only when an optimizer step can fall inside the round
             GA = args.gradient_accumulation_steps
             several = args.num_iterations > 1 or self.spg > GA or GA % self.spg != 0
-            old_logps = self._logprobs(self.policy, batch, self.truncation) if several else None
+            old_logps = self._logprobs(self.policy.engine, batch, self.truncation) if several else None
         with timer("train"):
             rows = generation_batch_rows(batch)
             train_metrics = self.update.run(batch.micro, batch.rollout.truncated, advantages, old_logps, ref_logps,
@@ -318,18 +326,15 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                 for mb in batch.micro]
 
     def _reference_logprobs(self, batch: Batch) -> List[torch.Tensor]:
-        if self.lora_policy:  # the reference is the base model: the same engine with its adapters switched off
-            with self.policy.module.disable_adapter():
-                return self._logprobs(self.policy, batch)
-        return self._logprobs(self.reference, batch)
+        with self.policy.reference_view() as engine:  # a LoRA policy's: its own engine, its adapter switched off
+            return self._logprobs(engine, batch)
 
     def _end_optimizer_step(self) -> None:
         """After each optimizer step (PolicyUpdate calls it)."""
         a, state = self.args, self.state
         state.global_step += 1
         if a.sync_ref_model and self.reference is not None and state.global_step % a.ref_model_sync_steps == 0:
-            # TR-DPO's π_ref ← α·π_θ + (1 − α)·π_ref, on each rank's own partitions where both engines shard alike
-            mix_partitions(self.reference.module, self.policy.module, a.ref_model_mixup_alpha)
+            self.policy.mix_into_reference(a.ref_model_mixup_alpha)  # TR-DPO
         if a.torch_empty_cache_steps and state.global_step % a.torch_empty_cache_steps == 0:
             device.empty_cache()
         self.sinks.advance()

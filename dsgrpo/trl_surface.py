@@ -14,8 +14,6 @@ import torch
 
 from . import dist
 from .algorithms import entropy_mask, entropy_threshold, off_policy_mask, sapo_token_loss, vespo_weights
-from .engines import lora
-from .engines.export import save_hf_model
 from .rollout.batch import Batch
 from .timing import highest_peak
 
@@ -89,17 +87,23 @@ class TRLSurface:
 
     @property
     def optimizer(self):
-        return self.policy.optimizer if self.placement.trains else None
+        return self.policy.engine.optimizer if self.placement.trains else None
 
     @property
     def lr_scheduler(self):
-        return self.policy.lr_scheduler if self.placement.trains else None
+        return self.policy.engine.lr_scheduler if self.placement.trains else None
 
     @property
     def ref_model(self):
         """TRL's: the frozen reference's module; None at beta 0 and for a LoRA policy (its reference is itself with
         the adapter switched off)."""
-        return self.reference.module if getattr(self, "reference", None) is not None else None
+        return self.reference.module if self.reference is not None else None
+
+    @property
+    def reference(self):
+        """The frozen reference engine (policy.py); None at beta 0, for a LoRA policy and on a generating rank."""
+        policy = getattr(self, "policy", None)
+        return policy.reference if policy is not None else None
 
     # TRL's helpers, which users and tests call, over dsgrpo.algorithms
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -174,17 +178,8 @@ class TRLSurface:
         self.control = self.callbacks.fire("on_save", self.args, self.state, self.control)
 
     def write_model(self, output_dir: str) -> None:
-        """save_model without the callback (checkpoints with save_only_model write this)."""
-        module, bucket = self.policy.module, self.args.weight_sync_bucket_bytes
-        if self.lora_policy:
-            lora.save_adapter(module, output_dir, bucket, dist.is_main())
-            if self.args.save_merged_model:
-                save_hf_model(module, os.path.join(output_dir, "merged"), bucket, self.tokenizer)
-        else:
-            save_hf_model(module, output_dir, bucket)
-        if dist.is_main():
-            self.tokenizer.save_pretrained(output_dir)
-        dist.barrier("model saved before anyone reads it")
+        """save_model without the callback (a Hub push writes this)."""
+        self.policy.write(output_dir)
 
 
 def generation_batch_rows(batch: Batch) -> List[dict]:

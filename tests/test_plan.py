@@ -231,7 +231,7 @@ def test_gradient_checkpointing_true_really_recomputes(tmp_path):
     ids = torch.randint(3, 1000, (2, 9))
     mask = torch.ones_like(ids)
     from dsgrpo.engines import policy_forward
-    policy_forward(trainer.policy, ids, mask, 4).logps.sum().backward()
+    policy_forward(trainer.policy.engine, ids, mask, 4).logps.sum().backward()
     assert len(calls) == 2  # the forward, and its recomputation in backward
 
 

@@ -87,23 +87,23 @@ elif kind == "sync":
         return original_sync(module, round, *a, **k)
     trainer.source.sync_weights = sync_weights
 elif kind == "save":
-    original_save = trainer.policy.save_checkpoint
+    original_save = trainer.policy.engine.save_checkpoint
 
     def save_checkpoint(*a, **k):
         result = original_save(*a, **k)
         if trainer.state.global_step == at:
             die()  # the shards are on disk, the checkpoint is not yet published
         return result
-    trainer.policy.save_checkpoint = save_checkpoint
+    trainer.policy.engine.save_checkpoint = save_checkpoint
 
 elif kind == "enospc":
-    engine_save = trainer.policy.checkpoint_engine.save
+    engine_save = trainer.policy.engine.checkpoint_engine.save
 
     def full_disk_save(state_dict, path, *a, **k):
         if trainer.state.global_step == at and int(target) == dist.rank():
             raise OSError(28, "No space left on device", path)
         return engine_save(state_dict, path, *a, **k)
-    trainer.policy.checkpoint_engine.save = full_disk_save
+    trainer.policy.engine.checkpoint_engine.save = full_disk_save
 
 resumed_from = trainer.resume_path
 try:
@@ -115,7 +115,7 @@ except RankLostError as exc:  # a peer was killed or stopped: what the survivor 
 r = Rollout([[1, 5, 9, 12]], [[30, 31, 32, 33, 34]], [[0.0] * 5], [True])
 t = r.tensors(trainer.tokenizer.pad_token_id)
 with torch.no_grad():
-    lp, _ = completion_logprobs(trainer.policy, t["input_ids"], t["attention_mask"], 5)
+    lp, _ = completion_logprobs(trainer.policy.engine, t["input_ids"], t["attention_mask"], 5)
 if dist.is_main():
     with open(os.path.join(OUT, "final_logps.json"), "w") as fh:
         json.dump({"logps": lp[0].tolist(), "resumed_from": resumed_from, "steps": trainer.state.global_step,

@@ -56,7 +56,7 @@ def watch_syncs(trainer):
         original(policy_module, round_index, needed)
         if needed:
             syncs.append({"round": trainer.state.generation_round, "peak_gathered_bytes": GatherStats.peak_bytes,
-                          "vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy)})
+                          "vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy.engine)})
     trainer.source.sync_weights = spy
     return syncs
 
@@ -116,14 +116,14 @@ def _():
     KEEP.append(trainer)
     module = trainer.policy.module
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
-    opt = trainer.policy.optimizer
+    opt = trainer.policy.engine.optimizer
     units = checkpoint_units(module)
     before = all_weights(trainer)
-    at_start = {"vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy)}
+    at_start = {"vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy.engine)}
     syncs = watch_syncs(trainer)
     trainer.train()
     after = all_weights(trainer)
-    final_policy = policy_logps(trainer.policy)
+    final_policy = policy_logps(trainer.policy.engine)
     moved = {n: float((after[n] - before[n]).abs().max()) for n in before}
     out = {
         "reference_engine": trainer.reference is not None, "ref_ds_config": trainer.ref_ds_config is not None,
@@ -194,7 +194,7 @@ def _():
     expected = policy_logps(model.eval())
     trainer = GRPOTrainer(model, digit_fraction, train_dataset=prompts, args=config("peft_instance", max_steps=1))
     KEEP.append(trainer)
-    at_start = {"vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy)}
+    at_start = {"vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy.engine)}
     trainer.train()
     return {"expected": expected, "at_start": at_start, "reference_engine": trainer.reference is not None,
             "kl": training_rows(trainer)[0]["kl"]}

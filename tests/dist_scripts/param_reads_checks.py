@@ -150,7 +150,7 @@ def _():
     t.train()
     after = full(t.model)
     t.source.sync_weights(t.policy.module, t.state.generation_round)  # the last step's weights (training skips it)
-    return {"policy": policy_logps(t.policy), "vllm": vllm_logps(t),
+    return {"policy": policy_logps(t.policy.engine), "vllm": vllm_logps(t),
             "moved": max((after[n] - before[n]).abs().max().item() for n in before)}
 
 

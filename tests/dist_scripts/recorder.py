@@ -100,9 +100,9 @@ def watch_split_versions(trainer) -> dict:
     if trainer.trains:
         def sync(needed):
             if needed:
-                by_version[trainer.state.generation_round + 1] = policy_logps(trainer.policy)
+                by_version[trainer.state.generation_round + 1] = policy_logps(trainer.policy.engine)
         after_each_sync(trainer, sync)
-        by_version[0] = policy_logps(trainer.policy)
+        by_version[0] = policy_logps(trainer.policy.engine)
     else:
         rank = trainer.generating_rank
         original_receive = rank.receive_weights

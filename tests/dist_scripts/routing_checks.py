@@ -70,11 +70,11 @@ def run(name, model="qwen3-moe", **overrides):
     t = GRPOTrainer(tiny_model(model), digit_fraction, train_dataset=prompts, peft_config=peft,
                     args=config(name, **overrides))
     KEEP.append(t)
-    watch = ExpertsWatch(t.policy)
+    watch = ExpertsWatch(t.policy.engine)
     ref_watch = ExpertsWatch(t.reference) if t.reference is not None else None
-    before = routers(t.policy)
+    before = routers(t.policy.engine)
     t.train()
-    after = routers(t.policy)
+    after = routers(t.policy.engine)
     rows = training_rows(t)
     keys = ("moe/router_agreement", "moe/router_own_agreement", "moe/tokens_routed_as_sampled",
             "moe/sampling_logp_difference/routes_agreed", "moe/sampling_logp_difference/routes_differed",
@@ -84,7 +84,7 @@ def run(name, model="qwen3-moe", **overrides):
             "ref_checked": ref_watch.checked if ref_watch else None,
             "ref_differed": ref_watch.differed if ref_watch else None,
             "router_moved": {n: float((after[n] - before[n]).abs().max()) for n in before},
-            "budget": None if t.budget is None else t.budget.tokens, "replace": routing.tap_of(t.policy).replace,
+            "budget": None if t.budget is None else t.budget.tokens, "replace": routing.tap_of(t.policy.engine).replace,
             "sp": None if t.budget is None or t.budget.sp is None else t.budget.sp.size}
 
 
@@ -119,10 +119,10 @@ def _():
     """A: 4 steps with a checkpoint at 2; B: resumed from it to 4. Each round's routes come from that round's
     sampling, so B replays what A replayed and ends with A's weights."""
     whole = run("resume_whole", max_steps=4, save_steps=2)
-    final_whole = policy_logps(KEEP[-1].policy)
+    final_whole = policy_logps(KEEP[-1].policy.engine)
     ckpt = os.path.join(OUT, "resume_whole", "checkpoint-2")
     resumed = run("resume_tail", max_steps=4, save_steps=2, resume_from_checkpoint=ckpt)
-    final_resumed = policy_logps(KEEP[-1].policy)
+    final_resumed = policy_logps(KEEP[-1].policy.engine)
     return {"whole": whole, "resumed": resumed, "final_whole": final_whole, "final_resumed": final_resumed}
 
 

@@ -44,11 +44,11 @@ def full(t):
 @check("tp_sync")
 def _():
     t = trainer_for("tp_sync", beta=0.05)
-    syncs = [{"vllm": vllm_logps(t), "policy": policy_logps(t.policy)}]
+    syncs = [{"vllm": vllm_logps(t), "policy": policy_logps(t.policy.engine)}]
 
     def record(needed):
         if needed:
-            syncs.append({"vllm": vllm_logps(t), "policy": policy_logps(t.policy)})
+            syncs.append({"vllm": vllm_logps(t), "policy": policy_logps(t.policy.engine)})
     after_each_sync(t, record)
     t.train()
 
@@ -92,7 +92,7 @@ def _():
     def record(needed):
         if needed:
             with t.source.paused():  # the mirror and the leader's worker held still: the same call on both ranks
-                syncs.append({"vllm": vllm_logps(t), "policy": policy_logps(t.policy)})
+                syncs.append({"vllm": vllm_logps(t), "policy": policy_logps(t.policy.engine)})
     after_each_sync(t, record)
     t.train()
     overlap = trainer_for("tp_async_overlap", trainer=AsyncGRPOTrainer, max_staleness=1, max_steps=6)

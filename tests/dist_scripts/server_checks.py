@@ -75,7 +75,7 @@ def record_syncs(t):
         have: rank 0's next push sets the server to "receiving" and waits for this rank's gathers, so a rank that
         read /health after rank 0 had moved on waited out landed_version's deadline (the CI failure of stop 51)."""
         row = {"server": server_logps(), "version": landed_version(), "expected": t.generator.version}
-        row["policy"] = policy_logps(t.policy)
+        row["policy"] = policy_logps(t.policy.engine)
         dist.barrier("every rank has read the server")
         return row
     syncs = [read()]
@@ -280,7 +280,7 @@ def _():
         t.train()
     finally:
         ServerGenerator._request = original
-    return {"syncs": syncs, "history": training_rows(t), "stage": t.policy.zero_optimization_stage()}
+    return {"syncs": syncs, "history": training_rows(t), "stage": t.policy.engine.zero_optimization_stage()}
 
 
 # ------------------------------------------------------------------ 6. refusals before any model loads

@@ -35,9 +35,9 @@ def _():
                       gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, save_steps=10**6,
                       vllm_mode="server", vllm_server_port=PORT, vllm_group_port=GROUP_PORT, vllm_server_timeout=120)
     t = GRPOTrainer(tiny_model("qwen2-tied"), digit_fraction, train_dataset=prompts, args=args)
-    syncs = [{"server": server_logps(), "policy": policy_logps(t.policy)}]
+    syncs = [{"server": server_logps(), "policy": policy_logps(t.policy.engine)}]
     after_each_sync(t, lambda needed: needed and syncs.append({"server": server_logps(),
-                                                               "policy": policy_logps(t.policy)}))
+                                                               "policy": policy_logps(t.policy.engine)}))
     t.train()
     return {"syncs": syncs, "history": training_rows(t), "health": request_json(URL + "/health")}
 

@@ -82,11 +82,11 @@ if PHASE == "generate":
 elif PHASE == "reduce":
     trainer.policy.module.register_forward_hook(lambda *_: stop(next_step()) if torch.is_grad_enabled() else None)
 elif PHASE == "step":
-    before(trainer.policy, "step", next_step)
+    before(trainer.policy.engine, "step", next_step)
 elif PHASE == "sync":
     before(trainer.source, "sync_weights", lambda: trainer.state.global_step)
 elif PHASE == "checkpoint":
-    before(trainer.policy, "save_checkpoint", lambda: trainer.state.global_step)
+    before(trainer.policy.engine, "save_checkpoint", lambda: trainer.state.global_step)
 try:
     trainer.train()
 except RankLostError as exc:  # the collective timed out first (what `dsgrpo train` does with it)

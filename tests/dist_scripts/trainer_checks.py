@@ -97,7 +97,7 @@ def fixed_logps():
     r = Rollout([[1, 5, 9, 12]], [[30, 31, 32, 33]], [[0.0] * 4], [True])
     t = r.tensors(trainer.tokenizer.pad_token_id)
     with torch.no_grad():
-        lp, _ = completion_logprobs(trainer.policy, t["input_ids"], t["attention_mask"], 4)
+        lp, _ = completion_logprobs(trainer.policy.engine, t["input_ids"], t["attention_mask"], 4)
     return lp[0].tolist()
 
 
@@ -135,7 +135,7 @@ def _():
     rollout = hf_trainer.generator.generate(ids, [2, 2], hf_trainer.sampling)
     t = rollout.tensors(hf_trainer.tokenizer.pad_token_id)
     with torch.no_grad():
-        lp, _ = completion_logprobs(hf_trainer.policy, t["input_ids"], t["attention_mask"],
+        lp, _ = completion_logprobs(hf_trainer.policy.engine, t["input_ids"], t["attention_mask"],
                                     t["completion_mask"].shape[1], hf_args.temperature)
     gap = ((lp - t["sampler_logps"]).abs() * t["completion_mask"]).max().item()
     return {"max_gap": gap, "tokens": int(t["completion_mask"].sum())}
@@ -199,7 +199,7 @@ def _():
     z2.train()
     moved = max((p.detach() - b).abs().max().item() for p, b in zip(z2.policy.module.parameters(), before))
     return {"steps": z2.state.global_step, "moved": moved, "loss": [h["loss"] for h in training_rows(z2)],
-            "stage": z2.policy.zero_optimization_stage()}
+            "stage": z2.policy.engine.zero_optimization_stage()}
 
 
 with open(os.path.join(OUT, f"result-{rank}.json"), "w") as fh:

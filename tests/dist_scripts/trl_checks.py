@@ -120,7 +120,7 @@ def _():
     class Steps:
         def on_step_end(self, args, state, control, **kwargs):
             windows.append(calls[0] - sum(windows))
-            lrs.append(t.policy.get_lr()[0])
+            lrs.append(t.policy.engine.get_lr()[0])
             return control
     t.add_callback(Steps())
     t.train()
@@ -143,12 +143,12 @@ def _():
 
     class Switch:
         def on_step_end(self, args, state, control, **kwargs):
-            rounds.append({"logps": policy_logps(t.policy)})
+            rounds.append({"logps": policy_logps(t.policy.engine)})
             if state.global_step < len(LOSS_TYPES):
                 args.loss_type, args.importance_sampling_level = LOSS_TYPES[state.global_step]
             return control
     t.args.loss_type, t.args.importance_sampling_level = LOSS_TYPES[0]
-    before = policy_logps(t.policy)
+    before = policy_logps(t.policy.engine)
     t.add_callback(Switch())
     t.train()
     moved = []

@@ -34,9 +34,9 @@ def sampling_run(name, model="qwen2", untruncated_trainer=False, **sampling):
     KEEP.append(t)
     if untruncated_trainer:  # what dsgrpo did before: the trainer scores the unfiltered distribution
         t.update.truncation = t.truncation = Truncation()
-    before = policy_logps(t.policy)
+    before = policy_logps(t.policy.engine)
     t.train()
-    after = policy_logps(t.policy)
+    after = policy_logps(t.policy.engine)
     return {"history": training_rows(t), "moved": max(abs(a - b) for a, b in zip(after, before))}
 
 
@@ -56,14 +56,14 @@ def moe_run(model, **overrides):
     t = GRPOTrainer(tiny_model(model), digit_fraction, train_dataset=prompts, peft_config=peft,
                     args=config(f"moe_{name}", **{"learning_rate": 5e-3, "beta": 0.05, **overrides}))
     KEEP.append(t)
-    syncs = [{"vllm": vllm_logps(t), "policy": policy_logps(t.policy)}]
+    syncs = [{"vllm": vllm_logps(t), "policy": policy_logps(t.policy.engine)}]
 
     def record(needed):
         if needed:
-            syncs.append({"vllm": vllm_logps(t), "policy": policy_logps(t.policy)})
+            syncs.append({"vllm": vllm_logps(t), "policy": policy_logps(t.policy.engine)})
     after_each_sync(t, record)
     t.train()
-    final = policy_logps(t.policy)
+    final = policy_logps(t.policy.engine)
     return {"syncs": syncs, "final_policy": final, "export": t.args.output_dir, "history": training_rows(t),
             "moved": max(abs(a - b) for a, b in zip(final, syncs[0]["policy"]))}
 

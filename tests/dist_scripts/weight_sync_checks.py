@@ -58,7 +58,7 @@ def gap_after_sync() -> dict:
     served = [step[t].logprob for step, t in zip(out.prompt_logprobs[1:], ids[1:])][-6:]
     t = PROBE.tensors(trainer.tokenizer.pad_token_id)
     with torch.no_grad():
-        mine, _ = completion_logprobs(trainer.policy, t["input_ids"], t["attention_mask"], 6)
+        mine, _ = completion_logprobs(trainer.policy.engine, t["input_ids"], t["attention_mask"], 6)
     return {"max_gap": max(abs(a - b) for a, b in zip(served, mine[0].tolist())), "served": served}
 
 

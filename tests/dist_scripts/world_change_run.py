@@ -69,7 +69,7 @@ def engine_state(engine) -> dict:
 
 
 def dump(name: str) -> None:
-    state = engine_state(trainer.policy)
+    state = engine_state(trainer.policy.engine)
     if dist.is_main():
         torch.save(state, os.path.join(opts.out, name))
 
