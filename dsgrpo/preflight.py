@@ -26,6 +26,7 @@ from .logging import set_log_levels
 from .plan import Hardware, check_at_start as check_memory_at_start, choose_deepspeed
 from .rewards import RewardStack
 from .rollout import SamplingConfig, connect_generator
+from .rollout.agents import AgentRollout
 from .rollout.choice import choose_source
 from .rollout.environments import Environments, check_data_source, environment_prompts
 from .rollout.server_client import check_server_context
@@ -102,7 +103,13 @@ class _Preflight:
         self._check_supported(args)
         check_data_source(train_dataset, environment_factory, args)
         self._start_process(step)
-        self.rollout_source = choose_source(args, rollout_source)  # an option may ask for a variant of it
+        if args.partial_rollout and isinstance(self.rollout_func, AgentRollout) \
+                and rollout_source.generates_while_training:
+            raise ValueError("partial_rollout=True with agent_rollout on AsyncGRPOTrainer: its worker already runs the "
+                             "agents beside training. Use GRPOTrainer for agents' partial rollouts, or set "
+                             "partial_rollout=False.")
+        # an option may ask for a variant of it
+        self.rollout_source = choose_source(args, rollout_source, self.rollout_func)
         self.placement = self.rollout_source.placement(args)  # split placement makes its process groups here
         self.world = self.placement.trainers
         args.validate(world_size=self.world)
@@ -165,9 +172,10 @@ class _Preflight:
 
     def _check_supported(self, args) -> None:
         """Settings GRPOConfig accepts (TRL's) that this trainer cannot act on yet: refused before anything starts."""
-        if args.partial_rollout and self.rollout_func is not None:
+        if args.partial_rollout and self.rollout_func is not None and not isinstance(self.rollout_func, AgentRollout):
             raise ValueError("partial_rollout=True continues completions token by token across rounds; a rollout_func "
-                             "makes its own. Set partial_rollout=False.")
+                             "makes its own (agent_rollout's agents are the exception: their episodes pause between "
+                             "calls). Set partial_rollout=False.")
         if args.use_vllm and args.vllm_mode == "server":
             if args.async_placement == "split":
                 raise ValueError("async_placement='split' makes some of the trainer's ranks generate, and "

@@ -398,3 +398,22 @@ def test_agents_run_their_own_loop_through_the_openai_endpoint(results):
         assert run["packed"] and sum(n > 0 for n in run["trained_restarts"]) >= 2, run["trained_restarts"]
     shares = [h["episode/rewritten"] for run in runs for h in run["history"] if "episode/rewritten" in h]
     assert shares and all(0 <= s <= 1 for s in shares) and sum(shares) > 0
+
+
+def test_agents_partial_rollouts_pause_an_episode_across_the_weight_sync(results):
+    """partial_rollout=True with agent_rollout (rollout/agent_partial.py): a slow agent's group is carried over the
+    sync; its second call waits while the trainer trains and is generated with the new weights, so the trained
+    episode holds tokens of two versions; fast groups stay on one."""
+    for run in part(results, "agents_partial"):
+        assert run["source"] == "AgentPartialSource"
+        history = [h for h in run["history"] if "partial/groups_trained_carried" in h]
+        assert len(history) == 4, run["history"]
+        assert history[0]["sampling/sampling_logp_difference/max"] <= 1e-3  # round 1: every token on-policy
+        assert sum(h["partial/groups_trained_carried"] for h in history) > 0, history
+        # every token labelled with the current version is the current policy's, the paused calls' included
+        assert all(h["partial/sampler_gap/age0"] <= 1e-3 for h in history), history
+        trained = run["trained"]
+        assert len(trained) == 4 * 8  # 2 groups of 4 episodes a round on each rank
+        assert all(len(r["versions"]) == 1 for r in trained if r["pace"] == "fast"), trained
+        slow = [r for r in trained if r["pace"] == "slow"]  # their calls on each side of a sync
+        assert slow and all(len(r["versions"]) == 2 and r["versions"][0] < r["versions"][1] for r in slow), trained

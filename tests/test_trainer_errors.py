@@ -92,6 +92,15 @@ def test_tools_and_rollout_func_misuse_is_refused_before_loading(tmp_path):
                     rollout_func=lambda prompts, trainer: {})
     with pytest.raises(TypeError, match="rollout_func must be a function"):
         GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, rollout_func="mine")
+    # partial rollouts: a rollout_func's completions cannot be cut token by token; agent_rollout's pause between
+    # calls on GRPOTrainer (rollout/agent_partial.py), while AsyncGRPOTrainer runs them beside training already
+    from dsgrpo import AsyncGRPOTrainer, agent_reward, agent_rollout
+    with pytest.raises(ValueError, match="partial_rollout=True continues completions token by token"):
+        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path, partial_rollout=True, use_vllm=True), train_dataset=PROMPTS,
+                    rollout_func=lambda prompts, trainer: {})
+    with pytest.raises(ValueError, match="agent_rollout on AsyncGRPOTrainer"):
+        AsyncGRPOTrainer(tiny_model("qwen2"), agent_reward, args=args(tmp_path, partial_rollout=True, use_vllm=True),
+                         train_dataset=PROMPTS, rollout_func=agent_rollout(lambda client, row: 1.0))
 
 
 def test_missing_pad_token_falls_back_to_eos_with_a_warning(tmp_path):

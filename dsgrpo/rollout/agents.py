@@ -21,12 +21,14 @@ refuses a call past that). Padded micro-batches (token_budget=0) cannot keep two
 the episode's last chain alone trains. Episodes run concurrently (an agent waits
 on I/O), at most `max_concurrent` at once per rank; an agent that raises or outlives `timeout_s` scores None and is
 counted in `env/errors` / `env/timeouts`, and the run goes on. Metrics: `episode/turns` (calls an episode),
-`tools/calls_per_episode` (tool calls the model wrote), those two, and `episode/rewritten`."""
+`tools/calls_per_episode` (tool calls the model wrote), those two, and `episode/rewritten`. With partial_rollout
+on GRPOTrainer, episodes outlive rounds in a background loop (`start`; rollout/agent_partial.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import uuid
 from typing import Any, Callable, Dict, List, Optional
 
@@ -125,9 +127,13 @@ class AgentRollout:
         self.endpoint: Optional[OpenAIEndpoint] = None
         self.rounds = 0
         self.last_episodes: list = []  # the last round's episodes as recorded (their calls), for inspection
+        self.last_versions: list = []  # and the weight version of each of their trained tokens
+        self._warned: list = []
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # partial rollouts' episodes run here (start)
+        self._background = None
 
     # ---- the endpoint, built on the first round from the trainer's engine
-    def _endpoint(self, trainer) -> OpenAIEndpoint:
+    def serving(self, trainer) -> OpenAIEndpoint:
         if self.endpoint is None:
             generator, tokenizer, args = trainer.generator, trainer.processing_class, trainer.args
             if generator is None:
@@ -141,76 +147,112 @@ class AgentRollout:
         return self.endpoint
 
     def close(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop = None
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None
 
     # ---- a round
     def __call__(self, prompts: List[Any], trainer, columns: Optional[Dict[str, list]] = None) -> dict:
-        endpoint = self._endpoint(trainer)
-        budget = trainer.args.max_completion_length
+        endpoint = self.serving(trainer)
+        rows = [{"prompt": p, **{c: v[i] for c, v in (columns or {}).items()}} for i, p in enumerate(prompts)]
+        ids = [self.open_episode(trainer) for _ in rows]
+        outcomes = asyncio.run(self._run_all(endpoint, rows, ids))
+        self.rounds += 1
+        return self.rows_of(trainer, rows, ids, outcomes)
+
+    def open_episode(self, trainer) -> str:
+        """A new episode on this rank's endpoint; its id (the client sends it with every call)."""
         # a rewritten episode trains every chain, each after its own prompt, in packed steps; padded micro-batches
         # cannot keep the chains' contexts apart, so there only its last chain trains
+        episode_id = f"{dist.rank()}-{self.rounds}-{uuid.uuid4().hex[:12]}"
+        self.serving(trainer).episodes.open(episode_id, trainer.args.max_completion_length,
+                                              whole_episode=trainer.budget is not None)
+        return episode_id
+
+    def rows_of(self, trainer, rows: List[dict], ids: List[str], outcomes: List[tuple]) -> dict:
+        """Finished episodes (closed on the endpoint) as rollout_func rows, with their rewards and tool counts; the
+        weight version of every completion token in `versions`."""
         whole = trainer.budget is not None
-        rows = [{"prompt": p, **{c: v[i] for c, v in (columns or {}).items()}} for i, p in enumerate(prompts)]
-        ids = [f"{dist.rank()}-{self.rounds}-{i}-{uuid.uuid4().hex[:8]}" for i in range(len(rows))]
-        self.rounds += 1
-        for episode_id in ids:
-            endpoint.episodes.open(episode_id, budget, whole_episode=whole)
-        outcomes = asyncio.run(self._run_all(endpoint, rows, ids))
         out: Dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
                                 REWARD_COLUMN: [], "tool_counts": [], **({"restarts": []} if whole else {})}
         tokenizer = trainer.processing_class
-        self.last_episodes = []
+        self.last_episodes, self.last_versions = [], []
         for row, episode_id, (reward, how) in zip(rows, ids, outcomes):
-            episode = endpoint.episodes.close(episode_id)
+            episode = self.endpoint.episodes.close(episode_id)
             self.last_episodes.append(episode)
             seq = assemble(episode.calls, _prompt_ids(tokenizer, row["prompt"]), whole)
             for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask") + (("restarts",) if whole else ()):
                 out[key].append(seq[key])
+            self.last_versions.append(seq["versions"])
             out[REWARD_COLUMN].append(reward)
             counts = dict(calls=seq["tool_calls"], turns=seq["turns"], errors=int(how == "error"),
                           timeouts=int(how == "timeout"), rewrites=int(seq["rewritten"]))
             out["tool_counts"].append([counts.get(k, 0) for k in COUNTS])
         return out
 
-    async def _run_all(self, endpoint: OpenAIEndpoint, rows: List[dict], ids: List[str]):
+    def _client(self, endpoint: OpenAIEndpoint):
         import httpx
         import openai
 
-        gate = asyncio.Semaphore(self.max_concurrent)
-        is_async = inspect.iscoroutinefunction(self.agent)
         common = dict(base_url=endpoint.url, api_key=self.token or "dsgrpo", max_retries=0, timeout=self.timeout_s)
-        if is_async:
-            base = openai.AsyncOpenAI(**common, http_client=httpx.AsyncClient(trust_env=False))
-        else:
-            base = openai.OpenAI(**common, http_client=httpx.Client(trust_env=False))
-        warned = []
+        if inspect.iscoroutinefunction(self.agent):
+            return openai.AsyncOpenAI(**common, http_client=httpx.AsyncClient(trust_env=False))
+        return openai.OpenAI(**common, http_client=httpx.Client(trust_env=False))
 
-        async def one(row, episode_id):
-            client = base.with_options(default_headers={"X-Episode-Id": episode_id})
-            async with gate:
-                try:
-                    if is_async:
-                        reward = await asyncio.wait_for(self.agent(client, row), self.timeout_s)
-                    else:
-                        reward = await asyncio.wait_for(asyncio.to_thread(self.agent, client, row), self.timeout_s)
-                    return (None if reward is None else float(reward)), "ok"
-                except asyncio.TimeoutError:
-                    return None, "timeout"
-                except Exception as exc:  # noqa: BLE001 - an agent's failure ends its episode, not the run
-                    if not warned:
-                        warned.append(1)
-                        print(f"dsgrpo: warning: an agent episode raised {type(exc).__name__}: {exc} (it scores "
-                              "None; counted in env/errors)", flush=True)
-                    return None, "error"
+    async def _episode(self, base, gate: asyncio.Semaphore, row: dict, episode_id: str) -> tuple:
+        """(reward, how it ended: ok, error or timeout) of one episode."""
+        client = base.with_options(default_headers={"X-Episode-Id": episode_id})
+        async with gate:
+            try:
+                if inspect.iscoroutinefunction(self.agent):
+                    reward = await asyncio.wait_for(self.agent(client, row), self.timeout_s)
+                else:
+                    reward = await asyncio.wait_for(asyncio.to_thread(self.agent, client, row), self.timeout_s)
+                return (None if reward is None else float(reward)), "ok"
+            except asyncio.TimeoutError:
+                return None, "timeout"
+            except Exception as exc:  # noqa: BLE001 - an agent's failure ends its episode, not the run
+                if not self._warned:
+                    self._warned.append(1)
+                    print(f"dsgrpo: warning: an agent episode raised {type(exc).__name__}: {exc} (it scores "
+                          "None; counted in env/errors)", flush=True)
+                return None, "error"
+
+    async def _run_all(self, endpoint: OpenAIEndpoint, rows: List[dict], ids: List[str]):
+        gate = asyncio.Semaphore(self.max_concurrent)
+        base = self._client(endpoint)
         try:
-            return await asyncio.gather(*(one(row, episode_id) for row, episode_id in zip(rows, ids)))
+            return await asyncio.gather(*(self._episode(base, gate, row, episode_id)
+                                          for row, episode_id in zip(rows, ids)))
         finally:
-            if is_async:
+            if inspect.iscoroutinefunction(self.agent):
                 await base.close()
             else:
                 base.close()
+
+    # ---- episodes that outlive a round (partial rollouts: rollout/agent_partial.py)
+    def start(self, trainer, row: dict) -> tuple:
+        """Run one episode in the background (an event loop of its own, kept across rounds): (its id, a
+        concurrent.futures.Future of (reward, how)). Its calls wait while the endpoint is paused."""
+        endpoint = self.serving(trainer)
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="agent-episodes", daemon=True).start()
+
+            async def made():  # the client and the bound on episodes belong to the loop that uses them
+                return self._client(endpoint), asyncio.Semaphore(self.max_concurrent)
+            self._background = asyncio.run_coroutine_threadsafe(made(), self._loop).result()
+        episode_id = self.open_episode(trainer)
+        base, gate = self._background
+        return episode_id, asyncio.run_coroutine_threadsafe(self._episode(base, gate, row, episode_id), self._loop)
+
+    def discard(self, episode_id: str, future) -> None:
+        """An episode that will not train (over-stale): cancelled, and closed on the endpoint."""
+        future.cancel()
+        self.endpoint.episodes.close(episode_id)
 
 
 def _prompt_ids(tokenizer, prompt) -> List[int]:

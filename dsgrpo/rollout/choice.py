@@ -4,15 +4,18 @@ themselves, so none imports another to hand over to it."""
 
 from __future__ import annotations
 
+from .agent_partial import AgentPartialSource
+from .agents import AgentRollout
 from .partial_source import PartialRolloutSource
 from .sources import GenerationSource, RolloutSource
 
 
-def choose_source(args, trainer_source: type) -> type:
+def choose_source(args, trainer_source: type, rollout_func=None) -> type:
     """The RolloutSource class to build for `args`. partial_rollout=True turns GenerationSource (or a subclass)
-    into PartialRolloutSource; AsyncSource carries partial rollouts in its own worker."""
+    into PartialRolloutSource, or AgentPartialSource for agent_rollout's agents; AsyncSource carries partial
+    rollouts in its own worker."""
     if not issubclass(trainer_source, RolloutSource):
         raise TypeError(f"rollout_source must be a RolloutSource class, not {trainer_source!r}.")
     if args.partial_rollout and issubclass(trainer_source, GenerationSource):
-        return PartialRolloutSource
+        return AgentPartialSource if isinstance(rollout_func, AgentRollout) else PartialRolloutSource
     return trainer_source

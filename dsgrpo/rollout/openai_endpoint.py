@@ -187,6 +187,10 @@ class OpenAIEndpoint:
         self.episodes = Episodes()
         self._pending: "queue.Queue" = queue.Queue()
         self._stop = threading.Event()
+        # partial rollouts: between rounds the engine is the trainer's, and calls wait (pause/resume)
+        self._serving = threading.Event()
+        self._serving.set()
+        self._engine_busy = threading.Lock()
         routes = {("POST", "/v1/chat/completions"): self._answering(self._chat),
                   ("POST", "/v1/completions"): self._answering(self._complete),
                   ("GET", "/v1/models"): lambda body: (200, {"object": "list", "data": [
@@ -206,8 +210,19 @@ class OpenAIEndpoint:
 
     def close(self) -> None:
         self._stop.set()
+        self._serving.set()
         self.server.shutdown()
         self.server.server_close()
+
+    def pause(self) -> None:
+        """No engine call starts once this returns (one under way finishes first): calls that arrive wait, and are
+        generated after resume() — with the weights the engine has then (partial rollouts: after the sync)."""
+        self._serving.clear()
+        with self._engine_busy:
+            pass
+
+    def resume(self) -> None:
+        self._serving.set()
 
     # ------------------------------------------------------------------------------------------------ requests
     @staticmethod
@@ -381,8 +396,13 @@ class OpenAIEndpoint:
             groups: Dict[str, list] = {}
             for item in batch:  # one engine call per sampling setting; each row cut to its own max_tokens
                 groups.setdefault(json.dumps(item[2].to_json(), sort_keys=True, default=str), []).append(item)
-            for items in groups.values():
-                self._run(items)
+            while not self._stop.is_set():
+                with self._engine_busy:  # checked under the lock: pause() waits for a call under way
+                    if self._serving.is_set():
+                        for items in groups.values():
+                            self._run(items)
+                        break
+                self._serving.wait(0.1)
 
     def _run(self, items: list) -> None:
         try:

@@ -25,13 +25,18 @@ from .sources import RolloutSetup, RolloutSource, check_on_policy, label_version
 class PartialRolloutSource(RolloutSource):
     def __init__(self, setup: RolloutSetup):
         super().__init__(setup)
+        self._claims(setup)
+        self.sampling = setup.sampler.sampling
+        self.inflight = InFlight(self.args.num_generations, self.sampling.max_tokens,
+                                 turns=setup.sampler.turns(setup.prompts))
+
+    def _claims(self, setup: RolloutSetup) -> None:
+        """The prompt stream groups are claimed from, and how many this rank keeps in flight."""
         a, world = self.args, setup.placement.trainers
         self.share = setup.prompts_per_round // world
         self.extra = overprovision_per_rank(a.rollout_overprovision, world)
         self.stream = PromptStream(setup.prompts, setup.prompts_per_round, a.num_generations, world, a.seed,
                                    a.shuffle_dataset, order_seed=a.order_seed)
-        self.sampling = setup.sampler.sampling
-        self.inflight = InFlight(a.num_generations, self.sampling.max_tokens, turns=setup.sampler.turns(setup.prompts))
         self.next_position: Optional[int] = None  # the stream's next unclaimed position (the same on every rank)
         self.resumed_note: Optional[str] = None
         self.last_positions: List[int] = []
@@ -65,7 +70,7 @@ class PartialRolloutSource(RolloutSource):
         version = int(generator.weight_version)
         if self.next_position is None:  # a fresh run, or one resumed from a checkpoint without partial rollouts
             self.next_position = round_index * self.stream.P
-        if not self.overprovisioning and not self.inflight.groups:
+        if not self.overprovisioning and not self._holds_groups():
             batch, ranks = self._plain_round(version)
         else:
             batch, ranks = self._partial_round(version, self.extra if self.overprovisioning else 0)
@@ -74,6 +79,9 @@ class PartialRolloutSource(RolloutSource):
         if a.partial_rollout_adaptive:  # the same decision on every rank: the figures are over all of them
             self.overprovisioning = tail
         return batch
+
+    def _holds_groups(self) -> bool:
+        return bool(self.inflight.groups)
 
     @staticmethod
     def _lengths(rollout, running: List[int], extra: int) -> torch.Tensor:

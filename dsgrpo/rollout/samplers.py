@@ -85,9 +85,13 @@ class RolloutFuncSampler:
     def sample(self, prompts, indices, counts, seeds):
         rows, columns = prompts.rows_for(indices, counts)
         out = self.rollout_func(rows, self.trainer, **({"columns": columns} if self.takes_columns else {}))
+        return self.to_rollout(out, len(rows), prompts)
+
+    def to_rollout(self, out, count: int, prompts) -> Rollout:
+        """What the function returned for `count` rows, checked (custom.py), as a Rollout with its columns."""
         tool_counts = out.pop("tool_counts", None) if self.uses_tools and isinstance(out, dict) else None
         rollout, extra = rollout_from_func_output(
-            out, len(rows), eos_token_id=self.tokenizer.eos_token_id, max_tokens=self.max_tokens,
+            out, count, eos_token_id=self.tokenizer.eos_token_id, max_tokens=self.max_tokens,
             vocab_size=len(self.tokenizer), dataset_columns=prompts.columns)
         rollout.columns = extra
         if rollout.restarts is not None and any(rollout.restarts) and self.trainer.budget is None:
@@ -100,7 +104,7 @@ class RolloutFuncSampler:
         return rollout
 
     def turns(self, prompts):
-        return None  # its own rollouts: partial_rollout=True refuses a rollout_func
+        return None  # its own rollouts (partial rollouts of agents: rollout/agent_partial.py)
 
 
 def make_sampler(generator: Optional[Generator], sampling: SamplingConfig, *, tokenizer,

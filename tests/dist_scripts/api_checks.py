@@ -15,8 +15,8 @@ from datasets import Dataset
 
 from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
 from api_checks_tools import TOOLS
-from recorder import (check_config, SHARDED_ZERO3, calls_the_engine_sampled, digit_fraction, recorder,
-                      spy_batches, spy_engine, training_rows)
+from recorder import (check_config, SHARDED_ZERO3, after_each_sync, calls_the_engine_sampled, digit_fraction,
+                      recorder, spy_batches, spy_engine, training_rows)
 from dsgrpo.testing import Ledger, tiny_model
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
@@ -584,6 +584,53 @@ def agent_section():
 
 
 check("agents")(agent_section)
+
+
+# ------------------------------------------------------------------ 8. agents' partial rollouts: episodes paused across the sync
+@check("agents_partial")
+def _():
+    """partial_rollout=True with agent_rollout: one prompt in three is answered by a slow agent, which waits for
+    the next weight sync between its two calls (an agent waiting on I/O, made deterministic), so its group is still
+    running when the round has its share: the endpoint pauses, the group is carried, and its second call, sent
+    while the trainer trains, is generated after the sync with the new weights."""
+    import asyncio
+    import threading
+
+    from dsgrpo import agent_reward, agent_rollout
+
+    syncs, synced = [0], threading.Condition()
+
+    def on_sync(needed):
+        with synced:
+            syncs[0] += 1
+            synced.notify_all()
+
+    def until_a_sync_after(seen):
+        with synced:
+            synced.wait_for(lambda: syncs[0] > seen, timeout=120)
+
+    async def agent(client, row):
+        messages, seen = list(row["prompt"]), syncs[0]
+        for turn in range(2):
+            reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Again."}]
+            if row["pace"] == "slow" and turn == 0:
+                await asyncio.to_thread(until_a_sync_after, seen)
+        return float("5" in (reply.choices[0].message.content or ""))
+
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}],
+                               "pace": "slow" if i % 3 == 2 else "fast"} for i in range(24)])
+    trainer = GRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=agent_rollout(agent),
+                          args=config("agents_partial", max_steps=4, max_completion_length=96, partial_rollout=True,
+                                      partial_rollout_adaptive=False, rollout_overprovision=2, max_staleness=2,
+                                      shuffle_dataset=False))
+    KEEP.append(trainer)
+    after_each_sync(trainer, on_sync)
+    trained = spy_batches(trainer, lambda batch: [
+        {"pace": pace, "versions": sorted({v for v, m in zip(versions, mask) if m})}
+        for pace, versions, mask in zip(batch.columns["pace"], batch.rollout.weight_versions, batch.rollout.tool_mask)])
+    trainer.train()
+    return {"history": training_rows(trainer), "trained": trained, "source": type(trainer.source).__name__}
 
 
 @check("agents_async")
