@@ -417,3 +417,10 @@ def test_agents_partial_rollouts_pause_an_episode_across_the_weight_sync(results
         assert all(len(r["versions"]) == 1 for r in trained if r["pace"] == "fast"), trained
         slow = [r for r in trained if r["pace"] == "slow"]  # their calls on each side of a sync
         assert slow and all(len(r["versions"]) == 2 and r["versions"][0] < r["versions"][1] for r in slow), trained
+        # resumed from step 2: the groups in flight then (an agent's loop is not in a checkpoint) run again from
+        # their start and train once; nothing trained before the checkpoint trains again
+        before = {p for rnd in run["positions"][:2] for p in rnd}
+        after = [p for rnd in run["resumed_positions"] for p in rnd]
+        assert run["resumed_steps"] == 4 and run["in_flight_at_2"], run
+        assert set(run["in_flight_at_2"]) <= set(after) and not before & set(after), run
+        assert len(after) == len(set(after)), run

@@ -620,17 +620,37 @@ def _():
 
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}],
                                "pace": "slow" if i % 3 == 2 else "fast"} for i in range(24)])
+    settings = dict(max_completion_length=96, partial_rollout=True, partial_rollout_adaptive=False,
+                    rollout_overprovision=2, max_staleness=2, shuffle_dataset=False, save_steps=2)
     trainer = GRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=agent_rollout(agent),
-                          args=config("agents_partial", max_steps=4, max_completion_length=96, partial_rollout=True,
-                                      partial_rollout_adaptive=False, rollout_overprovision=2, max_staleness=2,
-                                      shuffle_dataset=False))
+                          args=config("agents_partial", max_steps=4, **settings))
     KEEP.append(trainer)
-    after_each_sync(trainer, on_sync)
+    positions = []
+
+    def trained_round(needed):  # the stream positions each round trained, then the slow agents go on
+        positions.append(list(trainer.source.last_positions))
+        on_sync(needed)
+    after_each_sync(trainer, trained_round)
     trained = spy_batches(trainer, lambda batch: [
         {"pace": pace, "versions": sorted({v for v, m in zip(versions, mask) if m})}
         for pace, versions, mask in zip(batch.columns["pace"], batch.rollout.weight_versions, batch.rollout.tool_mask)])
     trainer.train()
-    return {"history": training_rows(trainer), "trained": trained, "source": type(trainer.source).__name__}
+    # a resume from step 2: the groups in flight then are run again from their start, and trained once
+    saved = os.path.join(OUT, "agents_partial", "checkpoint-2")
+    in_flight = json.load(open(os.path.join(saved, f"rollout_state_{dist.rank()}.json")))["agent_partial"]["in_flight"]
+    resumed = GRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=agent_rollout(agent),
+                          args=config("agents_partial_resumed", max_steps=4, resume_from_checkpoint=saved, **settings))
+    KEEP.append(resumed)
+    resumed_positions = []
+
+    def resumed_round(needed):
+        resumed_positions.append(list(resumed.source.last_positions))
+        on_sync(needed)
+    after_each_sync(resumed, resumed_round)
+    resumed.train()
+    return {"history": training_rows(trainer), "trained": trained, "source": type(trainer.source).__name__,
+            "positions": positions, "in_flight_at_2": in_flight, "resumed_positions": resumed_positions,
+            "resumed_steps": resumed.state.global_step}
 
 
 @check("agents_async")
