@@ -96,10 +96,10 @@ class AgentPartialSource(PartialRolloutSource):
             g.carried += 1
         self.last_positions = [g.position for g in groups]
         rows = [row for g in groups for row in g.rows]
-        out = self.agent.rows_of(self.trainer, rows, [i for g in groups for i, _ in g.runs],
-                                 [f.result() for g in groups for _, f in g.runs])
+        out, versions = self.agent.rows_of(self.trainer, rows, [i for g in groups for i, _ in g.runs],
+                                           [f.result() for g in groups for _, f in g.runs])
         rollout = self.setup.sampler.to_rollout(out, len(rows), self.setup.prompts)
-        rollout.weight_versions = [list(v) for v in self.agent.last_versions]
+        rollout.weight_versions = versions
         self.setup.generator.end_generation()  # sleep mode: nothing runs until the next round
         batch = self.setup.build_batch(self.setup.prompts, [g.prompt_index for g in groups], [G] * len(groups),
                                        rollout)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .. import dist
 from .base import SamplingConfig
-from .openai_endpoint import Call, OpenAIEndpoint
+from .openai_endpoint import Call, OpenAIEndpoint, chains_of
 from .tool_formats import tool_call_format
 from .tools import COUNTS
 
@@ -44,17 +44,6 @@ REWARD_COLUMN = "agent_reward"
 def agent_reward(completions, agent_reward, **kwargs) -> List[Optional[float]]:
     """The reward each agent returned (the `agent_reward` column agent_rollout adds): pass as reward_funcs."""
     return [None if r is None else float(r) for r in agent_reward]
-
-
-def chains(calls: List[Call]) -> List[List[Call]]:
-    """An episode's calls cut where the agent rewrote its history: a chain's calls each continue the one before."""
-    out: List[List[Call]] = []
-    for call in calls:
-        if out and call.extends:
-            out[-1].append(call)
-        else:
-            out.append([call])
-    return out
 
 
 def _chain_tokens(chain: List[Call]) -> dict:
@@ -88,7 +77,7 @@ def assemble(calls: List[Call], fallback_prompt: List[int], whole: bool = True) 
     if not calls:
         return {"prompt_ids": fallback_prompt, "completion_ids": [], "logprobs": [], "env_mask": [], "versions": [],
                 "restarts": [], "turns": 0, "rewritten": False, "tool_calls": 0}
-    episode = chains(calls)
+    episode = chains_of(calls)
     trained = episode if whole else episode[-1:]
     pieces = [(chain[0].prompt_ids, _chain_tokens(chain)) for chain in trained]
     pieces = [p for p in pieces if p[1]["completion_ids"]] or pieces[:1]  # a chain that sampled nothing trains nothing
@@ -127,7 +116,6 @@ class AgentRollout:
         self.endpoint: Optional[OpenAIEndpoint] = None
         self.rounds = 0
         self.last_episodes: list = []  # the last round's episodes as recorded (their calls), for inspection
-        self.last_versions: list = []  # and the weight version of each of their trained tokens
         self._warned: list = []
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # partial rollouts' episodes run here (start)
         self._background = None
@@ -161,7 +149,7 @@ class AgentRollout:
         ids = [self.open_episode(trainer) for _ in rows]
         outcomes = asyncio.run(self._run_all(endpoint, rows, ids))
         self.rounds += 1
-        return self.rows_of(trainer, rows, ids, outcomes)
+        return self.rows_of(trainer, rows, ids, outcomes)[0]  # the sources label the versions of a plain round
 
     def open_episode(self, trainer) -> str:
         """A new episode on this rank's endpoint; its id (the client sends it with every call)."""
@@ -172,26 +160,26 @@ class AgentRollout:
                                               whole_episode=trainer.budget is not None)
         return episode_id
 
-    def rows_of(self, trainer, rows: List[dict], ids: List[str], outcomes: List[tuple]) -> dict:
-        """Finished episodes (closed on the endpoint) as rollout_func rows, with their rewards and tool counts; the
-        weight version of every completion token in `versions`."""
+    def rows_of(self, trainer, rows: List[dict], ids: List[str], outcomes: List[tuple]) -> tuple:
+        """Finished episodes (closed on the endpoint) as (rollout_func rows with their rewards and tool counts, the
+        weight version of every completion token of each row)."""
         whole = trainer.budget is not None
         out: Dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
                                 REWARD_COLUMN: [], "tool_counts": [], **({"restarts": []} if whole else {})}
         tokenizer = trainer.processing_class
-        self.last_episodes, self.last_versions = [], []
+        self.last_episodes, versions = [], []
         for row, episode_id, (reward, how) in zip(rows, ids, outcomes):
             episode = self.endpoint.episodes.close(episode_id)
             self.last_episodes.append(episode)
             seq = assemble(episode.calls, _prompt_ids(tokenizer, row["prompt"]), whole)
             for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask") + (("restarts",) if whole else ()):
                 out[key].append(seq[key])
-            self.last_versions.append(seq["versions"])
+            versions.append(seq["versions"])
             out[REWARD_COLUMN].append(reward)
             counts = dict(calls=seq["tool_calls"], turns=seq["turns"], errors=int(how == "error"),
                           timeouts=int(how == "timeout"), rewrites=int(seq["rewritten"]))
             out["tool_counts"].append([counts.get(k, 0) for k in COUNTS])
-        return out
+        return out, versions
 
     def _client(self, endpoint: OpenAIEndpoint):
         import httpx

@@ -80,6 +80,17 @@ class Call:
         return self.choices[self.chosen]
 
 
+def chains_of(calls: List[Call]) -> List[List[Call]]:
+    """Calls cut where the agent rewrote its history: a chain's calls each continue the one before."""
+    out: List[List[Call]] = []
+    for call in calls:
+        if out and call.extends:
+            out[-1].append(call)
+        else:
+            out.append([call])
+    return out
+
+
 @dataclass
 class Episode:
     budget: int                           # tokens a chain may hold after its first prompt
@@ -96,16 +107,11 @@ class Episode:
 
     def spent(self, extends: bool) -> int:
         """Tokens of the chains before the one a call continues (`extends`) or starts, where they count."""
-        if not self.whole_episode or not self.calls:
+        if not self.whole_episode:
             return 0
-        end = self.chain_start() if extends else len(self.calls)
-        total, first = 0, 0
-        for k in range(1, end + 1):
-            if k == end or not self.calls[k].extends:  # calls[first:k] is a chain
-                last = self.calls[k - 1]
-                total += len(last.prompt_ids) + len(last.sampled.ids) - len(self.calls[first].prompt_ids)
-                first = k
-        return total
+        chains = chains_of(self.calls)
+        return sum(len(c[-1].prompt_ids) + len(c[-1].sampled.ids) - len(c[0].prompt_ids)
+                   for c in (chains[:-1] if extends else chains))
 
 
 class Episodes:
