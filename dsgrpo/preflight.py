@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Optional
 
 from . import checkpoint, compat, device, dist, evaluation, quantization, sequence_parallel, watchdog
+from .callbacks import TrainerState
 from .config import GRPOConfig
 from .data import PromptSource, load_dataset_spec, make_prompt_source
 from .engines import lora, resolve, routing
@@ -76,6 +77,14 @@ class RunPlan:
     def items(self):
         """(name, value) of every field, shallow (dataclasses.asdict would copy the tokenizer and the rewards)."""
         return ((f.name, getattr(self, f.name)) for f in fields(self))
+
+    def trainer_state(self) -> TrainerState:
+        """The TrainerState callbacks read from the start: the run's length, its schedule and this rank's place."""
+        return TrainerState(max_steps=self.step_plan.max_steps, is_world_process_zero=dist.is_main(),
+                            is_local_process_zero=dist.local_rank() == 0, logging_steps=self.schedule.logging_every,
+                            save_steps=self.schedule.save_every, eval_steps=self.schedule.eval_every,
+                            train_batch_size=self.args.per_device_train_batch_size,
+                            num_train_epochs=self.args.num_train_epochs)
 
 
 def preflight(model, reward_funcs=None, args: Optional[GRPOConfig] = None, train_dataset=None, eval_dataset=None,

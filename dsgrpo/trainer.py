@@ -64,11 +64,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                          step=lambda: self.state.global_step if hasattr(self, "state") else 0)
         for name, value in plan.items():
             setattr(self, name, value)
-        self.state = TrainerState(max_steps=plan.step_plan.max_steps, is_world_process_zero=dist.is_main(),
-                                  is_local_process_zero=dist.local_rank() == 0, logging_steps=self.schedule.logging_every,
-                                  save_steps=self.schedule.save_every, eval_steps=self.schedule.eval_every,
-                                  train_batch_size=self.args.per_device_train_batch_size,
-                                  num_train_epochs=self.args.num_train_epochs)
+        self.state = plan.trainer_state()
         self.control, self.callbacks, self.timer = TrainerControl(), CallbackHandler(callbacks), PhaseTimer()
         self._started_at = (0, 0)  # (generation round, optimizer step) where train() starts; set again on resume
         # --- the models, the generator and the rollout source (startup.py) ---------------------------------------
