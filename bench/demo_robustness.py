@@ -55,15 +55,33 @@ def run(seed: int, isa: str, out: str, extra: list) -> dict:
         env.update(forced)
     run_dir = os.path.join(out, f"{isa}-seed{seed}")
     init = os.path.join(out, f"init_model-{isa}")
-    cmd = ["bash", "launch_scripts/train.sh", "examples/cpu_demo.yaml", "--model", init,
-           "--output_dir", run_dir, "--seed", str(seed), *extra]
+    cmd = [
+        "bash",
+        "launch_scripts/train.sh",
+        "examples/cpu_demo.yaml",
+        "--model",
+        init,
+        "--output_dir",
+        run_dir,
+        "--seed",
+        str(seed),
+        *extra,
+    ]
     found, wall, error = launch(cmd, run_dir, env)
     if error:
         return {"seed": seed, "isa": name, "error": error, "wall": wall}
     first, last = found
     after = held_out(run_dir, env)
-    return {"seed": seed, "isa": name, "first": first, "last": last, "ratio": last / max(first, 1e-9), "wall": wall,
-            "pass_after": after["greedy_pass@1"], "sampled_after": after["sampled_reward"]}
+    return {
+        "seed": seed,
+        "isa": name,
+        "first": first,
+        "last": last,
+        "ratio": last / max(first, 1e-9),
+        "wall": wall,
+        "pass_after": after["greedy_pass@1"],
+        "sampled_after": after["sampled_reward"],
+    }
 
 
 def launch(cmd: list, run_dir: str, env: dict = None) -> tuple:
@@ -87,10 +105,10 @@ def isa_env(isa: str) -> dict:
 
 def held_out(model_dir: str, env: dict) -> dict:
     """dsgrpo.tasks.evaluate_copy in a child process under the run's instruction set."""
-    code = ("import json, sys; from dsgrpo.tasks import evaluate_copy; "
-            "print(json.dumps(evaluate_copy(sys.argv[1])))")
-    proc = subprocess.run([sys.executable, "-c", code, model_dir], cwd=REPO, env=env, capture_output=True,
-                          text=True, check=True)
+    code = "import json, sys; from dsgrpo.tasks import evaluate_copy; print(json.dumps(evaluate_copy(sys.argv[1])))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, model_dir], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -108,11 +126,15 @@ def main() -> int:
     rows = []
     for isa in args.isa.split(","):
         init = os.path.join(args.out, f"init_model-{isa}")
-        subprocess.run([sys.executable, "-m", "dsgrpo.tasks", "warmup", "--out", init], cwd=REPO, check=True,
-                       env=isa_env(isa))
+        subprocess.run(
+            [sys.executable, "-m", "dsgrpo.tasks", "warmup", "--out", init], cwd=REPO, check=True, env=isa_env(isa)
+        )
         before = held_out(init, isa_env(isa))
-        print(f"warm-up ({isa}): held-out greedy pass@1 {before['greedy_pass@1']:.2f}, sampled reward "
-              f"{before['sampled_reward']:.2f}", flush=True)
+        print(
+            f"warm-up ({isa}): held-out greedy pass@1 {before['greedy_pass@1']:.2f}, sampled reward "
+            f"{before['sampled_reward']:.2f}",
+            flush=True,
+        )
         for seed in (int(s) for s in args.seeds.split(",")):
             row = run(seed, isa, args.out, args.extra)
             rows.append(row)
@@ -122,15 +144,20 @@ def main() -> int:
             row["pass_before"] = before["greedy_pass@1"]
             lift = row["pass_after"] - row["pass_before"]
             ok = row["last"] >= 0.8 and lift >= 0.3 and row["wall"] <= 180
-            print(f"{row['isa']:24s} seed {seed}: first 5 {row['first']:.3f}  last 5 {row['last']:.3f}  "
-                  f"({row['ratio']:.1f}x)  held-out greedy pass@1 {row['pass_before']:.2f} -> {row['pass_after']:.2f}"
-                  f"  {row['wall']:.0f} s  {'ok' if ok else 'MISSED'}", flush=True)
+            print(
+                f"{row['isa']:24s} seed {seed}: first 5 {row['first']:.3f}  last 5 {row['last']:.3f}  "
+                f"({row['ratio']:.1f}x)  held-out greedy pass@1 {row['pass_before']:.2f} -> {row['pass_after']:.2f}"
+                f"  {row['wall']:.0f} s  {'ok' if ok else 'MISSED'}",
+                flush=True,
+            )
     done = [r for r in rows if "error" not in r]
     if done:
-        print(f"range: last 5 {min(r['last'] for r in done):.2f}–{max(r['last'] for r in done):.2f}, ratio "
-              f"{min(r['ratio'] for r in done):.1f}–{max(r['ratio'] for r in done):.1f}x, held-out greedy pass@1 "
-              f"after {min(r['pass_after'] for r in done):.2f}–{max(r['pass_after'] for r in done):.2f}, wall "
-              f"{min(r['wall'] for r in done):.0f}–{max(r['wall'] for r in done):.0f} s over {len(done)} runs")
+        print(
+            f"range: last 5 {min(r['last'] for r in done):.2f}–{max(r['last'] for r in done):.2f}, ratio "
+            f"{min(r['ratio'] for r in done):.1f}–{max(r['ratio'] for r in done):.1f}x, held-out greedy pass@1 "
+            f"after {min(r['pass_after'] for r in done):.2f}–{max(r['pass_after'] for r in done):.2f}, wall "
+            f"{min(r['wall'] for r in done):.0f}–{max(r['wall'] for r in done):.0f} s over {len(done)} runs"
+        )
     with open(os.path.join(args.out, "robustness.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
     return 0 if len(done) == len(rows) else 1

@@ -25,11 +25,27 @@ from demo_robustness import REPO, launch  # train.sh with its output kept and it
 def run(seed: int, out: str, extra: list) -> dict:
     init, run_dir = os.path.join(out, f"init_model-seed{seed}"), os.path.join(out, f"seed{seed}")
     start = time.time()
-    subprocess.run([sys.executable, "-m", "dsgrpo.tasks", "warmup", "--task", "door", "--seed", str(seed),
-                    "--out", init], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "dsgrpo.tasks", "warmup", "--task", "door", "--seed", str(seed), "--out", init],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     warmup = time.time() - start
-    cmd = ["bash", "launch_scripts/train.sh", "examples/cpu_door.yaml", "--model", init, "--output_dir", run_dir,
-           "--seed", str(seed), "--logging_steps", "1", *extra]
+    cmd = [
+        "bash",
+        "launch_scripts/train.sh",
+        "examples/cpu_door.yaml",
+        "--model",
+        init,
+        "--output_dir",
+        run_dir,
+        "--seed",
+        str(seed),
+        "--logging_steps",
+        "1",
+        *extra,
+    ]
     found, wall, error = launch(cmd, run_dir)
     if error:
         return {"seed": seed, "error": error, "wall": wall}
@@ -39,15 +55,24 @@ def run(seed: int, out: str, extra: list) -> dict:
     round_s = sum(r["perf/step_time_s"] for r in rows)
     tools_s = sum(r["env/step_s"] * r["tools/calls_per_episode"] * per_round / 2 for r in rows)  # a rank's share
     first, last = found
-    return {"seed": seed, "first": first, "last": last, "ratio": last / max(first, 1e-9), "warmup": warmup,
-            "wall": wall, "curve": [(r["step"], r["reward"]) for r in rows],
-            "calls_last": sum(r["tools/calls_per_episode"] for r in rows[-5:]) / 5,
-            "episodes_per_s": per_round * len(rows) / round_s, "env_share": tools_s / round_s,
-            "generate_share": sum(r["time/generate"] for r in rows) / round_s}
+    return {
+        "seed": seed,
+        "first": first,
+        "last": last,
+        "ratio": last / max(first, 1e-9),
+        "warmup": warmup,
+        "wall": wall,
+        "curve": [(r["step"], r["reward"]) for r in rows],
+        "calls_last": sum(r["tools/calls_per_episode"] for r in rows[-5:]) / 5,
+        "episodes_per_s": per_round * len(rows) / round_s,
+        "env_share": tools_s / round_s,
+        "generate_share": sum(r["time/generate"] for r in rows) / round_s,
+    }
 
 
 def plot(done: list, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -80,11 +105,16 @@ def main() -> int:
             print(f"seed {seed}: {r['error']}", flush=True)
             continue
         ok = r["ratio"] >= 3 and r["warmup"] + r["wall"] <= 600
-        rate = (f"{r['episodes_per_s']:.1f} episodes/s, generation (tool turns included) {r['generate_share']:.0%} "
-                f"of a round, the environment's calls {r['env_share']:.2%}")
-        print(f"seed {seed}: first 5 {r['first']:.3f}  last 5 {r['last']:.3f}  ({r['ratio']:.1f}x)  tool calls an "
-              f"episode at the end {r['calls_last']:.2f}  warm-up {r['warmup']:.0f} s + run {r['wall']:.0f} s  "
-              f"{rate}  {'ok' if ok else 'MISSED'}", flush=True)
+        rate = (
+            f"{r['episodes_per_s']:.1f} episodes/s, generation (tool turns included) {r['generate_share']:.0%} "
+            f"of a round, the environment's calls {r['env_share']:.2%}"
+        )
+        print(
+            f"seed {seed}: first 5 {r['first']:.3f}  last 5 {r['last']:.3f}  ({r['ratio']:.1f}x)  tool calls an "
+            f"episode at the end {r['calls_last']:.2f}  warm-up {r['warmup']:.0f} s + run {r['wall']:.0f} s  "
+            f"{rate}  {'ok' if ok else 'MISSED'}",
+            flush=True,
+        )
     done = [r for r in results if "error" not in r]
     if done and args.plot:
         plot(done, args.plot)

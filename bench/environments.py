@@ -19,7 +19,7 @@ import textwrap
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import sys
     from datasets import Dataset
     from dsgrpo import GRPOConfig, GRPOTrainer
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent('''
         tool_timeout_s=0.5, seed=3, vllm_kv_cache_bytes=64 * 2**20, save_steps=10**6, report_to="none",
         deepspeed="ds_configs/zero3.json"), train_dataset=data, environment_factory=Ledger)
     trainer.train()
-''')
+""")
 
 
 def main(argv=None) -> int:
@@ -47,15 +47,28 @@ def main(argv=None) -> int:
     if not os.path.isdir(model):
         sys.path[:0] = [os.path.join(REPO, "tests"), os.path.join(REPO, "tests", "dist_scripts")]
         from test_api_dist import fine_tune_tool_caller
+
         fine_tune_tool_caller(model)
     script = os.path.join(args.out, "run.py")
     with open(script, "w") as fh:
         fh.write(SCRIPT)
     run = os.path.join(args.out, "run")
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", script, model, run,
-                    str(args.steps)], cwd=REPO, env=env, check=True, timeout=1800)
+    env = dict(
+        os.environ,
+        PYTHONPATH=REPO,
+        OMP_NUM_THREADS="1",
+        DS_ACCELERATOR="cpu",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", script, model, run, str(args.steps)],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=1800,
+    )
     rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if line.strip()]
     rows = [r for r in rows if "reward" in r and "time/generate" in r]
     episodes_per_round = 16  # 2 ranks x 8 completions
@@ -63,17 +76,24 @@ def main(argv=None) -> int:
     totals = {"episodes": 0, "seconds": 0.0, "tool": 0.0}
     for r in rows:
         phases = {k[5:]: v for k, v in r.items() if k.startswith("time/") and isinstance(v, (int, float))}
-        round_s = sum(v for k, v in phases.items() if k in ("generate", "reward", "reference", "train", "sync",
-                                                               "old_logprobs", "log", "round end"))
+        round_s = sum(
+            v
+            for k, v in phases.items()
+            if k in ("generate", "reward", "reference", "train", "sync", "old_logprobs", "log", "round end")
+        )
         tool_s = r["env/step_s"] * r["tools/calls_per_episode"] * episodes_per_round / 2  # per rank: ranks overlap
         totals["episodes"] += episodes_per_round
         totals["seconds"] += round_s
         totals["tool"] += tool_s
-        print(f"{r['step']:>4} {episodes_per_round / max(round_s, 1e-9):>10.2f} {r['tools/calls_per_episode']:>8.2f} "
-              f"{tool_s:>7.2f} {tool_s / max(round_s, 1e-9):>9.1%} {round_s:>7.2f}  "
-              + " ".join(f"{k} {v:.2f}" for k, v in sorted(phases.items())))
-    print(f"over {len(rows)} rounds: {totals['episodes'] / totals['seconds']:.2f} episodes/s, the environment's "
-          f"tool calls {totals['tool'] / totals['seconds']:.1%} of the rounds' time")
+        print(
+            f"{r['step']:>4} {episodes_per_round / max(round_s, 1e-9):>10.2f} {r['tools/calls_per_episode']:>8.2f} "
+            f"{tool_s:>7.2f} {tool_s / max(round_s, 1e-9):>9.1%} {round_s:>7.2f}  "
+            + " ".join(f"{k} {v:.2f}" for k, v in sorted(phases.items()))
+        )
+    print(
+        f"over {len(rows)} rounds: {totals['episodes'] / totals['seconds']:.2f} episodes/s, the environment's "
+        f"tool calls {totals['tool'] / totals['seconds']:.1%} of the rounds' time"
+    )
     return 0
 
 

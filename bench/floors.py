@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def matmul_peak(threads: int) -> float:
     import torch
+
     torch.set_num_threads(threads)
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     for _ in range(3):
@@ -27,7 +28,7 @@ def matmul_peak(threads: int) -> float:
         start = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - start)
-    return 2 * 2048 ** 3 / best
+    return 2 * 2048**3 / best
 
 
 def main() -> int:
@@ -57,7 +58,7 @@ def main() -> int:
         for _ in range(a.completions // a.micro):
             ids = torch.randint(0, vocab, (a.micro, L))
             logits = model(input_ids=ids, logits_to_keep=a.completion + 1, use_cache=False).logits[:, :-1].float()
-            logps = torch.log_softmax(logits, -1).gather(-1, ids[:, -a.completion:, None]).squeeze(-1)
+            logps = torch.log_softmax(logits, -1).gather(-1, ids[:, -a.completion :, None]).squeeze(-1)
             logps.mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -70,10 +71,14 @@ def main() -> int:
     gen_flops = gen_tokens * (2 * n_params + attention)
     print(f"matmul peak: {peak / 1e9:.1f} GFLOP/s ({a.threads} threads, fp32)")
     print(f"model {a.model}: {n_params / 1e6:.1f}M parameters; {tokens} training tokens a step, {gen_tokens} generated")
-    print(f"train floor (plain torch forward + backward + AdamW): {best:.3f} s = {train_flops / best / 1e9:.1f} GFLOP/s "
-          f"({train_flops / best / peak:.0%} of the matmul peak)")
+    print(
+        f"train floor (plain torch forward + backward + AdamW): {best:.3f} s = {train_flops / best / 1e9:.1f} GFLOP/s "
+        f"({train_flops / best / peak:.0%} of the matmul peak)"
+    )
     print(f"generation FLOP floor at the matmul peak: {gen_flops / peak:.3f} s ({gen_flops / 1e9:.1f} GFLOP)")
-    print(f"RESULT peak_gflops={peak / 1e9:.1f} train_floor_s={best:.3f} generation_flop_floor_s={gen_flops / peak:.3f}")
+    print(
+        f"RESULT peak_gflops={peak / 1e9:.1f} train_floor_s={best:.3f} generation_flop_floor_s={gen_flops / peak:.3f}"
+    )
     return 0
 
 

@@ -25,17 +25,47 @@ sys.path.insert(0, REPO)
 def run_steps(a) -> dict:
     if a.tiny:
         from dsgrpo.testing import tiny_model
+
         model = tiny_model("qwen2")
     else:
         from bench.weight_sync import build_model
+
         model = build_model("qwen2.5-0.5b", os.path.join(a.out, "models"))
     out = os.path.join(a.out, "run")
-    cmd = [sys.executable, "-m", "dsgrpo.train", os.path.join(REPO, "examples", "cpu_demo.yaml"), "--model", model,
-           "--output_dir", out, "--use_vllm", "false", "--bf16", "true", "--max_steps", str(a.steps),
-           "--per_device_train_batch_size", str(a.batch), "--num_generations", "4",
-           "--max_completion_length", str(a.completion), "--learning_rate", "1e-6", "--logging_steps", "1",
-           "--save_strategy", "no", "--report_to", "none", "--memory_check", "warn",
-           "--gradient_checkpointing", "auto"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dsgrpo.train",
+        os.path.join(REPO, "examples", "cpu_demo.yaml"),
+        "--model",
+        model,
+        "--output_dir",
+        out,
+        "--use_vllm",
+        "false",
+        "--bf16",
+        "true",
+        "--max_steps",
+        str(a.steps),
+        "--per_device_train_batch_size",
+        str(a.batch),
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        str(a.completion),
+        "--learning_rate",
+        "1e-6",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--memory_check",
+        "warn",
+        "--gradient_checkpointing",
+        "auto",
+    ]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if a.tiny:
         env["DS_ACCELERATOR"] = "cpu"
@@ -47,8 +77,11 @@ def run_steps(a) -> dict:
     if proc.returncode:
         print(proc.stdout[-3000:], proc.stderr[-5000:])
         raise SystemExit(f"the GRPO steps failed (exit {proc.returncode}); log: {a.out}/steps.log")
-    plan_lines = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines()
-                  if line.startswith(("memory plan", "  ", "verdict"))]
+    plan_lines = [
+        line
+        for line in proc.stdout.splitlines() + proc.stderr.splitlines()
+        if line.startswith(("memory plan", "  ", "verdict"))
+    ]
     print("\n".join(plan_lines[:40]))
     with open(os.path.join(out, "memory.json")) as fh:
         memory = json.load(fh)
@@ -74,8 +107,12 @@ def main() -> int:
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     import torch
-    print(f"torch {torch.__version__}, cuda {torch.cuda.is_available()}"
-          + (f" ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else ""), flush=True)
+
+    print(
+        f"torch {torch.__version__}, cuda {torch.cuda.is_available()}"
+        + (f" ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else ""),
+        flush=True,
+    )
 
     got = run_steps(a)
     memory = got["memory"]
@@ -85,15 +122,23 @@ def main() -> int:
     print(f"planned phases (GiB): {json.dumps({k: round(v, 2) for k, v in planned_phases.items()})}")
     print(f"measured phases (GiB): {json.dumps({k: round(v, 2) for k, v in got['phase_peaks_gib'].items()})}")
     print(f"step seconds: {[round(s, 2) for s in got['step_seconds']]} (whole run {got['seconds']:.0f} s)")
-    print(f"RESULT zero3_bf16_step planned_gib={planned / 2**30:.2f} measured_gib={measured / 2**30:.2f} "
-          f"error_pct={100 * (planned / measured - 1):+.1f}", flush=True)
+    print(
+        f"RESULT zero3_bf16_step planned_gib={planned / 2**30:.2f} measured_gib={measured / 2**30:.2f} "
+        f"error_pct={100 * (planned / measured - 1):+.1f}",
+        flush=True,
+    )
     with open(os.path.join(a.out, "gpu_check.json"), "w") as fh:
         json.dump(got, fh, indent=1)
 
     if a.tiny:
         return 0
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "logprob_memory.py"), "--rows", "8",
-                           "--completion", "1024"], capture_output=True, text=True, timeout=180, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "bench", "logprob_memory.py"), "--rows", "8", "--completion", "1024"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
     print(proc.stdout[-2000:], proc.stderr[-2000:] if proc.returncode else "", flush=True)
     return proc.returncode
 

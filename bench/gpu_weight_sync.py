@@ -36,16 +36,19 @@ def build_policy(shape: str):
     dist.init()
     spec = dict(SHAPES[shape])
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
-    ds = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-          "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}}
-    with deepspeed.zero.Init(config_dict_or_path=ds, remote_device=None, dtype=torch.bfloat16,
-                             config=ds):
+    ds = {
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "train_micro_batch_size_per_gpu": 1,
+        "bf16": {"enabled": True},
+    }
+    with deepspeed.zero.Init(config_dict_or_path=ds, remote_device=None, dtype=torch.bfloat16, config=ds):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     return model.to(device.torch_device()) if not any(hasattr(p, "ds_id") for p in model.parameters()) else model
 
 
 def engine_buffers(source, where):
     import torch
+
     return {m.name: torch.empty(m.shape, dtype=m.dtype, device=where) for m in source.metadata()}
 
 
@@ -53,6 +56,7 @@ def memcpy_s(nbytes: int, where) -> float:
     import torch
 
     from dsgrpo import device
+
     src = torch.ones(nbytes, dtype=torch.uint8, device=where)
     dst = torch.empty_like(src)
     best = float("inf")
@@ -161,6 +165,7 @@ def nccl(source, repeat: int) -> float:
 
 def _root(rank: int):
     import torch.distributed as tdist
+
     opts = tdist.BroadcastOptions()
     opts.rootRank, opts.rootTensor = rank, 0
     return opts
@@ -172,13 +177,16 @@ def _nccl_group(port: int, rank: int):
     import torch.distributed as tdist
 
     from dsgrpo import compat
-    store = tdist.TCPStore("127.0.0.1", port, world_size=2, is_master=rank == 0,
-                           timeout=datetime.timedelta(seconds=120))
+
+    store = tdist.TCPStore(
+        "127.0.0.1", port, world_size=2, is_master=rank == 0, timeout=datetime.timedelta(seconds=120)
+    )
     return compat.standalone_group("nccl", store, rank, 2, datetime.timedelta(seconds=120))
 
 
 def _nccl_receiver(port, shapes, repeat):
     import torch
+
     torch.cuda.set_device(1)
     group = _nccl_group(port, rank=1)
     buffers = [torch.empty(s, dtype=d, device="cuda") for s, d in shapes]
@@ -218,8 +226,11 @@ def main() -> int:
             print(f"{case}: {type(exc).__name__}: {exc}", flush=True)
             continue
         results[case] = seconds
-        print(f"{a.shape} {case:10s} {nbytes / 2**30:6.2f} GiB ({where}): {seconds:.3f} s/sync, "
-              f"{seconds / copy_s:.1f}× a memcpy ({copy_s:.3f} s)", flush=True)
+        print(
+            f"{a.shape} {case:10s} {nbytes / 2**30:6.2f} GiB ({where}): {seconds:.3f} s/sync, "
+            f"{seconds / copy_s:.1f}× a memcpy ({copy_s:.3f} s)",
+            flush=True,
+        )
     print("RESULT " + " ".join(f"{k}_s={v:.3f}" for k, v in results.items()))
     return 0
 

@@ -52,7 +52,9 @@ def worker(a) -> dict:
         base = rss_bytes()
     if a.path == "full":
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=T + 1, use_cache=False)
+        out = model(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids, logits_to_keep=T + 1, use_cache=False
+        )
         logits = out.logits[:, :-1, :].float()
         logps = torch.log_softmax(logits, -1).gather(-1, ids[:, -T:].unsqueeze(-1)).squeeze(-1)
     else:
@@ -64,8 +66,13 @@ def worker(a) -> dict:
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
-    return {"path": a.path, "peak_bytes": int(peak - grads), "logit_bytes": B * T * config.vocab_size * 4,
-            "device": "cuda" if gpu else "cpu", "grad_bytes": int(grads)}
+    return {
+        "path": a.path,
+        "peak_bytes": int(peak - grads),
+        "logit_bytes": B * T * config.vocab_size * 4,
+        "device": "cuda" if gpu else "cpu",
+        "grad_bytes": int(grads),
+    }
 
 
 def main() -> int:
@@ -81,8 +88,20 @@ def main() -> int:
         return 0
     results = {}
     for path in ("full", "chunked"):
-        cmd = [sys.executable, os.path.abspath(__file__), "--path", path, "--shape", a.shape, "--rows", str(a.rows),
-               "--completion", str(a.completion), "--prompt", str(a.prompt)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--path",
+            path,
+            "--shape",
+            a.shape,
+            "--rows",
+            str(a.rows),
+            "--completion",
+            str(a.completion),
+            "--prompt",
+            str(a.prompt),
+        ]
         # a fixed mmap threshold: glibc returns every large freed block at once, so the resident peak is the live peak
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
@@ -92,12 +111,17 @@ def main() -> int:
             return 1
         results[path] = json.loads(line[-1][5:])
         r = results[path]
-        print(f"{path:8s} peak above the built model and its gradients ({r['grad_bytes'] / 2**30:.2f} GiB): "
-              f"{r['peak_bytes'] / 2**30:6.2f} GiB "
-              f"(one fp32 copy of the [B, T, V] logits: {r['logit_bytes'] / 2**30:.2f} GiB; {r['device']})", flush=True)
+        print(
+            f"{path:8s} peak above the built model and its gradients ({r['grad_bytes'] / 2**30:.2f} GiB): "
+            f"{r['peak_bytes'] / 2**30:6.2f} GiB "
+            f"(one fp32 copy of the [B, T, V] logits: {r['logit_bytes'] / 2**30:.2f} GiB; {r['device']})",
+            flush=True,
+        )
     full, chunked = results["full"]["peak_bytes"], results["chunked"]["peak_bytes"]
-    print(f"RESULT shape={a.shape} rows={a.rows} completion={a.completion} full_peak_gib={full / 2**30:.2f} "
-          f"chunked_peak_gib={chunked / 2**30:.2f} ratio={full / max(1, chunked):.1f}")
+    print(
+        f"RESULT shape={a.shape} rows={a.rows} completion={a.completion} full_peak_gib={full / 2**30:.2f} "
+        f"chunked_peak_gib={chunked / 2**30:.2f} ratio={full / max(1, chunked):.1f}"
+    )
     return 0
 
 

@@ -16,12 +16,36 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 SHAPES = {  # Hugging Face config fields of real models
-    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        model_type="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -46,8 +70,12 @@ def main() -> int:
     device.prepare_process(dist.local_world_size(), None)
     dist.init()
     dtype = torch.bfloat16 if device.use_bf16(None) else torch.float32
-    args = GRPOConfig(output_dir="/tmp/dsgrpo_bench_lora", per_device_train_batch_size=2, num_generations=2,
-                      gradient_checkpointing=False)
+    args = GRPOConfig(
+        output_dir="/tmp/dsgrpo_bench_lora",
+        per_device_train_batch_size=2,
+        num_generations=2,
+        gradient_checkpointing=False,
+    )
     shape = dict(SHAPES[a.shape])
     config = AutoConfig.for_model(shape.pop("model_type"), **shape)
     ds = resolve(args.deepspeed, args, config.hidden_size, "deepspeed", train=True, world_size=dist.world_size())
@@ -68,9 +96,12 @@ def main() -> int:
             seconds.append(time.perf_counter() - start)
         results[kind] = (GatherStats.peak_bytes, total, min(seconds))
         if dist.is_main():
-            print(f"{a.shape} {kind:4s} stream: {total / 2**20:8.1f} MB sent, peak gathered "
-                  f"{GatherStats.peak_bytes / 2**20:7.1f} MB (bucket {a.bucket_mb:g} MB), {min(seconds):.2f} s/sync "
-                  f"over {dist.world_size()} ranks ({weights_dtype})", flush=True)
+            print(
+                f"{a.shape} {kind:4s} stream: {total / 2**20:8.1f} MB sent, peak gathered "
+                f"{GatherStats.peak_bytes / 2**20:7.1f} MB (bucket {a.bucket_mb:g} MB), {min(seconds):.2f} s/sync "
+                f"over {dist.world_size()} ranks ({weights_dtype})",
+                flush=True,
+            )
         del engine, model
     if dist.is_main():
         peak, total, _ = results["lora"]

@@ -63,37 +63,59 @@ def main() -> int:
         for mode, flags in modes.items():
             run_dir = os.path.join(a.out, f"{mode}-seed{seed}")
             subprocess.run(["rm", "-rf", run_dir])
-            cmd = ["bash", "launch_scripts/train.sh", "examples/cpu_demo.yaml", "--model", init, "--output_dir",
-                   run_dir, "--seed", str(seed), "--logging_steps", "1", *flags, *a.extra]
+            cmd = [
+                "bash",
+                "launch_scripts/train.sh",
+                "examples/cpu_demo.yaml",
+                "--model",
+                init,
+                "--output_dir",
+                run_dir,
+                "--seed",
+                str(seed),
+                "--logging_steps",
+                "1",
+                *flags,
+                *a.extra,
+            ]
             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
             if proc.returncode:
                 print(f"seed {seed} {mode}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
                 return 1
             curves[mode] = curve(run_dir)
         t = min(c[-1][0] for c in curves.values())
-        row = {"seed": seed, "T": t, **{f"{m}_reward": reward_at(c, t) for m, c in curves.items()},
-               **{f"{m}_total_s": c[-1][0] for m, c in curves.items()},
-               "stale_tokens": mean_of(curves["partial"], "partial/staleness/1"),
-               "masked": mean_of(curves["partial"], "sampling/token_band_masked"),
-               "carried": mean_of(curves["partial"], "partial/groups_trained_carried"),
-               "overprovisioned": mean_of(curves["partial"], "partial/overprovisioned"),
-               "same_reward_rounds": sum(a[1] == b[1] for a, b in zip(curves["plain"], curves["partial"])),
-               "rounds": min(len(c) for c in curves.values()),
-               "plain_len": mean_of(curves["plain"], "completions/mean_length"),
-               "partial_len": mean_of(curves["partial"], "completions/mean_length")}
+        row = {
+            "seed": seed,
+            "T": t,
+            **{f"{m}_reward": reward_at(c, t) for m, c in curves.items()},
+            **{f"{m}_total_s": c[-1][0] for m, c in curves.items()},
+            "stale_tokens": mean_of(curves["partial"], "partial/staleness/1"),
+            "masked": mean_of(curves["partial"], "sampling/token_band_masked"),
+            "carried": mean_of(curves["partial"], "partial/groups_trained_carried"),
+            "overprovisioned": mean_of(curves["partial"], "partial/overprovisioned"),
+            "same_reward_rounds": sum(a[1] == b[1] for a, b in zip(curves["plain"], curves["partial"])),
+            "rounds": min(len(c) for c in curves.values()),
+            "plain_len": mean_of(curves["plain"], "completions/mean_length"),
+            "partial_len": mean_of(curves["partial"], "completions/mean_length"),
+        }
         table.append(row)
-        print(f"seed {seed}: at T={t:.0f} s of training  plain {row['plain_reward']:.3f}  partial "
-              f"{row['partial_reward']:.3f}  (whole runs {row['plain_total_s']:.0f} s / {row['partial_total_s']:.0f} s; "
-              f"partial: {row['stale_tokens']:.1%} of tokens one version old, {row['masked']:.2%} masked by the band, "
-              f"{row['carried']:.2f} carried groups trained a round; mean length {row['plain_len']:.2f} / "
-              f"{row['partial_len']:.2f}; rounds over-provisioned {row['overprovisioned']:.1%}; the same reward as "
-              f"plain in {row['same_reward_rounds']} of {row['rounds']} rounds)", flush=True)
+        print(
+            f"seed {seed}: at T={t:.0f} s of training  plain {row['plain_reward']:.3f}  partial "
+            f"{row['partial_reward']:.3f}  (whole runs {row['plain_total_s']:.0f} s / {row['partial_total_s']:.0f} s; "
+            f"partial: {row['stale_tokens']:.1%} of tokens one version old, {row['masked']:.2%} masked by the band, "
+            f"{row['carried']:.2f} carried groups trained a round; mean length {row['plain_len']:.2f} / "
+            f"{row['partial_len']:.2f}; rounds over-provisioned {row['overprovisioned']:.1%}; the same reward as "
+            f"plain in {row['same_reward_rounds']} of {row['rounds']} rounds)",
+            flush=True,
+        )
     worse = [r for r in table if r["partial_reward"] < r["plain_reward"]]
     same = [r for r in table if r["same_reward_rounds"] == r["rounds"]]
-    print(f"partial not lower on {len(table) - len(worse)} of {len(table)} seeds at equal training time; the same "
-          f"reward as plain in every round on {len(same)} of {len(table)} (there the runs differ only in how fast "
-          f"the machine ran each: partial / plain training time "
-          f"{sum(r['partial_total_s'] for r in same) / max(1, sum(r['plain_total_s'] for r in same)):.2f})")
+    print(
+        f"partial not lower on {len(table) - len(worse)} of {len(table)} seeds at equal training time; the same "
+        f"reward as plain in every round on {len(same)} of {len(table)} (there the runs differ only in how fast "
+        f"the machine ran each: partial / plain training time "
+        f"{sum(r['partial_total_s'] for r in same) / max(1, sum(r['plain_total_s'] for r in same)):.2f})"
+    )
     return 0
 
 

@@ -27,15 +27,18 @@ COMMON = ["--logging_steps", "1", "--save_strategy", "no", "--report_to", "none"
 def model_for(config: str, root: str) -> str:
     if config == "demo":
         from dsgrpo.testing import tiny_model
+
         init = os.path.join(REPO, "outputs", "demo", "init_model")
         return init if os.path.isdir(init) else tiny_model("qwen2")
     if config == "w1":
         path = os.path.join(root, "w1-model")
         if not os.path.isdir(path):
             from dsgrpo.testing import save_custom_model
+
             save_custom_model(path, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, vocab_size=1000)
         return path
     from bench.weight_sync import build_model
+
     return build_model("qwen2.5-0.5b", root)
 
 
@@ -43,23 +46,69 @@ def overrides(config: str) -> list:
     if config == "demo":
         return ["--max_steps", "10"]
     if config == "w1":
-        return ["--max_steps", "3", "--num_generations", "8", "--max_completion_length", "128",
-                "--per_device_train_batch_size", "16", "--vllm_kv_cache_bytes", str(256 * 2**20),
-                "--learning_rate", "1e-6"]
-    return ["--max_steps", "2", "--num_generations", "4", "--max_completion_length", "32", "--bf16", "true",
-            "--per_device_train_batch_size", "4", "--vllm_kv_cache_bytes", str(256 * 2**20), "--learning_rate", "1e-6",
-            "--vllm_max_model_length", "512"]
+        return [
+            "--max_steps",
+            "3",
+            "--num_generations",
+            "8",
+            "--max_completion_length",
+            "128",
+            "--per_device_train_batch_size",
+            "16",
+            "--vllm_kv_cache_bytes",
+            str(256 * 2**20),
+            "--learning_rate",
+            "1e-6",
+        ]
+    return [
+        "--max_steps",
+        "2",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "32",
+        "--bf16",
+        "true",
+        "--per_device_train_batch_size",
+        "4",
+        "--vllm_kv_cache_bytes",
+        str(256 * 2**20),
+        "--learning_rate",
+        "1e-6",
+        "--vllm_max_model_length",
+        "512",
+    ]
 
 
 def run(config: str, root: str) -> dict:
     out = os.path.join(root, f"run-{config}")
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", "29631",
-           "--module", "dsgrpo.train", os.path.join(REPO, "examples", "cpu_demo.yaml"),
-           "--model", model_for(config, root), "--output_dir", out, *COMMON, *overrides(config)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        "2",
+        "--master_port",
+        "29631",
+        "--module",
+        "dsgrpo.train",
+        os.path.join(REPO, "examples", "cpu_demo.yaml"),
+        "--model",
+        model_for(config, root),
+        "--output_dir",
+        out,
+        *COMMON,
+        *overrides(config),
+    ]
     # DSGRPO_TRIM_HEAP=1: the plan is of live memory; a run whose plan leaves room would otherwise skip the heap trims
     # that make the resident peak follow it (device.choose_heap_trimming)
-    env = dict(os.environ, DS_ACCELERATOR="cpu", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false",
-               DSGRPO_TRIM_HEAP="1")
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        TOKENIZERS_PARALLELISM="false",
+        DSGRPO_TRIM_HEAP="1",
+    )
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     with open(out + ".log", "w") as fh:
         fh.write(proc.stdout + proc.stderr)
@@ -83,9 +132,12 @@ def main() -> int:
         planned = memory["plan"]["peak_bytes_per_device"]
         errors[config] = 100.0 * (planned / measured - 1)
         parts = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in memory["plan"]["parts"].items() if v)
-        print(f"{config:9s} planned {planned / 2**30:6.2f} GiB  measured {measured / 2**30:6.2f} GiB "
-              f"(ranks: {', '.join(f'{m / 2**30:.2f}' for m in memory['measured_peak_bytes_per_rank'])})  "
-              f"error {errors[config]:+.1f}%\n          parts (MiB): {parts}", flush=True)
+        print(
+            f"{config:9s} planned {planned / 2**30:6.2f} GiB  measured {measured / 2**30:6.2f} GiB "
+            f"(ranks: {', '.join(f'{m / 2**30:.2f}' for m in memory['measured_peak_bytes_per_rank'])})  "
+            f"error {errors[config]:+.1f}%\n          parts (MiB): {parts}",
+            flush=True,
+        )
     print("RESULT " + " ".join(f"{k}_error_pct={v:+.1f}" for k, v in errors.items()))
     return 0
 

@@ -20,22 +20,39 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROBLEMS = [  # (right solution, wrong solution, asserts, stdin/stdout program, cases)
-    ("def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a - b\n",
-     ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-5, 5) == 0"],
-     "a, b = map(int, input().split())\nprint(a + b)\n", [("1 2", "3"), ("0 0", "0"), ("-5 5", "0")]),
-    ("def rev(s):\n    return s[::-1]\n", "def rev(s):\n    return s\n",
-     ["assert rev('abc') == 'cba'", "assert rev('') == ''", "assert rev('ab') == 'ba'"],
-     "print(input()[::-1])\n", [("abc", "cba"), ("x", "x"), ("ab", "ba")]),
-    ("def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
-     "def fib(n):\n    return n\n",
-     ["assert fib(0) == 0", "assert fib(10) == 55", "assert [fib(i) for i in range(6)] == [0, 1, 1, 2, 3, 5]"],
-     "n = int(input())\na, b = 0, 1\nfor _ in range(n):\n    a, b = b, a + b\nprint(a)\n", [("0", "0"), ("10", "55"), ("20", "6765")]),
-    ("import math\ndef is_prime(n):\n    return n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1))\n",
-     "def is_prime(n):\n    return n % 2 == 1\n",
-     ["assert is_prime(2)", "assert not is_prime(9)", "assert [n for n in range(20) if is_prime(n)] == [2, 3, 5, 7, 11, 13, 17, 19]",
-      "assert is_prime(7919)"],
-     "import math\nn = int(input())\nprint(n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1)))\n",
-     [("2", "True"), ("9", "False"), ("7919", "True")]),
+    (
+        "def add(a, b):\n    return a + b\n",
+        "def add(a, b):\n    return a - b\n",
+        ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-5, 5) == 0"],
+        "a, b = map(int, input().split())\nprint(a + b)\n",
+        [("1 2", "3"), ("0 0", "0"), ("-5 5", "0")],
+    ),
+    (
+        "def rev(s):\n    return s[::-1]\n",
+        "def rev(s):\n    return s\n",
+        ["assert rev('abc') == 'cba'", "assert rev('') == ''", "assert rev('ab') == 'ba'"],
+        "print(input()[::-1])\n",
+        [("abc", "cba"), ("x", "x"), ("ab", "ba")],
+    ),
+    (
+        "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+        "def fib(n):\n    return n\n",
+        ["assert fib(0) == 0", "assert fib(10) == 55", "assert [fib(i) for i in range(6)] == [0, 1, 1, 2, 3, 5]"],
+        "n = int(input())\na, b = 0, 1\nfor _ in range(n):\n    a, b = b, a + b\nprint(a)\n",
+        [("0", "0"), ("10", "55"), ("20", "6765")],
+    ),
+    (
+        "import math\ndef is_prime(n):\n    return n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1))\n",
+        "def is_prime(n):\n    return n % 2 == 1\n",
+        [
+            "assert is_prime(2)",
+            "assert not is_prime(9)",
+            "assert [n for n in range(20) if is_prime(n)] == [2, 3, 5, 7, 11, 13, 17, 19]",
+            "assert is_prime(7919)",
+        ],
+        "import math\nn = int(input())\nprint(n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1)))\n",
+        [("2", "True"), ("9", "False"), ("7919", "True")],
+    ),
 ]
 
 
@@ -58,10 +75,12 @@ def code_workload(rows: int, kind: str):
 def load_sandbox(path):
     if path is None:
         from dsgrpo.rewards import sandbox
+
         return sandbox
     if os.path.isdir(path):  # a copy of the sandbox package (dsgrpo/rewards/sandbox/)
-        spec = importlib.util.spec_from_file_location("bench_sandbox", os.path.join(path, "__init__.py"),
-                                                      submodule_search_locations=[path])
+        spec = importlib.util.spec_from_file_location(
+            "bench_sandbox", os.path.join(path, "__init__.py"), submodule_search_locations=[path]
+        )
     else:  # a single-file sandbox.py of before the package (its runner beside it)
         spec = importlib.util.spec_from_file_location("bench_sandbox", path)
     module = importlib.util.module_from_spec(spec)
@@ -77,6 +96,7 @@ def code_reward_for(sandbox, timeout_s: float):
 
     def sequential(completions, tests):  # an older sandbox: its code_reward, row after row
         return [sandbox.run_tests(sandbox.extract_code(c), t, limits) for c, t in zip(completions, tests)]
+
     return sequential
 
 
@@ -95,8 +115,10 @@ def bench_code(a) -> dict:
             scores = reward(completions, tests)
             best = min(best, time.perf_counter() - t)
         results[kind] = rows / best
-        print(f"code_reward {kind:9s} {rows} completions in {best:.3f} s = {results[kind]:,.1f} /s "
-              f"(mean score {sum(scores) / len(scores):.3f})")
+        print(
+            f"code_reward {kind:9s} {rows} completions in {best:.3f} s = {results[kind]:,.1f} /s "
+            f"(mean score {sum(scores) / len(scores):.3f})"
+        )
     return results
 
 
@@ -106,8 +128,11 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--code-rows", type=int, default=64)
     p.add_argument("--only", choices=("math", "code"), default=None)
-    p.add_argument("--sandbox", default=None,
-                   help="a sandbox package directory, or an older single-file sandbox.py, to time instead of dsgrpo's")
+    p.add_argument(
+        "--sandbox",
+        default=None,
+        help="a sandbox package directory, or an older single-file sandbox.py, to time instead of dsgrpo's",
+    )
     a = p.parse_args()
     results = {}
     if a.only != "code":
@@ -117,8 +142,10 @@ def main() -> int:
         solutions = [r["answer"] for r in rows]
         # completions as a model would write them: the reasoning, then the final line (half of them wrong)
         completions = [s if i % 2 == 0 else s.rsplit("####", 1)[0] + "#### 0" for i, s in enumerate(solutions)]
-        for name, fn, kwargs in (("accuracy_reward", accuracy_reward, {"solution": solutions}),
-                                 ("think_format_reward", think_format_reward, {})):
+        for name, fn, kwargs in (
+            ("accuracy_reward", accuracy_reward, {"solution": solutions}),
+            ("think_format_reward", think_format_reward, {}),
+        ):
             best = float("inf")
             for _ in range(a.repeat):
                 t = time.perf_counter()

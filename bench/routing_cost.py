@@ -28,9 +28,19 @@ def build_model(width: int, out: str) -> str:
 
     base = tiny_model("qwen3-moe")
     config = AutoConfig.from_pretrained(base)
-    config.update(dict(hidden_size=width, intermediate_size=2 * width, moe_intermediate_size=width // 2,
-                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=width // 4,
-                       num_experts=8, num_experts_per_tok=2))
+    config.update(
+        dict(
+            hidden_size=width,
+            intermediate_size=2 * width,
+            moe_intermediate_size=width // 2,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=width // 4,
+            num_experts=8,
+            num_experts_per_tok=2,
+        )
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(out)
@@ -66,14 +76,31 @@ def main() -> int:
     rows = {}
     # a first, unreported variant warms the process up (allocator, thread pools): the first trainer of a process
     # ran ~10% slower than the same one later
-    for name, mode in (("warm-up", "off"), ("no tap", "off"), ("compare (off)", "off"), ("replay (rollout)", "rollout"),
-                       ("no tap again", "off")):
+    for name, mode in (
+        ("warm-up", "off"),
+        ("no tap", "off"),
+        ("compare (off)", "off"),
+        ("replay (rollout)", "rollout"),
+        ("no tap again", "off"),
+    ):
         routing.attach = (lambda engine, replace: None) if name.startswith("no tap") else attach
-        args = GRPOConfig(output_dir=os.path.join(out, name.split()[0]), max_steps=a.steps,
-                          per_device_train_batch_size=8, num_generations=4, max_completion_length=a.completion,
-                          learning_rate=1e-3, logging_steps=1, gradient_checkpointing=False, seed=0,
-                          use_vllm=False, routing_replay=mode, bf16=a.bf16, save_strategy="no", report_to=[],
-                          deepspeed="zero3.json")
+        args = GRPOConfig(
+            output_dir=os.path.join(out, name.split()[0]),
+            max_steps=a.steps,
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=a.completion,
+            learning_rate=1e-3,
+            logging_steps=1,
+            gradient_checkpointing=False,
+            seed=0,
+            use_vllm=False,
+            routing_replay=mode,
+            bf16=a.bf16,
+            save_strategy="no",
+            report_to=[],
+            deepspeed="zero3.json",
+        )
         t = GRPOTrainer(model, reward, train_dataset=prompts, args=args)
         t.train()
         hist = [h for h in t.state.log_history if "loss" in h and "train_runtime" not in h][2:]
@@ -84,12 +111,21 @@ def main() -> int:
     rows.pop("warm-up")
     if dist.is_main():
         for name, r in rows.items():
-            print(f"{name:18s} generate {r['time/generate']:.3f} s  train {r['time/train']:.3f} s  "
-                  f"router_agreement {r['agreement']:.4f}  own {r['own']:.4f}", flush=True)
+            print(
+                f"{name:18s} generate {r['time/generate']:.3f} s  train {r['time/train']:.3f} s  "
+                f"router_agreement {r['agreement']:.4f}  own {r['own']:.4f}",
+                flush=True,
+            )
         base = {k: (rows["no tap"][k] + rows["no tap again"][k]) / 2 for k in ("time/generate", "time/train")}
-        print("RESULT " + " ".join(f"{n.split()[0]}_{k.split('/')[1]}_vs_no_tap={rows[n][k] / base[k]:.3f}"
-                                   for n in ("compare (off)", "replay (rollout)") for k in ("time/generate",
-                                                                                            "time/train")), flush=True)
+        print(
+            "RESULT "
+            + " ".join(
+                f"{n.split()[0]}_{k.split('/')[1]}_vs_no_tap={rows[n][k] / base[k]:.3f}"
+                for n in ("compare (off)", "replay (rollout)")
+                for k in ("time/generate", "time/train")
+            ),
+            flush=True,
+        )
     return 0
 
 

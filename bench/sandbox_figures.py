@@ -45,8 +45,10 @@ def main() -> None:
     programs = [p for _, forger, wrong, _ in corpus for p in (forger, wrong)]
     scores = reward([f"```python\n{p}```" for p in programs], [t for *_, t in corpus for _ in range(2)])
     forged = [name for i, (name, *_) in enumerate(corpus) if scores[2 * i] > scores[2 * i + 1]]
-    print(f"answer forgers (tests/sandbox_answer_attacks.py): {len(corpus) - len(forged)} held / {len(corpus)}"
-          + (f"  forged: {forged}" if forged else ""))
+    print(
+        f"answer forgers (tests/sandbox_answer_attacks.py): {len(corpus) - len(forged)} held / {len(corpus)}"
+        + (f"  forged: {forged}" if forged else "")
+    )
 
     scored = fidelity.scored.__wrapped__()
     for honest, what in ((True, "honest programs"), (False, "wrong twins")):

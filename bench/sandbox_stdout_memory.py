@@ -27,8 +27,9 @@ def load(directory: str | None):
         from dsgrpo.rewards import sandbox
 
         return sandbox
-    spec = importlib.util.spec_from_file_location("bench_sandbox", os.path.join(directory, "__init__.py"),
-                                                  submodule_search_locations=[directory])
+    spec = importlib.util.spec_from_file_location(
+        "bench_sandbox", os.path.join(directory, "__init__.py"), submodule_search_locations=[directory]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_sandbox"] = module
     spec.loader.exec_module(module)

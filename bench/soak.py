@@ -86,18 +86,41 @@ def main() -> int:
     if not os.path.isdir(init):
         subprocess.run([sys.executable, "-m", "dsgrpo.tasks", "warmup", "--out", init], check=True, cwd=REPO)
     shm_before = set(glob.glob("/dev/shm/*"))
-    cmd = ["bash", os.path.join(REPO, "launch_scripts", "train.sh"), "examples/cpu_demo.yaml", "--max_steps",
-           str(a.steps), "--save_steps", str(a.save_steps), "--save_total_limit", "2", "--output_dir", a.out,
-           "--logging_steps", "10"]
+    cmd = [
+        "bash",
+        os.path.join(REPO, "launch_scripts", "train.sh"),
+        "examples/cpu_demo.yaml",
+        "--max_steps",
+        str(a.steps),
+        "--save_steps",
+        str(a.save_steps),
+        "--save_total_limit",
+        "2",
+        "--output_dir",
+        a.out,
+        "--logging_steps",
+        "10",
+    ]
     log = open(os.path.join(os.path.dirname(a.out) or ".", "soak.log"), "w")
-    launcher = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHON=sys.executable))
+    launcher = subprocess.Popen(
+        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHON=sys.executable)
+    )
     samples, start = [], time.time()
-    print(f"{'t/s':>6} {'step':>6} " + " ".join(f"{f'r{r} rss':>9} {f'r{r} fds':>7} {f'r{r} thr':>7}" for r in (0, 1))
-          + f" {'procs':>6}", flush=True)
+    print(
+        f"{'t/s':>6} {'step':>6} "
+        + " ".join(f"{f'r{r} rss':>9} {f'r{r} fds':>7} {f'r{r} thr':>7}" for r in (0, 1))
+        + f" {'procs':>6}",
+        flush=True,
+    )
     while launcher.poll() is None:
         time.sleep(a.interval)
         ranks = ranks_of(launcher.pid)
-        row = {"t": time.time() - start, "step": steps_done(a.out), "procs": len(descendants(launcher.pid)), "ranks": {}}
+        row = {
+            "t": time.time() - start,
+            "step": steps_done(a.out),
+            "procs": len(descendants(launcher.pid)),
+            "ranks": {},
+        }
         for r, pid in sorted(ranks.items()):
             status = proc_status(pid)
             if status:
@@ -105,13 +128,22 @@ def main() -> int:
         if len(row["ranks"]) == 2:
             samples.append(row)
             if len(samples) % 6 == 1:
-                print(f"{row['t']:6.0f} {row['step']:6d} " + " ".join(
-                    f"{row['ranks'][r]['rss_mib']:9.1f} {row['ranks'][r]['fds']:7d} {row['ranks'][r]['threads']:7d}"
-                    for r in (0, 1)) + f" {row['procs']:6d}", flush=True)
+                print(
+                    f"{row['t']:6.0f} {row['step']:6d} "
+                    + " ".join(
+                        f"{row['ranks'][r]['rss_mib']:9.1f} {row['ranks'][r]['fds']:7d} {row['ranks'][r]['threads']:7d}"
+                        for r in (0, 1)
+                    )
+                    + f" {row['procs']:6d}",
+                    flush=True,
+                )
     wall = time.time() - start
     time.sleep(3)
-    left = [l for l in subprocess.run(["pgrep", "-af", "dsgrpo.train"], capture_output=True, text=True).stdout.splitlines()
-            if "pgrep" not in l]
+    left = [
+        l
+        for l in subprocess.run(["pgrep", "-af", "dsgrpo.train"], capture_output=True, text=True).stdout.splitlines()
+        if "pgrep" not in l
+    ]
     shm_left = sorted(set(glob.glob("/dev/shm/*")) - shm_before)
     checkpoints = sorted(d for d in os.listdir(a.out) if d.startswith("checkpoint-")) if os.path.isdir(a.out) else []
     print(f"\nexit code {launcher.returncode}; {steps_done(a.out)} steps in {wall:.0f} s; {len(samples)} samples")
@@ -119,14 +151,18 @@ def main() -> int:
     for r in (0, 1):
         rss = [(s["step"], s["ranks"][r]["rss_mib"]) for s in warm]
         if rss:
-            print(f"rank {r}: RSS {rss[0][1]:.1f} → {rss[-1][1]:.1f} MiB after warm-up (step {rss[0][0]} → {rss[-1][0]}), "
-                  f"slope {1000 * slope(rss):+.2f} MiB per 1,000 steps; fds {min(s['ranks'][r]['fds'] for s in warm)}"
-                  f"–{max(s['ranks'][r]['fds'] for s in warm)}; threads {min(s['ranks'][r]['threads'] for s in warm)}"
-                  f"–{max(s['ranks'][r]['threads'] for s in warm)}")
+            print(
+                f"rank {r}: RSS {rss[0][1]:.1f} → {rss[-1][1]:.1f} MiB after warm-up (step {rss[0][0]} → {rss[-1][0]}), "
+                f"slope {1000 * slope(rss):+.2f} MiB per 1,000 steps; fds {min(s['ranks'][r]['fds'] for s in warm)}"
+                f"–{max(s['ranks'][r]['fds'] for s in warm)}; threads {min(s['ranks'][r]['threads'] for s in warm)}"
+                f"–{max(s['ranks'][r]['threads'] for s in warm)}"
+            )
     if warm:
         print(f"job processes {min(s['procs'] for s in warm)}–{max(s['procs'] for s in warm)}")
-    print(f"left after exit: {len(left)} dsgrpo.train processes {left}; new /dev/shm files: {shm_left}; "
-          f"checkpoints kept: {checkpoints}")
+    print(
+        f"left after exit: {len(left)} dsgrpo.train processes {left}; new /dev/shm files: {shm_left}; "
+        f"checkpoints kept: {checkpoints}"
+    )
     with open(os.path.join(a.out, "soak_samples.json"), "w") as fh:
         json.dump(samples, fh)
     return launcher.returncode

@@ -40,24 +40,43 @@ def measure(model: str, length: int, sp: int, steps: int) -> dict:
         tok = trainer.processing_class
         g = torch.Generator().manual_seed(dist.rank())
         ids = [tok(p)["input_ids"] for p in prompts]
-        return {"prompt_ids": ids, "completion_ids": [torch.randint(10, 500, (length,), generator=g).tolist()
-                                                      for _ in prompts],
-                "logprobs": [[-3.0] * length for _ in prompts]}
+        return {
+            "prompt_ids": ids,
+            "completion_ids": [torch.randint(10, 500, (length,), generator=g).tolist() for _ in prompts],
+            "logprobs": [[-3.0] * length for _ in prompts],
+        }
 
     def reward(completions, **kw):
         return [float(i % 2) for i in range(len(completions))]
 
     longest = 16 + length
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="sp-bench-"), max_steps=steps, per_device_train_batch_size=2,
-                      num_generations=2, max_completion_length=length, max_prompt_length=16, learning_rate=1e-6,
-                      logging_steps=1, bf16=False, use_vllm=False, gradient_checkpointing=False, report_to="none",
-                      save_strategy="no", token_budget=-(-longest // sp),
-                      parallelism_config={"sp_backend": "deepspeed", "sp_size": sp} if sp > 1 else None)
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="sp-bench-"),
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=length,
+        max_prompt_length=16,
+        learning_rate=1e-6,
+        logging_steps=1,
+        bf16=False,
+        use_vllm=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        token_budget=-(-longest // sp),
+        parallelism_config={"sp_backend": "deepspeed", "sp_size": sp} if sp > 1 else None,
+    )
     trainer = GRPOTrainer(model, reward, args=args, train_dataset=prompts, rollout_func=rollout_func)
     trainer.train()
     rows = [h for h in trainer.state.log_history if "memory/rise_gib/train" in h]
-    mine = torch.tensor([max(h["memory/rise_gib/train"] for h in rows), max(h["memory/peak_gib/train"] for h in rows),
-                         sum(h["time/train"] for h in rows[1:]) / max(1, len(rows) - 1)])
+    mine = torch.tensor(
+        [
+            max(h["memory/rise_gib/train"] for h in rows),
+            max(h["memory/peak_gib/train"] for h in rows),
+            sum(h["time/train"] for h in rows[1:]) / max(1, len(rows) - 1),
+        ]
+    )
     worst = dist.all_reduce_max(mine)
     return {"rise": float(worst[0]), "peak": float(worst[1]), "train_s": float(worst[2])}
 
@@ -76,14 +95,18 @@ def main() -> int:
         # glibc reads it at start: re-exec this process (same pid, so torchrun keeps watching it)
         os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, MALLOC_MMAP_THRESHOLD_="1048576"))
     from dsgrpo import dist
+
     fits = []
     for length in [int(x) for x in a.lengths.split(",")] if a.lengths else [a.length]:
         r = measure(a.model, length, a.sp, a.steps)
         if r["rise"] <= a.cap_gib:
             fits.append(length)
         if dist.is_main():
-            print(f"RESULT sp={a.sp} length={length} train_rise_gib={r['rise']:.3f} train_peak_gib={r['peak']:.3f} "
-                  f"train_s={r['train_s']:.2f}", flush=True)
+            print(
+                f"RESULT sp={a.sp} length={length} train_rise_gib={r['rise']:.3f} train_peak_gib={r['peak']:.3f} "
+                f"train_s={r['train_s']:.2f}",
+                flush=True,
+            )
     if a.cap_gib and dist.is_main():
         print(f"LONGEST sp={a.sp} cap_gib={a.cap_gib} length={max(fits, default=0)}", flush=True)
     return 0

@@ -74,8 +74,18 @@ def main() -> int:
         if not os.path.exists(os.path.join(model, "config.json")):
             run([PY, "-m", "dsgrpo.testing", "make", *w["make"].split(), "--out", model], a.timeout)
         batch = w["batch"]
-        args = ["--model", model, "--steps", str(a.steps), "--num-generations", "8",
-                "--max-completion-length", str(w["length"]), "--batch-size", str(batch)]
+        args = [
+            "--model",
+            model,
+            "--steps",
+            str(a.steps),
+            "--num-generations",
+            "8",
+            "--max-completion-length",
+            str(w["length"]),
+            "--batch-size",
+            str(batch),
+        ]
         if w["stop"]:
             args += ["--stop-ids", str(w["stop"])]
         configs = [] if a.skip_trl else [("TRL", 1, []), ("TRL", 2, [])]
@@ -87,22 +97,44 @@ def main() -> int:
             launcher = [PY] if world == 1 else TORCHRUN
             values = parse(run(launcher + [script] + args + extra, a.timeout))
             if who != "TRL" and "length" in values:  # the floors of this run's tokens, per rank
-                floor = parse(run([PY, "bench/floors.py", "--model", model, "--completions", str(batch // world),
-                                   "--micro", str(batch // world), "--completion", str(round(values["length"])),
-                                   "--threads", str(max(1, cores // world)), "--repeat", "2"], a.timeout))
+                floor = parse(
+                    run(
+                        [
+                            PY,
+                            "bench/floors.py",
+                            "--model",
+                            model,
+                            "--completions",
+                            str(batch // world),
+                            "--micro",
+                            str(batch // world),
+                            "--completion",
+                            str(round(values["length"])),
+                            "--threads",
+                            str(max(1, cores // world)),
+                            "--repeat",
+                            "2",
+                        ],
+                        a.timeout,
+                    )
+                )
                 values["train_floor"], values["gen_floor"] = floor["train_floor_s"], floor["generation_flop_floor_s"]
             rows.append((name, who, world, values))
             print(f"  {name} {who} x{world}: {values}", flush=True)
     print(f"\n{cores} cores; completion tokens/s (mean of steps 2..{a.steps}); phases in s a step, floor in brackets\n")
-    print("| workload | run | ranks | tok/s | vs TRL best | generate [FLOP floor] | train [torch floor] | reward | sync |")
+    print(
+        "| workload | run | ranks | tok/s | vs TRL best | generate [FLOP floor] | train [torch floor] | reward | sync |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, who, world, v in rows:
         trl = [r[3]["completion_tok_per_s"] for r in rows if r[0] == name and r[1] == "TRL"]
         vs = f"{v['completion_tok_per_s'] / max(trl):.2f}×" if trl and who != "TRL" else ""
         gen = f"{v['generate']:.2f} [{v['gen_floor']:.2f}]" if "gen_floor" in v else ""
         train = f"{v['train']:.2f} [{v['train_floor']:.2f}]" if "train_floor" in v else ""
-        print(f"| {name} | {who} | {world} | {v['completion_tok_per_s']:.1f} | {vs} | {gen} | {train} | "
-              f"{v.get('reward', float('nan')):.2f} | {v.get('sync', float('nan')):.2f} |")
+        print(
+            f"| {name} | {who} | {world} | {v['completion_tok_per_s']:.1f} | {vs} | {gen} | {train} | "
+            f"{v.get('reward', float('nan')):.2f} | {v.get('sync', float('nan')):.2f} |"
+        )
     return 0
 
 

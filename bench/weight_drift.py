@@ -26,24 +26,47 @@ def worker(a) -> int:
 
     extra = {}
     if a.zero == "3":
-        extra["deepspeed"] = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-                              "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-                              "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                              "gradient_clipping": "auto"}
-    args = GRPOConfig(output_dir=os.path.join(a.out, "run"), max_steps=a.steps, learning_rate=0.0,
-                      per_device_train_batch_size=8, num_generations=4, max_completion_length=24, logging_steps=1,
-                      gradient_checkpointing=False, seed=5, report_to="none", save_strategy="no",
-                      vllm_kv_cache_bytes=64 << 20, **extra)
+        extra["deepspeed"] = {
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "gradient_clipping": "auto",
+        }
+    args = GRPOConfig(
+        output_dir=os.path.join(a.out, "run"),
+        max_steps=a.steps,
+        learning_rate=0.0,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=24,
+        logging_steps=1,
+        gradient_checkpointing=False,
+        seed=5,
+        report_to="none",
+        save_strategy="no",
+        vllm_kv_cache_bytes=64 << 20,
+        **extra,
+    )
     prompts = Dataset.from_list([{"prompt": f"Write the digits of {i * 7919 % 1000}:"} for i in range(64)])
-    trainer = GRPOTrainer(tiny_model(a.model), lambda completions, **k: [float(len(c) % 3) for c in completions],
-                          args=args, train_dataset=prompts)
+    trainer = GRPOTrainer(
+        tiny_model(a.model),
+        lambda completions, **k: [float(len(c) % 3) for c in completions],
+        args=args,
+        train_dataset=prompts,
+    )
     trainer.train()
     rows = [h for h in trainer.state.log_history if "sampling/sampling_logp_difference/mean" in h]
     if dist.is_main():
         with open(os.path.join(a.out, "drift.json"), "w") as fh:
-            json.dump({"mean": [h["sampling/sampling_logp_difference/mean"] for h in rows],
-                       "max": [h["sampling/sampling_logp_difference/max"] for h in rows],
-                       "sync_s": [h.get("sync/total_s") for h in rows]}, fh)
+            json.dump(
+                {
+                    "mean": [h["sampling/sampling_logp_difference/mean"] for h in rows],
+                    "max": [h["sampling/sampling_logp_difference/max"] for h in rows],
+                    "sync_s": [h.get("sync/total_s") for h in rows],
+                },
+                fh,
+            )
     return 0
 
 
@@ -68,11 +91,32 @@ def main() -> int:
     from dsgrpo.testing import _free_port
 
     os.makedirs(a.out, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONPATH=REPO,
-               DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           os.path.abspath(__file__), "--worker", "--steps", str(a.steps), "--zero", a.zero, "--model", a.model,
-           "--out", a.out]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        PYTHONPATH=REPO,
+        DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        os.path.abspath(__file__),
+        "--worker",
+        "--steps",
+        str(a.steps),
+        "--zero",
+        a.zero,
+        "--model",
+        a.model,
+        "--out",
+        a.out,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200)
     if proc.returncode != 0:
         print(proc.stderr[-4000:])
@@ -80,15 +124,19 @@ def main() -> int:
     r = json.load(open(os.path.join(a.out, "drift.json")))
     mean, worst = r["mean"], r["max"]
     first, last = mean[:20], mean[-20:]
-    print(f"lr=0, {len(mean)} steps ({'ZeRO-3' if a.zero == '3' else 'deepspeed auto'}, {a.model}, fp32 CPU): "
-          f"sampler-trainer |log-prob gap| mean over steps 1-20 {sum(first) / len(first):.3g}, over the last 20 "
-          f"{sum(last) / len(last):.3g}; slope {slope_per_100(mean):+.2g} per 100 steps; max over the run "
-          f"{max(worst):.3g} (first 20: {max(worst[:20]):.3g}, last 20: {max(worst[-20:]):.3g})")
+    print(
+        f"lr=0, {len(mean)} steps ({'ZeRO-3' if a.zero == '3' else 'deepspeed auto'}, {a.model}, fp32 CPU): "
+        f"sampler-trainer |log-prob gap| mean over steps 1-20 {sum(first) / len(first):.3g}, over the last 20 "
+        f"{sum(last) / len(last):.3g}; slope {slope_per_100(mean):+.2g} per 100 steps; max over the run "
+        f"{max(worst):.3g} (first 20: {max(worst[:20]):.3g}, last 20: {max(worst[-20:]):.3g})"
+    )
     syncs = [s for s in r["sync_s"] if s is not None]
     if syncs:
         print(f"sync: {sum(syncs) / len(syncs) * 1000:.1f} ms per sync on average")
-    print(f"RESULT gap_first20={sum(first) / len(first):.3g} gap_last20={sum(last) / len(last):.3g} "
-          f"slope_per_100={slope_per_100(mean):+.2g} max_gap={max(worst):.3g}")
+    print(
+        f"RESULT gap_first20={sum(first) / len(first):.3g} gap_last20={sum(last) / len(last):.3g} "
+        f"slope_per_100={slope_per_100(mean):+.2g} max_gap={max(worst):.3g}"
+    )
     return 0
 
 

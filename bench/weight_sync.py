@@ -49,6 +49,7 @@ def build_model(shape: str, root: str) -> str:
 
 def memcpy_seconds(nbytes: int, repeat: int) -> float:
     import torch
+
     src, dst = torch.empty(nbytes, dtype=torch.uint8).fill_(1), torch.empty(nbytes, dtype=torch.uint8)
     best = float("inf")
     for _ in range(repeat):
@@ -67,22 +68,37 @@ def worker(a) -> int:
 
     extra = dict(vllm_tensor_parallel_size=2) if a.worker == "colocate_tp2" else {}
     if a.worker == "server":
-        extra = dict(vllm_mode="server", vllm_server_port=a.port, vllm_group_port=a.group_port,
-                     vllm_server_timeout=600)
+        extra = dict(vllm_mode="server", vllm_server_port=a.port, vllm_group_port=a.group_port, vllm_server_timeout=600)
     if a.zero == "3":  # every parameter partitioned (the threshold keeps small ones whole otherwise)
         config = json.load(open(os.path.join(REPO, "ds_configs", "zero3.json")))
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
         extra["deepspeed"] = config
     if a.path == "reload":  # vLLM's reload_weights, as before the native weight-transfer API was used
         from dsgrpo import compat
+
         compat.register_inprocess_weight_engine = lambda: False
-    args = GRPOConfig(output_dir=os.path.join(a.out, a.worker), max_steps=1, per_device_train_batch_size=2,
-                      num_generations=2, max_completion_length=8, gradient_checkpointing=False, bf16=True,
-                      vllm_kv_cache_bytes=256 << 20, vllm_max_model_length=512,
-                      weight_sync_bucket_bytes=a.bucket_mb << 20, report_to="none",
-                      save_strategy="no", verify_weight_sync=a.verify, **extra)
-    trainer = GRPOTrainer(a.model, lambda completions, **k: [0.0] * len(completions),
-                          train_dataset=Dataset.from_list([{"prompt": "x"}] * 4), args=args)
+    args = GRPOConfig(
+        output_dir=os.path.join(a.out, a.worker),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=8,
+        gradient_checkpointing=False,
+        bf16=True,
+        vllm_kv_cache_bytes=256 << 20,
+        vllm_max_model_length=512,
+        weight_sync_bucket_bytes=a.bucket_mb << 20,
+        report_to="none",
+        save_strategy="no",
+        verify_weight_sync=a.verify,
+        **extra,
+    )
+    trainer = GRPOTrainer(
+        a.model,
+        lambda completions, **k: [0.0] * len(completions),
+        train_dataset=Dataset.from_list([{"prompt": "x"}] * 4),
+        args=args,
+    )
     module = trainer.policy.module
     nbytes = sum(int(getattr(p, "ds_numel", p.numel())) * p.element_size() for p in module.parameters())
     seconds, phases = [], []
@@ -95,10 +111,19 @@ def worker(a) -> int:
         phases.append(trainer.source.sync_metrics())
     if dist.is_main():
         with open(os.path.join(a.out, f"{a.worker}.json"), "w") as fh:
-            json.dump({"seconds": seconds, "bytes": nbytes, "dtype": str(next(module.parameters()).dtype),
-                       "memcpy_s": memcpy_seconds(nbytes, 3), "threads": torch.get_num_threads(),
-                       "loopback_s": loopback_seconds(nbytes) if a.worker == "server" else None,
-                       "phases": phases, "zero3": any(hasattr(p, "ds_id") for p in module.parameters())}, fh)
+            json.dump(
+                {
+                    "seconds": seconds,
+                    "bytes": nbytes,
+                    "dtype": str(next(module.parameters()).dtype),
+                    "memcpy_s": memcpy_seconds(nbytes, 3),
+                    "threads": torch.get_num_threads(),
+                    "loopback_s": loopback_seconds(nbytes) if a.worker == "server" else None,
+                    "phases": phases,
+                    "zero3": any(hasattr(p, "ds_id") for p in module.parameters()),
+                },
+                fh,
+            )
     return 0
 
 
@@ -128,7 +153,7 @@ def loopback_seconds(nbytes: int) -> float:
     start = time.perf_counter()
     sent = 0
     while sent < nbytes:
-        sent += client.send(memoryview(chunk)[:min(len(chunk), nbytes - sent)])
+        sent += client.send(memoryview(chunk)[: min(len(chunk), nbytes - sent)])
     client.close()
     thread.join()
     seconds = time.perf_counter() - start
@@ -158,20 +183,57 @@ def main() -> int:
 
     os.makedirs(a.out, exist_ok=True)
     model = build_model(a.shape, a.out)
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"), PYTHONPATH=REPO)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu"),
+        PYTHONPATH=REPO,
+    )
     results = {}
     for mode in a.modes.split(","):
         port, group_port = _free_port(), _free_port()
         server = None
         if mode == "server":
-            server = ServerProcess(model, os.path.join(a.out, "server.json"), port=port, group_port=group_port,
-                                   dtype="bfloat16", extra=["--kv-cache-bytes", str(256 << 20), "--max-model-len", "512"])
+            server = ServerProcess(
+                model,
+                os.path.join(a.out, "server.json"),
+                port=port,
+                group_port=group_port,
+                dtype="bfloat16",
+                extra=["--kv-cache-bytes", str(256 << 20), "--max-model-len", "512"],
+            )
             server.start(timeout_s=900)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), os.path.abspath(__file__), "--worker", mode, "--model", model, "--out", a.out,
-               "--repeat", str(a.repeat), "--bucket-mb", str(a.bucket_mb), "--port", str(port), "--group-port",
-               str(group_port), "--zero", a.zero, "--path", a.path, "--verify", a.verify]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            os.path.abspath(__file__),
+            "--worker",
+            mode,
+            "--model",
+            model,
+            "--out",
+            a.out,
+            "--repeat",
+            str(a.repeat),
+            "--bucket-mb",
+            str(a.bucket_mb),
+            "--port",
+            str(port),
+            "--group-port",
+            str(group_port),
+            "--zero",
+            a.zero,
+            "--path",
+            a.path,
+            "--verify",
+            a.verify,
+        ]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
         finally:
@@ -183,17 +245,22 @@ def main() -> int:
         r = json.load(open(os.path.join(a.out, f"{mode}.json")))
         best = min(r["seconds"])
         results[mode] = best
-        print(f"{a.shape} {mode:13s} {r['bytes'] / 2**20:8.1f} MB ({r['dtype']}, "
-              f"{'ZeRO-3' if r['zero3'] else 'whole'}): {best:6.2f} s/sync "
-              f"(all: {', '.join(f'{s:.2f}' for s in r['seconds'])}), {r['bytes'] / best / 2**30:5.2f} GiB/s; "
-              f"memcpy {r['memcpy_s']:.3f} s → {best / r['memcpy_s']:.1f}× memcpy"
-              + (f"; loopback copy {r['loopback_s']:.3f} s → {best / r['loopback_s']:.1f}×" if r["loopback_s"] else ""),
-              flush=True)
+        print(
+            f"{a.shape} {mode:13s} {r['bytes'] / 2**20:8.1f} MB ({r['dtype']}, "
+            f"{'ZeRO-3' if r['zero3'] else 'whole'}): {best:6.2f} s/sync "
+            f"(all: {', '.join(f'{s:.2f}' for s in r['seconds'])}), {r['bytes'] / best / 2**30:5.2f} GiB/s; "
+            f"memcpy {r['memcpy_s']:.3f} s → {best / r['memcpy_s']:.1f}× memcpy"
+            + (f"; loopback copy {r['loopback_s']:.3f} s → {best / r['loopback_s']:.1f}×" if r["loopback_s"] else ""),
+            flush=True,
+        )
         phases = r["phases"][r["seconds"].index(best)]
         if phases:
-            print("    phases (rank 0, best sync): " + ", ".join(
-                f"{k.split('/')[1]} {v:.3f}" for k, v in phases.items() if k.endswith("_s"))
-                + f"; extra memory held {phases.get('sync/peak_extra_bytes', 0) / 2**20:.0f} MiB", flush=True)
+            print(
+                "    phases (rank 0, best sync): "
+                + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in phases.items() if k.endswith("_s"))
+                + f"; extra memory held {phases.get('sync/peak_extra_bytes', 0) / 2**20:.0f} MiB",
+                flush=True,
+            )
     print("RESULT " + " ".join(f"{m}_s={s:.2f}" for m, s in results.items()))
     return 0
 

@@ -7,18 +7,28 @@ trainer is first touched, so `import dsgrpo` and `import dsgrpo.algorithms` stay
 from .config import GRPOConfig
 
 __version__ = "0.1.0"
-__all__ = ["GRPOConfig", "GRPOTrainer", "AsyncGRPOTrainer", "AsyncRLGRPOTrainer", "agent_rollout", "agent_reward",
-           "__version__"]
+__all__ = [
+    "GRPOConfig",
+    "GRPOTrainer",
+    "AsyncGRPOTrainer",
+    "AsyncRLGRPOTrainer",
+    "agent_rollout",
+    "agent_reward",
+    "__version__",
+]
 
 
 def __getattr__(name):
     if name == "GRPOTrainer":
         from .trainer import GRPOTrainer
+
         return GRPOTrainer
     if name in ("AsyncGRPOTrainer", "AsyncRLGRPOTrainer"):  # the second name is the seed's
         from .async_trainer import AsyncGRPOTrainer
+
         return AsyncGRPOTrainer
     if name in ("agent_rollout", "agent_reward"):  # agents that run their own loop (rollout/agents.py)
         from .rollout import agents
+
         return getattr(agents, name)
     raise AttributeError(f"module 'dsgrpo' has no attribute {name!r}")

@@ -10,14 +10,27 @@ from typing import Any, Dict, List
 from transformers import TrainerControl as _HFTrainerControl
 from transformers import TrainerState as _HFTrainerState
 
-EVENTS = ("on_init_end", "on_train_begin", "on_epoch_begin", "on_step_begin", "on_pre_optimizer_step",
-          "on_optimizer_step", "on_step_end", "on_epoch_end", "on_log", "on_evaluate", "on_save", "on_train_end")
+EVENTS = (
+    "on_init_end",
+    "on_train_begin",
+    "on_epoch_begin",
+    "on_step_begin",
+    "on_pre_optimizer_step",
+    "on_optimizer_step",
+    "on_step_end",
+    "on_epoch_end",
+    "on_log",
+    "on_evaluate",
+    "on_save",
+    "on_train_end",
+)
 
 
 @dataclass
 class TrainerState(_HFTrainerState):
     """transformers' TrainerState (what callbacks read: global_step, epoch, max_steps, log_history, ...) plus the
     generation round, which a checkpoint restores with it."""
+
     generation_round: int = 0
 
 
@@ -32,8 +45,14 @@ class CallbackHandler:
 
     def __init__(self, callbacks: List[Any] | None):
         self.callbacks: List[Any] = []
-        self.context: Dict[str, Any] = {"model": None, "processing_class": None, "optimizer": None,
-                                        "lr_scheduler": None, "train_dataloader": None, "eval_dataloader": None}
+        self.context: Dict[str, Any] = {
+            "model": None,
+            "processing_class": None,
+            "optimizer": None,
+            "lr_scheduler": None,
+            "train_dataloader": None,
+            "eval_dataloader": None,
+        }
         for cb in callbacks or []:
             self.add(cb)
 

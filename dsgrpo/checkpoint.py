@@ -48,13 +48,20 @@ import numpy as np
 import torch
 
 from . import dist, resume_guards
-from .checkpoint_integrity import (CHECKSUMS, COMPLETE, DamagedCheckpointError, _digest_share, check_intact,
-                                   checkpoint_files)
+from .checkpoint_integrity import (
+    CHECKSUMS,
+    COMPLETE,
+    DamagedCheckpointError,
+    _digest_share,
+    check_intact,
+    checkpoint_files,
+)
 from .errors import CheckpointError
 from .run_identity import check_can_continue, run_identity
 from .world_change import ENGINE_TAG, _saved_world, check_world_change, universal_engine, world_change_note
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again", a checkpoint was written; batch scripts requeue on it
+
 
 def checkpoint_name(step: int) -> str:
     return f"checkpoint-{step}"
@@ -71,8 +78,8 @@ def complete_checkpoints(output_dir: str) -> List[str]:
     found = []
     for name in os.listdir(output_dir):
         path = os.path.join(output_dir, name)
-        if name.startswith("checkpoint-") and name[len("checkpoint-"):].isdigit() and is_complete(path):
-            found.append((int(name[len("checkpoint-"):]), path))
+        if name.startswith("checkpoint-") and name[len("checkpoint-") :].isdigit() and is_complete(path):
+            found.append((int(name[len("checkpoint-") :]), path))
     return [p for _, p in sorted(found)]
 
 
@@ -94,11 +101,15 @@ def resolve_resume(spec: Any, output_dir: str) -> Optional[str]:
         return path
     path = str(spec)
     if not os.path.isdir(path):
-        raise CheckpointError(f"resume_from_checkpoint={path!r}: no such directory. Pass a checkpoint-<step> folder, "
-                              "or true/'latest' to take the newest complete one in output_dir.")
+        raise CheckpointError(
+            f"resume_from_checkpoint={path!r}: no such directory. Pass a checkpoint-<step> folder, "
+            "or true/'latest' to take the newest complete one in output_dir."
+        )
     if not is_complete(path):
-        raise CheckpointError(f"resume_from_checkpoint={path!r} is not a complete checkpoint (no {COMPLETE} marker or "
-                              "trainer_state.json): it was interrupted while being written. Resume from an older one.")
+        raise CheckpointError(
+            f"resume_from_checkpoint={path!r} is not a complete checkpoint (no {COMPLETE} marker or "
+            "trainer_state.json): it was interrupted while being written. Resume from an older one."
+        )
     check_intact(path)
     if not os.path.realpath(path).startswith(os.path.realpath(output_dir) + os.sep):
         warn_checkpoint_can_run_code(path, f"was not written by this run (it is outside output_dir {output_dir})")
@@ -113,35 +124,47 @@ def _check_newest(path: str, output_dir: str, spec) -> None:
         return
     except DamagedCheckpointError as exc:
         damaged = exc
-    for older in reversed([p for p in complete_checkpoints(output_dir) if os.path.abspath(p) != os.path.abspath(path)
-                           and _step_of(p) < _step_of(path)]):
+    for older in reversed(
+        [
+            p
+            for p in complete_checkpoints(output_dir)
+            if os.path.abspath(p) != os.path.abspath(path) and _step_of(p) < _step_of(path)
+        ]
+    ):
         try:
             check_intact(older)
         except DamagedCheckpointError:
             continue
-        raise CheckpointError(f"resume_from_checkpoint={spec!r}: the newest checkpoint, {path}, is damaged: "
-                              f"{damaged.what}. The newest intact one is {older}: resume from it with "
-                              f"resume_from_checkpoint={older} (or move {os.path.basename(path)} away so that "
-                              "'latest' finds it).")
-    raise CheckpointError(f"resume_from_checkpoint={spec!r}: the newest checkpoint, {path}, is damaged: {damaged.what}, "
-                          "and no older intact checkpoint is left in the folder. Start a new output_dir.")
+        raise CheckpointError(
+            f"resume_from_checkpoint={spec!r}: the newest checkpoint, {path}, is damaged: "
+            f"{damaged.what}. The newest intact one is {older}: resume from it with "
+            f"resume_from_checkpoint={older} (or move {os.path.basename(path)} away so that "
+            "'latest' finds it)."
+        )
+    raise CheckpointError(
+        f"resume_from_checkpoint={spec!r}: the newest checkpoint, {path}, is damaged: {damaged.what}, "
+        "and no older intact checkpoint is left in the folder. Start a new output_dir."
+    )
 
 
 def _step_of(path: str) -> int:
     name = os.path.basename(os.path.normpath(path))
-    return int(name[len("checkpoint-"):]) if name[len("checkpoint-"):].isdigit() else -1
+    return int(name[len("checkpoint-") :]) if name[len("checkpoint-") :].isdigit() else -1
 
 
-def check_resume(path: str, args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None,
-                 rollout_source=None) -> None:
+def check_resume(
+    path: str, args, world_size: int, model_config, adapter: Optional[Dict[str, Any]] = None, rollout_source=None
+) -> None:
     """Before any engine exists: can this checkpoint continue this run? Written by another number of ranks, its
     engine state is converted to DeepSpeed's universal format here (once; collective), before anything loads."""
     with open(os.path.join(path, "trainer_state.json")) as fh:
         state = json.load(fh)
     if state.get("model_only"):
-        raise CheckpointError(f"{path} was written with save_only_model=True: it holds the model but no optimizer, "
-                              "scheduler or RNG state, so no run can continue from it. Start a new run with "
-                              f"model={path!r}, or resume from a checkpoint written without save_only_model.")
+        raise CheckpointError(
+            f"{path} was written with save_only_model=True: it holds the model but no optimizer, "
+            "scheduler or RNG state, so no run can continue from it. Start a new run with "
+            f"model={path!r}, or resume from a checkpoint written without save_only_model."
+        )
     saved = state["identity"]
     check_can_continue(saved, run_identity(args, world_size, model_config, adapter), path)
     if saved["world_size"] != world_size:
@@ -152,9 +175,11 @@ def check_resume(path: str, args, world_size: int, model_config, adapter: Option
 # ------------------------------------------------------------------------------------------------ RNG states
 def rng_state() -> Dict[str, Any]:
     np_state = np.random.get_state()
-    return {"python": _jsonable(random.getstate()),
-            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-            "torch": torch.get_rng_state().tolist()}
+    return {
+        "python": _jsonable(random.getstate()),
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state().tolist(),
+    }
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
@@ -179,16 +204,20 @@ def save(policy, state, source, run: Dict[str, Any]) -> str:
     args, step = policy.args, state.global_step
     final = os.path.join(args.output_dir, checkpoint_name(step))
     partial = os.path.join(args.output_dir, f".{checkpoint_name(step)}.partial")
-    _agree_or_fail(_attempt(lambda: check_space(args.output_dir, checkpoint_name(step)), args.output_dir), partial,
-                   "there is room for the checkpoint")
+    _agree_or_fail(
+        _attempt(lambda: check_space(args.output_dir, checkpoint_name(step)), args.output_dir),
+        partial,
+        "there is room for the checkpoint",
+    )
     if dist.is_main():
         shutil.rmtree(partial, ignore_errors=True)  # debris of a save that was killed
         os.makedirs(partial)
     dist.barrier("partial checkpoint folder exists before ranks write into it")
     failure = _attempt(lambda: _write_rank_state(policy, source, partial), args.output_dir)
     _agree_or_fail(failure, partial, "every rank's shards and RNG state are on disk")
-    failure = _attempt(lambda: _write_trainer_state(policy, state, run, partial), args.output_dir) \
-        if dist.is_main() else None
+    failure = (
+        _attempt(lambda: _write_trainer_state(policy, state, run, partial), args.output_dir) if dist.is_main() else None
+    )
     _agree_or_fail(failure, partial, "trainer state and model files are on disk")
     failure, share = None, {}
     try:
@@ -198,8 +227,17 @@ def save(policy, state, source, run: Dict[str, Any]) -> str:
     digests = dist.all_gather_object((failure, share))
     failures = [f for f, _ in digests if f]
     if not failures and dist.is_main():
-        failure = _attempt(lambda: _publish(partial, final, {k: v for _, d in digests for k, v in d.items()}, args, step,
-                                            state.best_model_checkpoint), args.output_dir)
+        failure = _attempt(
+            lambda: _publish(
+                partial,
+                final,
+                {k: v for _, d in digests for k, v in d.items()},
+                args,
+                step,
+                state.best_model_checkpoint,
+            ),
+            args.output_dir,
+        )
     _agree_or_fail(failures[0] if failures else failure, partial, "checkpoint published")
     return final
 
@@ -231,8 +269,11 @@ def check_space(output_dir: str, name: str) -> None:
     need = sum(os.path.getsize(os.path.join(found[-1], f)) for f in checkpoint_files(found[-1]))
     free = shutil.disk_usage(output_dir).free
     if free < need * 1.05:
-        raise OSError(errno.ENOSPC, f"no room for {name} in {output_dir}: {free / 2**20:.1f} MiB free, and "
-                                    f"{os.path.basename(found[-1])} took {need / 2**20:.1f} MiB")
+        raise OSError(
+            errno.ENOSPC,
+            f"no room for {name} in {output_dir}: {free / 2**20:.1f} MiB free, and "
+            f"{os.path.basename(found[-1])} took {need / 2**20:.1f} MiB",
+        )
 
 
 def _agree_or_fail(failure: Optional[str], partial: str, reason: str) -> None:
@@ -244,9 +285,11 @@ def _agree_or_fail(failure: Optional[str], partial: str, reason: str) -> None:
     if dist.is_main():
         shutil.rmtree(partial, ignore_errors=True)
     dist.barrier("the failed checkpoint's partial folder is removed")
-    raise CheckpointWriteError(f"writing {os.path.basename(partial)[1:-len('.partial')]} failed ({'; '.join(failures)}). "
-                               f"Nothing of it was published: latest and the older checkpoints in "
-                               f"{os.path.dirname(partial)} are as they were. Free space (or fix the mount) and resume.")
+    raise CheckpointWriteError(
+        f"writing {os.path.basename(partial)[1 : -len('.partial')]} failed ({'; '.join(failures)}). "
+        f"Nothing of it was published: latest and the older checkpoints in "
+        f"{os.path.dirname(partial)} are as they were. Free space (or fix the mount) and resume."
+    )
 
 
 def _write_rank_state(policy, source, partial: str) -> None:
@@ -262,18 +305,27 @@ def _write_rank_state(policy, source, partial: str) -> None:
 
 def _write_trainer_state(policy, state, run: Dict[str, Any], partial: str) -> None:
     args = policy.args
-    saved = {"global_step": state.global_step, "generation_round": state.generation_round,
-             "num_input_tokens_seen": state.num_input_tokens_seen, "max_steps": state.max_steps,
-             "epoch": state.epoch, "log_history": state.log_history, "model_only": bool(args.save_only_model),
-             "identity": policy.identity(), **run, **{k: getattr(state, k) for k in BEST_FIELDS}}
+    saved = {
+        "global_step": state.global_step,
+        "generation_round": state.generation_round,
+        "num_input_tokens_seen": state.num_input_tokens_seen,
+        "max_steps": state.max_steps,
+        "epoch": state.epoch,
+        "log_history": state.log_history,
+        "model_only": bool(args.save_only_model),
+        "identity": policy.identity(),
+        **run,
+        **{k: getattr(state, k) for k in BEST_FIELDS},
+    }
     with open(os.path.join(partial, "trainer_state.json"), "w") as fh:
         json.dump(saved, fh)
     args.save(os.path.join(partial, "resolved_config.yaml"))
     policy.write_description(partial)
 
 
-def _publish(partial: str, final: str, digests: Dict[str, Dict[str, Any]], args, step: int,
-             best: Optional[str]) -> None:
+def _publish(
+    partial: str, final: str, digests: Dict[str, Dict[str, Any]], args, step: int, best: Optional[str]
+) -> None:
     with open(os.path.join(partial, CHECKSUMS), "w") as fh:
         json.dump(dict(sorted(digests.items())), fh, indent=0)
     open(os.path.join(partial, COMPLETE), "w").close()
@@ -304,8 +356,10 @@ def generator_state(path: str, rank: int):
     Training rank 0 kept the generators' states in its own rollout state."""
     saved = (read_rollout_state(path, 0) or {}).get("generators", {})
     if str(rank) not in saved:
-        raise CheckpointError(f"{path} holds no state for generating rank {rank}: it was not written by a split-"
-                              "placement run with this many generating ranks.")
+        raise CheckpointError(
+            f"{path} holds no state for generating rank {rank}: it was not written by a split-"
+            "placement run with this many generating ranks."
+        )
     with open(os.path.join(path, "trainer_state.json")) as fh:
         return saved[str(rank)], json.load(fh)["generation_round"]
 
@@ -338,12 +392,16 @@ def check_best_metric(args, logged: List[str]) -> None:
     if metric is None:
         return
     if not logged or args.eval_strategy == "no":
-        raise ValueError(f"metric_for_best_model={metric!r} ranks checkpoints by an evaluation, and this run has "
-                         f"{'no eval_dataset' if not logged else 'eval_strategy=no'}. Pass an eval_dataset and set "
-                         "eval_strategy ('steps' or 'epoch'), or unset metric_for_best_model and load_best_model_at_end.")
+        raise ValueError(
+            f"metric_for_best_model={metric!r} ranks checkpoints by an evaluation, and this run has "
+            f"{'no eval_dataset' if not logged else 'eval_strategy=no'}. Pass an eval_dataset and set "
+            "eval_strategy ('steps' or 'epoch'), or unset metric_for_best_model and load_best_model_at_end."
+        )
     if metric not in logged:
-        raise ValueError(f"metric_for_best_model={metric!r} is not an evaluation metric of this run; it logs "
-                         f"{logged}. Set metric_for_best_model to one of them.")
+        raise ValueError(
+            f"metric_for_best_model={metric!r} is not an evaluation metric of this run; it logs "
+            f"{logged}. Set metric_for_best_model to one of them."
+        )
 
 
 def consider_best(state, args, evaluation: Optional[tuple], path: str) -> Optional[tuple]:
@@ -382,9 +440,12 @@ def warn_checkpoint_can_run_code(path: str, why: str) -> None:
     if real in _warned_code or not dist.is_main():
         return
     _warned_code.add(real)
-    warnings.warn(f"{path} {why}: DeepSpeed loads checkpoint shards with pickle (torch.load(weights_only=False)), "
-                  "so a crafted checkpoint can run code as this user. Load only checkpoints you trust.",
-                  CheckpointCanRunCodeWarning, stacklevel=3)
+    warnings.warn(
+        f"{path} {why}: DeepSpeed loads checkpoint shards with pickle (torch.load(weights_only=False)), "
+        "so a crafted checkpoint can run code as this user. Load only checkpoints you trust.",
+        CheckpointCanRunCodeWarning,
+        stacklevel=3,
+    )
 
 
 def load(policy, state, source, path: str, *, prompts, run: Dict[str, Any], prompts_per_round: int) -> dict:
@@ -428,8 +489,13 @@ def load(policy, state, source, path: str, *, prompts, run: Dict[str, Any], prom
     if note and dist.is_main():
         print(note, file=sys.stderr, flush=True)
     if saved_world != world and dist.is_main():
-        print(world_change_note(path, saved_world, world, saved["generation_round"],
-                                source.reshard_note(saved_world, world)), file=sys.stderr, flush=True)
+        print(
+            world_change_note(
+                path, saved_world, world, saved["generation_round"], source.reshard_note(saved_world, world)
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     return saved
 
 
@@ -448,6 +514,7 @@ def export(checkpoint: str, out_dir: str, merged: bool = False) -> str:
     state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint, tag=ENGINE_TAG)
     if os.path.isfile(os.path.join(checkpoint, "adapter_config.json")):
         from .engines.lora import export_adapter
+
         export_adapter(checkpoint, state_dict, out_dir, merged)
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         for folder in [out_dir] + ([os.path.join(out_dir, "merged")] if merged else []):
@@ -467,6 +534,7 @@ def export(checkpoint: str, out_dir: str, merged: bool = False) -> str:
         raise CheckpointError(f"{checkpoint}: the engine state lacks {missing[:5]}; it does not hold this model.")
     if os.path.isfile(os.path.join(checkpoint, "generation_config.json")):
         from transformers import GenerationConfig
+
         model.generation_config = GenerationConfig.from_pretrained(checkpoint)
     model.save_pretrained(out_dir, safe_serialization=True)
     AutoTokenizer.from_pretrained(checkpoint).save_pretrained(out_dir)

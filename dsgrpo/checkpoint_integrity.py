@@ -36,8 +36,10 @@ def sha256(path: str) -> str:
 def _digest_share(folder: str, rank: int, world: int) -> Dict[str, Dict[str, Any]]:
     """This rank's share of the files (every world-th, by size so shares weigh alike): {path: {size, sha256}}."""
     files = sorted(checkpoint_files(folder), key=lambda f: -os.path.getsize(os.path.join(folder, f)))
-    return {f: {"size": os.path.getsize(os.path.join(folder, f)), "sha256": sha256(os.path.join(folder, f))}
-            for f in files[rank::world]}
+    return {
+        f: {"size": os.path.getsize(os.path.join(folder, f)), "sha256": sha256(os.path.join(folder, f))}
+        for f in files[rank::world]
+    }
 
 
 def damage(path: str, rank: int = 0, world: int = 1) -> Optional[str]:
@@ -68,11 +70,19 @@ def check_intact(path: str) -> None:
     """Collective when a process group exists: refuse a damaged checkpoint, naming the file, on every rank."""
     if not os.path.isfile(os.path.join(path, CHECKSUMS)):
         if dist.is_main():
-            print(f"dsgrpo: {path} has no {CHECKSUMS} (written by an older dsgrpo): resuming without checking it",
-                  file=sys.stderr, flush=True)
+            print(
+                f"dsgrpo: {path} has no {CHECKSUMS} (written by an older dsgrpo): resuming without checking it",
+                file=sys.stderr,
+                flush=True,
+            )
         return
-    found = [d for d in dist.all_gather_object(damage(path, dist.rank(dist.EVERYONE), dist.world_size(dist.EVERYONE)),
-                                               group=dist.EVERYONE) if d]
+    found = [
+        d
+        for d in dist.all_gather_object(
+            damage(path, dist.rank(dist.EVERYONE), dist.world_size(dist.EVERYONE)), group=dist.EVERYONE
+        )
+        if d
+    ]
     if found:
         raise DamagedCheckpointError(path, found[0])
 
@@ -80,5 +90,7 @@ def check_intact(path: str) -> None:
 class DamagedCheckpointError(CheckpointError):
     def __init__(self, path: str, what: str):
         self.path, self.what = path, what
-        super().__init__(f"{path} is damaged: {what}. It was not loaded. Resume from an older checkpoint "
-                         "(resume_from_checkpoint=PATH) or start a new output_dir.")
+        super().__init__(
+            f"{path} is damaged: {what}. It was not loaded. Resume from an older checkpoint "
+            "(resume_from_checkpoint=PATH) or start a new output_dir."
+        )

@@ -24,15 +24,15 @@ from .watchdog import RANK_LOST_EXIT_CODE, RankLostError
 RUN_KEYS = {
     "model": "Hub id or local path of the policy.",
     "train_dataset": "A .jsonl/.json/.parquet file, a hub id (cached), or 'task:NAME[:ARG]' for a built-in task "
-                     "(task:copy_digits, task:gsm8k, task:gsm8k:path/to/train.jsonl).",
+    "(task:copy_digits, task:gsm8k, task:gsm8k:path/to/train.jsonl).",
     "eval_dataset": "Same forms as train_dataset (optional).",
     "reward_funcs": "List of reward sources: 'package.module:function', a built-in name (accuracy_reward, ...), "
-                    "a reward-model path / hub id, or {remote: URL, timeout: S, retries: N, token: T}.",
+    "a reward-model path / hub id, or {remote: URL, timeout: S, retries: N, token: T}.",
     "dataset_split": "Split to read when a dataset is a hub id (default 'train').",
     "trainer": "'grpo' (GRPOTrainer, the default) or 'async' (AsyncGRPOTrainer: background, load-balanced rollouts).",
     "environment_factory": "TRL's environment_factory: 'package.module:Class' (one instance per rollout; its public "
-                           "methods are the tools), or {name: 'module:Class'} picked by the dataset's 'environment' "
-                           "column. reward_funcs may then be left out when the environment has get_reward().",
+    "methods are the tools), or {name: 'module:Class'} picked by the dataset's 'environment' "
+    "column. reward_funcs may then be left out when the environment has get_reward().",
     "peft_config": "Train a LoRA adapter: peft.LoraConfig's fields, e.g. {r: 16, lora_alpha: 32, target_modules: all-linear}.",
 }
 TRAINERS = ("grpo", "async")
@@ -59,6 +59,7 @@ def reward_source(spec):
     """A YAML reward entry → what GRPOTrainer accepts."""
     if isinstance(spec, dict) and "remote" in spec:
         from .rewards import RemoteReward
+
         return RemoteReward(spec["remote"], **{k: v for k, v in spec.items() if k != "remote"})
     if isinstance(spec, str) and ":" in spec and not spec.startswith((".", "/")):
         return import_object(spec)
@@ -72,8 +73,10 @@ def environment_factory(spec):
     if isinstance(spec, dict):
         return {name: environment_factory(entry) for name, entry in spec.items()}
     if not (isinstance(spec, str) and ":" in spec):
-        raise ValueError(f"environment_factory: {spec!r} is not 'package.module:Class' (or a mapping of names to "
-                         "those); write the import path of the environment's class or factory function.")
+        raise ValueError(
+            f"environment_factory: {spec!r} is not 'package.module:Class' (or a mapping of names to "
+            "those); write the import path of the environment's class or factory function."
+        )
     return import_object(spec, "environment_factory")
 
 
@@ -82,11 +85,13 @@ def build_dataset(spec, split: str):
         return None
     if isinstance(spec, str) and spec.startswith("task:"):  # task:NAME or task:NAME:ARGUMENT
         from .tasks import TASKS
-        name, _, argument = spec[len("task:"):].partition(":")
+
+        name, _, argument = spec[len("task:") :].partition(":")
         if name not in TASKS:
             raise ValueError(f"Unknown task {name!r}; known: {sorted(TASKS)}.")
         return TASKS[name](argument) if argument else TASKS[name]()
     from .data import load_dataset_spec
+
     return load_dataset_spec(spec, split)
 
 
@@ -103,14 +108,15 @@ def check_model_exists(run: Dict[str, Any]) -> None:
         check_model_source(model)
     except FileNotFoundError as exc:
         spec = run.get("train_dataset")
-        task = spec[len("task:"):].partition(":")[0] if isinstance(spec, str) and spec.startswith("task:") else None
+        task = spec[len("task:") :].partition(":")[0] if isinstance(spec, str) and spec.startswith("task:") else None
         if task not in WARMUP_TASKS:
             raise
         python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else sys.executable
         which = "`make demo`" if task == "copy_digits" else "the example"
-        raise FileNotFoundError(f"{exc}\nIt is the warm-up model of task:{task} (what {which} builds first). "
-                                f"Build it with:\n    {python} -m dsgrpo.tasks warmup --task {task} --out {model}"
-                                ) from None
+        raise FileNotFoundError(
+            f"{exc}\nIt is the warm-up model of task:{task} (what {which} builds first). "
+            f"Build it with:\n    {python} -m dsgrpo.tasks warmup --task {task} --out {model}"
+        ) from None
 
 
 def train(argv: List[str]) -> int:
@@ -119,6 +125,7 @@ def train(argv: List[str]) -> int:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     known, overrides = parser.parse_known_args(argv)
     from . import AsyncGRPOTrainer, GRPOTrainer, dist
+
     dist.adopt_slurm_env()  # the config validates against the world size, known from Slurm before any init
     run, args = load_run_config(known.config, overrides)
     check_model_exists(run)
@@ -131,10 +138,15 @@ def train(argv: List[str]) -> int:
     if kind not in TRAINERS:
         raise ValueError(f"{known.config}: trainer={kind!r} is not one of {list(TRAINERS)}.")
     cls = AsyncGRPOTrainer if kind == "async" else GRPOTrainer
-    trainer = cls(run["model"], [reward_source(f) for f in funcs] or None, args=args,
-                  train_dataset=build_dataset(run["train_dataset"], split),
-                  eval_dataset=build_dataset(run.get("eval_dataset"), split), peft_config=run.get("peft_config"),
-                  environment_factory=environment_factory(run.get("environment_factory")))
+    trainer = cls(
+        run["model"],
+        [reward_source(f) for f in funcs] or None,
+        args=args,
+        train_dataset=build_dataset(run["train_dataset"], split),
+        eval_dataset=build_dataset(run.get("eval_dataset"), split),
+        peft_config=run.get("peft_config"),
+        environment_factory=environment_factory(run.get("environment_factory")),
+    )
     _computing.add("train")
     state = trainer.train()
     if dist.is_main():
@@ -152,14 +164,23 @@ def plan(argv: List[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="dsgrpo plan", description="Predict a run's memory per device before launch.")
     parser.add_argument("config")
-    parser.add_argument("--gpus-per-node", type=int, default=None,
-                        help="Devices (ranks) per node (default: NUM_PROCS, else 8 GPUs, or 2 CPU ranks with --cpu).")
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="Devices (ranks) per node (default: NUM_PROCS, else 8 GPUs, or 2 CPU ranks with --cpu).",
+    )
     parser.add_argument("--gpu-memory", default="80GB", help="Memory of one GPU, e.g. 80GB, 24GB (default 80GB).")
     parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--cpu", action="store_true", help="Plan for this machine's CPU ranks (--gpus-per-node of "
-                                                          "them share its memory; 2 by default, as train.sh runs).")
-    parser.add_argument("--model-config", help="A config.json to read instead of the model's (a hub id this machine "
-                                               "cannot reach).")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="Plan for this machine's CPU ranks (--gpus-per-node of "
+        "them share its memory; 2 by default, as train.sh runs).",
+    )
+    parser.add_argument(
+        "--model-config", help="A config.json to read instead of the model's (a hub id this machine cannot reach)."
+    )
     parser.add_argument("--json", action="store_true", help="Print the plan as one JSON object.")
     known, overrides = parser.parse_known_args(argv)
     known.gpus_per_node = _planned_ranks_per_node(known.gpus_per_node, known.cpu)
@@ -169,28 +190,38 @@ def plan(argv: List[str]) -> int:
     if not model and not known.model_config:
         raise ValueError(f"{known.config}: no 'model' (or TRL's model_name_or_path); or pass --model-config.")
     fields = set(field_names())
-    args = planner.config_for_world({k: v for k, v in values.items() if k in fields},  # script keys aside
-                                    known.gpus_per_node * known.nodes)
+    args = planner.config_for_world(
+        {k: v for k, v in values.items() if k in fields},  # script keys aside
+        known.gpus_per_node * known.nodes,
+    )
     model_config = planner.read_model_config(known.model_config or model, trust_remote_code=args.trust_remote_code)
     if known.cpu:
-        hardware = planner.Hardware(known.gpus_per_node, known.nodes,
-                                    planner.available_host_bytes() // known.gpus_per_node, gpu=False)
+        hardware = planner.Hardware(
+            known.gpus_per_node, known.nodes, planner.available_host_bytes() // known.gpus_per_node, gpu=False
+        )
     else:
         hardware = planner.Hardware(known.gpus_per_node, known.nodes, planner.parse_bytes(known.gpu_memory), gpu=True)
     peft = values.get("peft_config")
     lora_config = lora_params = None
     if peft:
         from .engines.lora import as_lora_config
+
         lora_config = as_lora_config(peft)
         lora_params = planner.lora_parameter_count(model_config, lora_config)
     world = known.gpus_per_node * known.nodes
     asynchronous = values.get("trainer") == "async"
-    ds_spec, ref_ds_spec, auto_choice = planner.choose_deepspeed(args, model_config, hardware, world=world,
-                                                                 lora_config=lora_config, asynchronous=asynchronous)
-    result = planner.plan(args, planner.ModelShape.from_config(model_config),
-                          load_deepspeed_config(ds_spec, "deepspeed", world), hardware,
-                          ref_ds_config=load_deepspeed_config(ref_ds_spec, "ref_deepspeed", world),
-                          lora_params=lora_params, asynchronous=asynchronous)
+    ds_spec, ref_ds_spec, auto_choice = planner.choose_deepspeed(
+        args, model_config, hardware, world=world, lora_config=lora_config, asynchronous=asynchronous
+    )
+    result = planner.plan(
+        args,
+        planner.ModelShape.from_config(model_config),
+        load_deepspeed_config(ds_spec, "deepspeed", world),
+        hardware,
+        ref_ds_config=load_deepspeed_config(ref_ds_spec, "ref_deepspeed", world),
+        lora_params=lora_params,
+        asynchronous=asynchronous,
+    )
     if auto_choice:
         result.notes.insert(0, auto_choice)
     print(json.dumps(result.to_json(), indent=2) if known.json else result.render())
@@ -236,6 +267,7 @@ def run_reporting_errors(command: Callable[[List[str]], int], argv: List[str]) -
         if _computing and not isinstance(exc, _start_errors()):
             raise  # raised by training itself (a reward function, a kernel): a crash, with its traceback
         from . import dist
+
         dist.adopt_slurm_env()  # an srun task knows its rank from Slurm's variables
         if debug:
             traceback.print_exc()
@@ -248,6 +280,7 @@ def run_reporting_errors(command: Callable[[List[str]], int], argv: List[str]) -
 
 def _start_errors() -> tuple:
     from .plan import MemoryPlanError
+
     return (CheckpointError, MemoryPlanError)
 
 
@@ -258,22 +291,26 @@ def main(argv: List[str] | None = None) -> int:
 def console_main() -> None:
     """The `dsgrpo` command: main(), then out of the process without the interpreter's teardown (process_exit)."""
     from .process_exit import leave
+
     leave(main())
 
 
 def _dispatch(argv: List[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: dsgrpo train CONFIG.yaml [--key value ...]\n"
-              "       dsgrpo plan CONFIG.yaml [--gpus-per-node N --gpu-memory 80GB --nodes M | --cpu] [--json]\n"
-              "       dsgrpo report RUN_DIR [RUN_DIR ...] [--out DIR]   (report.html: plots of the runs, overlaid)\n"
-              "       dsgrpo export CHECKPOINT_DIR OUT_DIR [--merged]   (--merged: a LoRA run's merged model too)\n"
-              "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n"
-              "       dsgrpo vllm-serve --model M [--tensor-parallel-size N] [--data-parallel-size D] [--host H] "
-              "[--port P] [--token T]   (vllm_mode='server')\n\nRun keys:")
+        print(
+            "usage: dsgrpo train CONFIG.yaml [--key value ...]\n"
+            "       dsgrpo plan CONFIG.yaml [--gpus-per-node N --gpu-memory 80GB --nodes M | --cpu] [--json]\n"
+            "       dsgrpo report RUN_DIR [RUN_DIR ...] [--out DIR]   (report.html: plots of the runs, overlaid)\n"
+            "       dsgrpo export CHECKPOINT_DIR OUT_DIR [--merged]   (--merged: a LoRA run's merged model too)\n"
+            "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n"
+            "       dsgrpo vllm-serve --model M [--tensor-parallel-size N] [--data-parallel-size D] [--host H] "
+            "[--port P] [--token T]   (vllm_mode='server')\n\nRun keys:"
+        )
         for k, v in RUN_KEYS.items():
             print(f"  {k:16s} {v}")
         print("\nGRPOConfig fields:")
         import dataclasses
+
         for f in dataclasses.fields(GRPOConfig):
             print(f"  {f.name:36s} {f.metadata.get('help', '')} (default {f.default!r})")
         return 0
@@ -283,6 +320,7 @@ def _dispatch(argv: List[str]) -> int:
         return plan(argv[1:])
     if argv[0] == "report":
         from .report import main as report
+
         return report(argv[1:])
     if argv[0] == "export":
         merged = "--merged" in argv
@@ -291,15 +329,20 @@ def _dispatch(argv: List[str]) -> int:
             print("usage: dsgrpo export CHECKPOINT_DIR OUT_DIR [--merged]", file=sys.stderr)
             return 2
         from .checkpoint import export
+
         print(f"exported {export(paths[0], paths[1], merged=merged)}")
         return 0
     if argv[0] == "serve-reward":
         from .rewards.remote import serve_reward
+
         return serve_reward(argv[1:])
     if argv[0] == "vllm-serve":
         from .rollout.server import main as vllm_serve
+
         return vllm_serve(argv[1:])
-    print(f"unknown command {argv[0]!r}; try `dsgrpo train CONFIG.yaml` or `dsgrpo serve-reward --help`", file=sys.stderr)
+    print(
+        f"unknown command {argv[0]!r}; try `dsgrpo train CONFIG.yaml` or `dsgrpo serve-reward --help`", file=sys.stderr
+    )
     return 2
 
 

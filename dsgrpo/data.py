@@ -38,9 +38,10 @@ def is_conversational(prompt: Any) -> bool:
 @dataclass
 class RoundSlice:
     """This rank's share of one generation round."""
-    indices: List[int]          # dataset index of each distinct prompt, in slot order
-    counts: List[int]           # how many of this rank's slots each one fills
-    first_slot: int             # global position of this rank's first slot in the round
+
+    indices: List[int]  # dataset index of each distinct prompt, in slot order
+    counts: List[int]  # how many of this rank's slots each one fills
+    first_slot: int  # global position of this rank's first slot in the round
 
 
 class PromptSource:
@@ -48,14 +49,25 @@ class PromptSource:
     round_offset = 0
     streaming = False
 
-    def __init__(self, dataset, tokenizer, *, max_prompt_length: Optional[int], context_length: Optional[int],
-                 max_completion_length: int, chat_template_kwargs: Optional[dict] = None, field: str = "train_dataset",
-                 keep_columns: bool = True):
+    def __init__(
+        self,
+        dataset,
+        tokenizer,
+        *,
+        max_prompt_length: Optional[int],
+        context_length: Optional[int],
+        max_completion_length: int,
+        chat_template_kwargs: Optional[dict] = None,
+        field: str = "train_dataset",
+        keep_columns: bool = True,
+    ):
         if dataset is None:
             raise ValueError(f"{field} is None: pass a datasets.Dataset with a 'prompt' column.")
         if "prompt" not in dataset.column_names:
-            raise ValueError(f"{field} has no 'prompt' column (columns: {dataset.column_names}). Rename the column "
-                             "that holds the prompts to 'prompt'.")
+            raise ValueError(
+                f"{field} has no 'prompt' column (columns: {dataset.column_names}). Rename the column "
+                "that holds the prompts to 'prompt'."
+            )
         if len(dataset) == 0:
             raise ValueError(f"{field} is empty: it needs at least one prompt.")
         self.dataset = dataset
@@ -64,8 +76,10 @@ class PromptSource:
         self.columns = [c for c in dataset.column_names if c != "prompt"] if keep_columns else []
         self.conversational = is_conversational(dataset[0]["prompt"])
         if self.conversational and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"{field} holds conversational prompts (lists of messages) but the tokenizer has no chat "
-                             "template. Pass a processing_class with a chat_template, or give plain-text prompts.")
+            raise ValueError(
+                f"{field} holds conversational prompts (lists of messages) but the tokenizer has no chat "
+                "template. Pass a processing_class with a chat_template, or give plain-text prompts."
+            )
         self.tokenizer = tokenizer
         self.chat_template_kwargs = chat_template_kwargs or {}
         self._orders: Dict[tuple, List[int]] = {}  # the permutation of the epoch in use
@@ -86,8 +100,9 @@ class PromptSource:
 
     def text(self, prompt: Any) -> str:
         if is_conversational(prompt):
-            return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
-                                                      **self.chat_template_kwargs)
+            return self.tokenizer.apply_chat_template(
+                prompt, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+            )
         return prompt
 
     def _tokenize_all(self) -> List[List[int]]:
@@ -100,8 +115,9 @@ class PromptSource:
 
     def _check_lengths(self, max_prompt_length, context_length, max_completion_length) -> None:
         longest = max(range(len(self.prompt_ids)), key=lambda i: len(self.prompt_ids[i]))
-        check_prompt_length(self.field, longest, len(self.prompt_ids[longest]), max_prompt_length, context_length,
-                            max_completion_length)
+        check_prompt_length(
+            self.field, longest, len(self.prompt_ids[longest]), max_prompt_length, context_length, max_completion_length
+        )
 
     # ------------------------------------------------------------------------------------ ordering
     def order(self, epoch: int, seed: int, shuffle: bool) -> List[int]:
@@ -109,7 +125,9 @@ class PromptSource:
             return list(range(len(self)))
         key = (epoch, seed)
         if key not in self._orders:
-            self._orders = {key: torch.randperm(len(self), generator=torch.Generator().manual_seed(seed + epoch)).tolist()}
+            self._orders = {
+                key: torch.randperm(len(self), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+            }
         return self._orders[key]
 
     def rounds_per_epoch(self, prompts_per_round: int) -> float:
@@ -135,14 +153,15 @@ class PromptSource:
     def round_prompts(self, round_index: int, prompts_per_round: int, seed: int, shuffle: bool) -> List[int]:
         """Dataset indices of round `round_index`'s prompts: consecutive positions of the prompt stream."""
         start = round_index * prompts_per_round
-        return [self.stream_index(pos, prompts_per_round, seed, shuffle)
-                for pos in range(start, start + prompts_per_round)]
+        return [
+            self.stream_index(pos, prompts_per_round, seed, shuffle) for pos in range(start, start + prompts_per_round)
+        ]
 
     @staticmethod
     def rank_slice(prompts: Sequence[int], num_generations: int, rank: int, world: int) -> RoundSlice:
         slots = [i for i in prompts for _ in range(num_generations)]
         per_rank = len(slots) // world
-        mine = slots[rank * per_rank:(rank + 1) * per_rank]
+        mine = slots[rank * per_rank : (rank + 1) * per_rank]
         indices: List[int] = []
         counts: List[int] = []
         for pos, idx in enumerate(mine):
@@ -163,12 +182,16 @@ class PromptSource:
 
 def check_prompt_length(field: str, row, n: int, max_prompt_length, context_length, max_completion_length) -> None:
     if max_prompt_length is not None and n > max_prompt_length:
-        raise ValueError(f"{field}[{row}] has {n} prompt tokens, more than max_prompt_length="
-                         f"{max_prompt_length}. Raise max_prompt_length or filter long prompts out.")
+        raise ValueError(
+            f"{field}[{row}] has {n} prompt tokens, more than max_prompt_length="
+            f"{max_prompt_length}. Raise max_prompt_length or filter long prompts out."
+        )
     if context_length is not None and n + max_completion_length > context_length:
-        raise ValueError(f"{field}[{row}] has {n} prompt tokens; with max_completion_length="
-                         f"{max_completion_length} that exceeds the generation context of {context_length} "
-                         "tokens. Raise vllm_max_model_length, lower max_completion_length, or filter long prompts.")
+        raise ValueError(
+            f"{field}[{row}] has {n} prompt tokens; with max_completion_length="
+            f"{max_completion_length} that exceeds the generation context of {context_length} "
+            "tokens. Raise vllm_max_model_length, lower max_completion_length, or filter long prompts."
+        )
 
 
 class StreamingPromptSource(PromptSource):
@@ -180,33 +203,48 @@ class StreamingPromptSource(PromptSource):
 
     streaming = True
 
-    def __init__(self, dataset, tokenizer, *, max_prompt_length: Optional[int], context_length: Optional[int],
-                 max_completion_length: int, chat_template_kwargs: Optional[dict] = None, field: str = "train_dataset",
-                 keep_columns: bool = True):
+    def __init__(
+        self,
+        dataset,
+        tokenizer,
+        *,
+        max_prompt_length: Optional[int],
+        context_length: Optional[int],
+        max_completion_length: int,
+        chat_template_kwargs: Optional[dict] = None,
+        field: str = "train_dataset",
+        keep_columns: bool = True,
+    ):
         self.dataset, self.field, self.tokenizer = dataset, field, tokenizer
         self.chat_template_kwargs = chat_template_kwargs or {}
         self.limits = (max_prompt_length, context_length, max_completion_length)
-        self._iterator, self._position = None, 0          # the next row the stream gives has this position
-        self._rows: Dict[int, dict] = {}                 # position → row, the current round's
+        self._iterator, self._position = None, 0  # the next row the stream gives has this position
+        self._rows: Dict[int, dict] = {}  # position → row, the current round's
         self.prompt_ids = _LazyPromptIds(self)
         first = next(iter(dataset), None)
         if first is None:
             raise ValueError(f"{field} is empty: it needs at least one prompt.")
         if "prompt" not in first:
-            raise ValueError(f"{field} has no 'prompt' column (columns: {sorted(first)}). Rename the column that "
-                             "holds the prompts to 'prompt'.")
+            raise ValueError(
+                f"{field} has no 'prompt' column (columns: {sorted(first)}). Rename the column that "
+                "holds the prompts to 'prompt'."
+            )
         self.columns = [c for c in first if c != "prompt"] if keep_columns else []
         self.conversational = is_conversational(first["prompt"])
         if self.conversational and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"{field} holds conversational prompts (lists of messages) but the tokenizer has no chat "
-                             "template. Pass a processing_class with a chat_template, or give plain-text prompts.")
+            raise ValueError(
+                f"{field} holds conversational prompts (lists of messages) but the tokenizer has no chat "
+                "template. Pass a processing_class with a chat_template, or give plain-text prompts."
+            )
 
     def identity(self) -> dict:
         return {"rows": None, "fingerprint": getattr(self.dataset, "_fingerprint", None)}
 
     def __len__(self) -> int:
-        raise TypeError(f"{self.field} is an IterableDataset: it has no length (set max_steps; epoch-based "
-                        "strategies need a map-style datasets.Dataset).")
+        raise TypeError(
+            f"{self.field} is an IterableDataset: it has no length (set max_steps; epoch-based "
+            "strategies need a map-style datasets.Dataset)."
+        )
 
     def round_prompts(self, round_index: int, prompts_per_round: int, seed: int, shuffle: bool) -> List[int]:
         round_index -= self.round_offset

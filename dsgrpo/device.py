@@ -71,6 +71,7 @@ def _libc():
     if _libc_handle is None:
         try:
             import ctypes
+
             _libc_handle = ctypes.CDLL("libc.so.6")
             _libc_handle.malloc_trim  # noqa: B018 (glibc's, not musl's)
         except (OSError, AttributeError):
@@ -94,8 +95,10 @@ def choose_heap_trimming(planned_fraction: Optional[float]) -> bool:
     global _trim_heap
     forced = os.environ.get("DSGRPO_TRIM_HEAP", "")
     if forced not in ("", "0", "1"):
-        raise ValueError(f"DSGRPO_TRIM_HEAP={forced!r}: set it to 1 (always trim the CPU heap), 0 (never) or unset it "
-                         f"(trim when the memory plan's peak is over {TRIM_HEAP_ABOVE:.0%} of a rank's memory).")
+        raise ValueError(
+            f"DSGRPO_TRIM_HEAP={forced!r}: set it to 1 (always trim the CPU heap), 0 (never) or unset it "
+            f"(trim when the memory plan's peak is over {TRIM_HEAP_ABOVE:.0%} of a rank's memory)."
+        )
     _trim_heap = forced == "1" if forced else planned_fraction is None or planned_fraction > TRIM_HEAP_ABOVE
     return _trim_heap
 
@@ -126,8 +129,8 @@ def prepare_process(local_world_size: int, num_threads=None) -> int:
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-HEAP_MMAP_THRESHOLD = 32 * 2**20              # glibc's largest: blocks above it are mapped and unmapped each time
-HEAP_TRIM_THRESHOLD = 2**31 - 1               # mallopt takes an int
+HEAP_MMAP_THRESHOLD = 32 * 2**20  # glibc's largest: blocks above it are mapped and unmapped each time
+HEAP_TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
 
 
 def keep_freed_heap() -> bool:
@@ -137,11 +140,15 @@ def keep_freed_heap() -> bool:
     no change). Freed heap is kept instead; return_freed_memory still trims where the memory plan needs the room. A
     user's own glibc settings (GLIBC_TUNABLES glibc.malloc.*, MALLOC_*_ variables) are left as they are. Returns
     whether it set them."""
-    if on_gpu() or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") or \
-            any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ):
+    if (
+        on_gpu()
+        or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+        or any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ)
+    ):
         return False
     libc = _libc()
     if not libc:
         return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)) and \
-        bool(libc.mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD))
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
+    )

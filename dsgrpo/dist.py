@@ -29,11 +29,17 @@ def init(timeout_s: float = 1800) -> None:
     if dist.is_available() and dist.is_initialized():
         return
     from .process_exit import end_with_launcher
+
     end_with_launcher()  # before RANK is filled in below for a world of one
     adopt_slurm_env()
     if "RANK" not in os.environ:  # plain `python script.py` or a notebook: a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+        os.environ.update(
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())),
+        )
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
     import warnings
@@ -64,16 +70,24 @@ def collective_timeout_s() -> float:
 def rendezvous_store_client(timeout_s: float):
     """A client of its own to the job's rendezvous store (MASTER_ADDR:MASTER_PORT: rank 0's TCPStore, or
     torchrun's agent's), for the watchdog's heartbeats: usable from another thread while collectives run."""
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
 
 
 def adopt_slurm_env() -> None:
     """An `srun` task per rank (launch_scripts/slurm/train.sbatch): take rank and world from Slurm's variables.
     MASTER_ADDR/MASTER_PORT come from the batch script."""
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
-        os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"],
-                          LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
+        os.environ.update(
+            RANK=os.environ["SLURM_PROCID"],
+            WORLD_SIZE=os.environ["SLURM_NTASKS"],
+            LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"),
+        )
         if "SLURM_NTASKS_PER_NODE" in os.environ:
             os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["SLURM_NTASKS_PER_NODE"].split("(")[0])
 
@@ -222,9 +236,9 @@ def all_gather_ragged(values: torch.Tensor, group=None) -> torch.Tensor:
     lengths = all_gather(torch.tensor([values.numel()], dtype=torch.long), group)
     longest = int(lengths.max())
     padded = torch.zeros(longest, dtype=values.dtype)
-    padded[:values.numel()] = values
+    padded[: values.numel()] = values
     gathered = all_gather(padded, group).view(-1, longest) if longest else padded.view(0, 0)
-    return torch.cat([gathered[r, :int(n)] for r, n in enumerate(lengths)]) if longest else values[:0]
+    return torch.cat([gathered[r, : int(n)] for r, n in enumerate(lengths)]) if longest else values[:0]
 
 
 def all_reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:
@@ -287,7 +301,7 @@ def reduce_metrics(metrics: Dict[str, float], weights: Optional[Dict[str, float]
 
 # ---------------------------------------------------------------------------------------------- tensor-parallel engines
 TP = "tensor_parallel"
-TP_WORKER = "tensor_parallel_worker"   # the same blocks, for the async rollout threads (rollout/tensor_parallel.py)
+TP_WORKER = "tensor_parallel_worker"  # the same blocks, for the async rollout threads (rollout/tensor_parallel.py)
 _tp: Dict[str, object] = {}
 
 
@@ -301,8 +315,9 @@ def tensor_parallel_groups(size: int) -> Optional[object]:
     groups = [dist.new_group(block) for block in blocks]
     # a second set for the async rollout threads, whose traffic must never interleave the main thread's on dist.TP
     worker_groups = [dist.new_group(block) for block in blocks]
-    _tp.update(group=groups[me // size], worker_group=worker_groups[me // size], size=size,
-               leader=blocks[me // size][0])
+    _tp.update(
+        group=groups[me // size], worker_group=worker_groups[me // size], size=size, leader=blocks[me // size][0]
+    )
     return _tp["group"]
 
 
@@ -379,8 +394,9 @@ def counter_store(prefix: str):
         return None
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if host and port:
-        client = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(minutes=5),
-                               wait_for_workers=False)
+        client = dist.TCPStore(
+            host, int(port), is_master=False, timeout=datetime.timedelta(minutes=5), wait_for_workers=False
+        )
     else:  # the address is unknown: the default store itself
         client = compat.default_store()
     return dist.PrefixStore(prefix, client)
@@ -408,8 +424,13 @@ class Communicator:
 
     def __init__(self, store, name: str, rank: int, world: int, timeout_s: float = 300):
         self.rank, self.world = rank, world
-        self.group = compat.standalone_group(device.dist_backend(), dist.PrefixStore(f"dsgrpo/weights/{name}/", store),
-                                             rank, world, datetime.timedelta(seconds=timeout_s))
+        self.group = compat.standalone_group(
+            device.dist_backend(),
+            dist.PrefixStore(f"dsgrpo/weights/{name}/", store),
+            rank,
+            world,
+            datetime.timedelta(seconds=timeout_s),
+        )
 
     @staticmethod
     def rendezvous_store(host: str, port: int, is_master: bool, timeout_s: float = 300, bind: Optional[str] = None):
@@ -422,8 +443,14 @@ class Communicator:
             address = bind or host
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             listen_fd = socket.create_server((address, port), family=family, backlog=128, reuse_port=True).detach()
-        return dist.TCPStore(host, port, is_master=is_master, timeout=datetime.timedelta(seconds=timeout_s),
-                             wait_for_workers=False, master_listen_fd=listen_fd)
+        return dist.TCPStore(
+            host,
+            port,
+            is_master=is_master,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=listen_fd,
+        )
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         self.group.broadcast([tensor], compat.broadcast_options(src)).wait()
@@ -433,6 +460,7 @@ class Communicator:
         """Plain data (JSON's types) from `src`: this channel crosses the network, so what arrives is parsed as
         JSON, never unpickled, and its size is checked before anything is allocated for it."""
         import json
+
         data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8) if self.rank == src else None
         size = self.broadcast(torch.tensor([data.numel() if data is not None else 0], dtype=torch.long), src)
         if not 0 < int(size[0]) <= max_bytes:

@@ -42,8 +42,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - miss
 
 
-def sample_metrics(rewards: torch.Tensor, correctness: torch.Tensor, group: int, ks: List[int],
-                   threshold: float) -> Dict[str, float]:
+def sample_metrics(
+    rewards: torch.Tensor, correctness: torch.Tensor, group: int, ks: List[int], threshold: float
+) -> Dict[str, float]:
     """`rewards` [N] (the weighted totals) and `correctness` [N] (the rewards that decide right / wrong) of N
     completions in prompt groups of `group` consecutive rows → {"pass@k": ..., "avg@n": ...}. A reward of None
     (NaN) counts as wrong and is left out of avg@n."""
@@ -60,13 +61,16 @@ def final_answer(completion) -> Optional[str]:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     from .rewards.builtins import completion_text, gold_answer
-    parsed = parse(gold_answer(completion_text(completion)),
-                   extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()])
+
+    parsed = parse(
+        gold_answer(completion_text(completion)), extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()]
+    )
     return str(parsed[0]) if parsed else None
 
 
-def majority_metrics(answers: List[Optional[str]], correctness: torch.Tensor, group: int, ks: List[int],
-                     threshold: float) -> Dict[str, float]:
+def majority_metrics(
+    answers: List[Optional[str]], correctness: torch.Tensor, group: int, ks: List[int], threshold: float
+) -> Dict[str, float]:
     """maj@k for each k over N samples in prompt groups of `group` consecutive rows: `answers` [N] (None abstains),
     `correctness` [N] (NaN counts as wrong)."""
     correct = (torch.nan_to_num(correctness, nan=float("-inf")) >= threshold).tolist()
@@ -105,6 +109,8 @@ def check(args, reward_names: List[str]) -> Optional[int]:
     if name is None:
         return None
     if name not in reward_names:
-        raise ValueError(f"eval_correctness_reward={name!r} is not one of this run's reward functions "
-                         f"{reward_names}. Set it to one of them, or None for the weighted total.")
+        raise ValueError(
+            f"eval_correctness_reward={name!r} is not one of this run's reward functions "
+            f"{reward_names}. Set it to one of them, or None for the weighted total."
+        )
     return reward_names.index(name)

@@ -17,7 +17,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, Optional, Tuple
 
-Route = Callable[[dict], Tuple[int, dict]]   # request body → (status, reply)
+Route = Callable[[dict], Tuple[int, dict]]  # request body → (status, reply)
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -46,20 +46,35 @@ def server_token(command: str, host: str, flag_token: Optional[str], env_var: st
     token = os.environ.get(env_var) or None
     if flag_token:
         if host not in LOOPBACK:
-            raise ValueError(f"{command}: --token puts the token in the process's command line, readable by every "
-                             f"user of this machine; export {env_var} instead.")
-        print(f"{command}: warning: --token is readable by every local user in /proc/*/cmdline; prefer "
-              f"{env_var}.", file=sys.stderr, flush=True)
+            raise ValueError(
+                f"{command}: --token puts the token in the process's command line, readable by every "
+                f"user of this machine; export {env_var} instead."
+            )
+        print(
+            f"{command}: warning: --token is readable by every local user in /proc/*/cmdline; prefer {env_var}.",
+            file=sys.stderr,
+            flush=True,
+        )
         token = flag_token
     if host not in LOOPBACK and not token:
-        raise ValueError(f"{command}: --host {host} exposes this server beyond this machine: set a token in {env_var} "
-                         "(and give the clients the same one), or bind to 127.0.0.1.")
+        raise ValueError(
+            f"{command}: --host {host} exposes this server beyond this machine: set a token in {env_var} "
+            "(and give the clients the same one), or bind to 127.0.0.1."
+        )
     return token
 
 
-def json_server(routes: Dict[Tuple[str, str], Route], host: str, port: int, token: Optional[str],
-                max_request_bytes: int, open_paths: Tuple[str, ...] = ("/health",), max_connections: int = 64,
-                read_timeout_s: float = 10.0, header_fields: Optional[Dict[str, str]] = None) -> ThreadingHTTPServer:
+def json_server(
+    routes: Dict[Tuple[str, str], Route],
+    host: str,
+    port: int,
+    token: Optional[str],
+    max_request_bytes: int,
+    open_paths: Tuple[str, ...] = ("/health",),
+    max_connections: int = 64,
+    read_timeout_s: float = 10.0,
+    header_fields: Optional[Dict[str, str]] = None,
+) -> ThreadingHTTPServer:
     """A threading server (not started) answering `routes[(method, path)]`; every path but `open_paths` needs the
     bearer token when one is set (401 without it, checked before the path is looked up, and a 404 names no
     route). 413 over the size limit, 400 for anything unreadable, 503 beyond `max_connections` open ones; a
@@ -185,8 +200,10 @@ class _CappedServer(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = 128  # listen backlog: socketserver's 5 makes a burst of clients wait on SYN retries
-    _BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 38\r\n" \
-            b"Connection: close\r\n\r\n{\"error\": \"too many open connections\"}"
+    _BUSY = (
+        b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 38\r\n"
+        b'Connection: close\r\n\r\n{"error": "too many open connections"}'
+    )
 
     def __init__(self, address, handler, max_connections: int):
         self.slots = threading.BoundedSemaphore(max_connections)

@@ -41,22 +41,28 @@ class HubPusher:
             raise HubError("push_to_hub=True needs huggingface_hub (`pip install huggingface_hub`).") from None
         token = self.args.hub_token or get_token()
         if not token and self.api is None:
-            raise HubError("push_to_hub=True but no Hub token was found: set hub_token, export HF_TOKEN, or run "
-                           "`huggingface-cli login`; or set push_to_hub=False.")
+            raise HubError(
+                "push_to_hub=True but no Hub token was found: set hub_token, export HF_TOKEN, or run "
+                "`huggingface-cli login`; or set push_to_hub=False."
+            )
         self.api = self.api or HfApi(token=token)
         try:
             user = self.api.whoami()
         except Exception as exc:  # noqa: BLE001 - any failure here means uploads would fail later
             endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-            raise HubError(f"push_to_hub=True but the Hub at {endpoint} did not accept the token ({type(exc).__name__}: "
-                           f"{exc}). Check the network and hub_token, or set push_to_hub=False.") from None
+            raise HubError(
+                f"push_to_hub=True but the Hub at {endpoint} did not accept the token ({type(exc).__name__}: "
+                f"{exc}). Check the network and hub_token, or set push_to_hub=False."
+            ) from None
         name = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
         self.repo_id = name if "/" in name else f"{user['name']}/{name}"
         try:
             self.api.create_repo(self.repo_id, private=self.args.hub_private_repo, exist_ok=True)
         except Exception as exc:  # noqa: BLE001
-            raise HubError(f"push_to_hub=True: cannot create or open the Hub repository {self.repo_id!r} "
-                           f"({type(exc).__name__}: {exc}). Check hub_model_id and the token's rights.") from None
+            raise HubError(
+                f"push_to_hub=True: cannot create or open the Hub repository {self.repo_id!r} "
+                f"({type(exc).__name__}: {exc}). Check hub_model_id and the token's rights."
+            ) from None
 
     # ---- what to push when
     def on_save(self, checkpoint: str, model_dir: str, write_model: Callable[[], None]) -> None:
@@ -81,16 +87,29 @@ class HubPusher:
         if dist.is_main():
             self._submit(model_dir, None, "End of training", ignore=IGNORED, always=True)
 
-    def _submit(self, folder: str, path_in_repo: Optional[str], message: str, ignore=None, always: bool = False) -> None:
+    def _submit(
+        self, folder: str, path_in_repo: Optional[str], message: str, ignore=None, always: bool = False
+    ) -> None:
         self.pending = [f for f in self.pending if not f.done() or f.exception() is not None]
         busy = any(not f.done() for f in self.pending)
         if busy and not (always or self.args.hub_always_push):
-            print(f"dsgrpo: hub: the previous upload is still running; skipping {message!r} (hub_always_push=True "
-                  "queues it instead)", flush=True)
+            print(
+                f"dsgrpo: hub: the previous upload is still running; skipping {message!r} (hub_always_push=True "
+                "queues it instead)",
+                flush=True,
+            )
             return
-        self.pending.append(self.pool.submit(self.api.upload_folder, repo_id=self.repo_id, folder_path=folder,
-                                             path_in_repo=path_in_repo, commit_message=message,
-                                             revision=self.args.hub_revision, ignore_patterns=ignore))
+        self.pending.append(
+            self.pool.submit(
+                self.api.upload_folder,
+                repo_id=self.repo_id,
+                folder_path=folder,
+                path_in_repo=path_in_repo,
+                commit_message=message,
+                revision=self.args.hub_revision,
+                ignore_patterns=ignore,
+            )
+        )
 
     def finish(self) -> None:
         """Wait for the uploads in flight; an upload that failed is an error now."""
@@ -98,8 +117,10 @@ class HubPusher:
         for future in self.pending:
             exc = future.exception()
             if exc is not None:
-                raise HubError(f"an upload to the Hub repository {self.repo_id!r} failed: {type(exc).__name__}: {exc}. "
-                               "The checkpoints and the final model are on disk in output_dir.") from exc
+                raise HubError(
+                    f"an upload to the Hub repository {self.repo_id!r} failed: {type(exc).__name__}: {exc}. "
+                    "The checkpoints and the final model are on disk in output_dir."
+                ) from exc
 
 
 def make_pusher(args, api=None) -> Optional[HubPusher]:

@@ -33,6 +33,7 @@ ATTENTION_WIDTH = 6  # per sequence cost: L + L^2 / (ATTENTION_WIDTH * hidden): 
 class TokenBudget:
     """A run's packed layout: at most `tokens` tokens a rank forwards; `hidden` (the model's width) prices attention;
     `sp`: a sequence-parallel group (sequence_parallel.py) runs each step on N shards, so a step holds N x tokens."""
+
     tokens: int
     hidden: int
     pad_id: int
@@ -43,8 +44,13 @@ class TokenBudget:
         return self.tokens * (self.sp.size if self.sp is not None else 1)
 
 
-def resolve_budget(token_budget: Optional[int], per_device_train_batch_size: int, longest_prompt: int,
-                   max_completion_length: int, sp_size: int = 1) -> Optional[int]:
+def resolve_budget(
+    token_budget: Optional[int],
+    per_device_train_batch_size: int,
+    longest_prompt: int,
+    max_completion_length: int,
+    sp_size: int = 1,
+) -> Optional[int]:
     """The run's budget in tokens, or None for padded micro-batches (token_budget <= 0). None plans it: what one
     padded micro-batch of the longest prompt and completion would hold, so the memory planned for a padded
     micro-batch bounds every packed step whatever the lengths. A budget a whole sequence cannot fit is refused
@@ -56,21 +62,24 @@ def resolve_budget(token_budget: Optional[int], per_device_train_batch_size: int
         return None
     if token_budget * sp_size < longest:
         shards = f" in {sp_size} sequence-parallel shards" if sp_size > 1 else ""
-        raise ValueError(f"token_budget={token_budget} is smaller than the longest sequence this run can make"
-                         f"{shards}: {longest} tokens (longest prompt {longest_prompt} + max_completion_length "
-                         f"{max_completion_length}). Raise token_budget to at least {-(-longest // sp_size)}, or set "
-                         "it to 0 for padded micro-batches.")
+        raise ValueError(
+            f"token_budget={token_budget} is smaller than the longest sequence this run can make"
+            f"{shards}: {longest} tokens (longest prompt {longest_prompt} + max_completion_length "
+            f"{max_completion_length}). Raise token_budget to at least {-(-longest // sp_size)}, or set "
+            "it to 0 for padded micro-batches."
+        )
     return token_budget
 
 
 @dataclass
 class Sequence:
     """One completion of the round with its prompt, padding removed."""
-    micro: int                  # its logical micro-batch
-    row: int                    # its row there
-    ids: torch.Tensor           # [L] prompt + completion tokens
+
+    micro: int  # its logical micro-batch
+    row: int  # its row there
+    ids: torch.Tensor  # [L] prompt + completion tokens
     prompt_len: int
-    completion_len: int         # tokens scored (the completion's real tokens)
+    completion_len: int  # tokens scored (the completion's real tokens)
     routes: Optional[torch.Tensor] = None  # [L, layers, k]: a MoE sampler's experts per token (engines/routing.py)
     # a piece of its row (Rollout.restarts: part of the completion was sampled after a prompt of its own): the
     # logical columns [column, column + completion_len) it scores; None: the whole row
@@ -90,7 +99,7 @@ def sequences_of(micro: List[dict], which: Optional[Seq[int]] = None) -> List[Se
     Sequences with nothing to score (an empty completion) are left out: no forward needs them. A row that restarts
     (mb["restarts"], Rollout.restarts) becomes one sequence per piece, each with its own prompt."""
     out = []
-    for j in (range(len(micro)) if which is None else which):
+    for j in range(len(micro)) if which is None else which:
         mb = micro[j]
         ids, attention = mb["input_ids"], mb["attention_mask"]
         T = mb["completion_mask"].shape[1]
@@ -101,8 +110,10 @@ def sequences_of(micro: List[dict], which: Optional[Seq[int]] = None) -> List[Se
             restarts = mb["restarts"][b] if "restarts" in mb else None
             if c and restarts:
                 if "routes" in mb:
-                    raise ValueError("a completion that restarts from a prompt of its own (an agent that rewrote "
-                                     "its history) has no sampler routes for that prompt: set routing_replay='off'.")
+                    raise ValueError(
+                        "a completion that restarts from a prompt of its own (an agent that rewrote "
+                        "its history) has no sampler routes for that prompt: set routing_replay='off'."
+                    )
                 out += _pieces(j, b, ids[b][real], int(attention[b, :P].sum()), c, restarts)
             elif c:
                 routes = mb["routes"][b][real] if "routes" in mb else None
@@ -110,28 +121,33 @@ def sequences_of(micro: List[dict], which: Optional[Seq[int]] = None) -> List[Se
     return out
 
 
-def _pieces(micro: int, row: int, ids: torch.Tensor, prompt_len: int, completion_len: int,
-            restarts: List[list]) -> List[Sequence]:
+def _pieces(
+    micro: int, row: int, ids: torch.Tensor, prompt_len: int, completion_len: int, restarts: List[list]
+) -> List[Sequence]:
     """A restarting row's sequences: its prompt with the completion up to the first restart, then each restart's
     prompt with the completion up to the next."""
     completion = ids[prompt_len:]
     cuts = [0] + [int(at) for at, _ in restarts] + [completion_len]
     prompts = [ids[:prompt_len]] + [torch.tensor(p, dtype=ids.dtype) for _, p in restarts]
-    return [Sequence(micro, row, torch.cat([prompt, completion[a:b]]), len(prompt), b - a, column=a)
-            for prompt, a, b in zip(prompts, cuts, cuts[1:]) if b > a]
+    return [
+        Sequence(micro, row, torch.cat([prompt, completion[a:b]]), len(prompt), b - a, column=a)
+        for prompt, a, b in zip(prompts, cuts, cuts[1:])
+        if b > a
+    ]
 
 
 @dataclass
 class PackedStep:
     """One forward of packed rows: [R, N] tensors of whole sequences end to end (the rest of a row is padding that
     forms a sequence of its own and is never scored)."""
-    input_ids: torch.Tensor                         # [R, N]
-    position_ids: torch.Tensor                      # [R, N]
-    sequences: List[Sequence]                       # in the order of their scored tokens
-    score_at: torch.Tensor                          # [n] flat index (r * N + i) of the state predicting each token
-    targets: torch.Tensor                           # [n] the scored tokens
+
+    input_ids: torch.Tensor  # [R, N]
+    position_ids: torch.Tensor  # [R, N]
+    sequences: List[Sequence]  # in the order of their scored tokens
+    score_at: torch.Tensor  # [n] flat index (r * N + i) of the state predicting each token
+    targets: torch.Tensor  # [n] the scored tokens
     widths: List[int] = field(default_factory=list)  # each sequence's logical width T (its micro-batch's)
-    routes: Optional[torch.Tensor] = None            # [R, N, layers, k] the sequences' routes (-1 at padding)
+    routes: Optional[torch.Tensor] = None  # [R, N, layers, k] the sequences' routes (-1 at padding)
 
     @property
     def empty(self) -> bool:
@@ -166,9 +182,9 @@ class PackedStep:
         for i, s in enumerate(self.sequences):
             row = per_micro[s.micro][s.row]
             if s.column is None:
-                out[i, :row.shape[0]] = row
+                out[i, : row.shape[0]] = row
             else:  # a piece: only its own columns (the row's others are scored in its other pieces)
-                out[i, s.column:s.column + s.completion_len] = row[s.column:s.column + s.completion_len]
+                out[i, s.column : s.column + s.completion_len] = row[s.column : s.column + s.completion_len]
         return out
 
 
@@ -179,8 +195,9 @@ def scatter(steps: List[PackedStep], values: List[torch.Tensor], shapes: List[to
     for step, flat in zip(steps, values):
         at = 0
         for s in step.sequences:
-            out[s.micro][s.row, s.first:s.first + s.completion_len] = \
-                flat[at:at + s.completion_len].to(out[s.micro].dtype)
+            out[s.micro][s.row, s.first : s.first + s.completion_len] = flat[at : at + s.completion_len].to(
+                out[s.micro].dtype
+            )
             at += s.completion_len
     return out
 
@@ -204,16 +221,19 @@ def _rows(seqs: List[Sequence], row_len: int) -> List[List[Sequence]]:
     return rows
 
 
-def plan_steps(groups: List[List[Sequence]], budget: int, hidden: int, pad_id: int, widths: List[int],
-               group=None) -> List[List[PackedStep]]:
+def plan_steps(
+    groups: List[List[Sequence]], budget: int, hidden: int, pad_id: int, widths: List[int], group=None
+) -> List[List[PackedStep]]:
     """Each group's sequences packed into steps of at most `budget` tokens, balanced by cost, with the same number of
     steps for each group on every rank (one collective). `widths`: each logical micro-batch's T."""
     packed = []
     for seqs in groups:
         longest = max((s.length for s in seqs), default=1)
         if longest > budget:
-            raise ValueError(f"A sequence of {longest} tokens (prompt + completion) is longer than token_budget="
-                             f"{budget}: it cannot be trained on. Raise token_budget to at least {longest}.")
+            raise ValueError(
+                f"A sequence of {longest} tokens (prompt + completion) is longer than token_budget="
+                f"{budget}: it cannot be trained on. Raise token_budget to at least {longest}."
+            )
         rows = _rows(seqs, longest)
         per_step = max(1, budget // longest)
         packed.append((rows, per_step))
@@ -235,8 +255,13 @@ def plan_steps(groups: List[List[Sequence]], budget: int, hidden: int, pad_id: i
 
 def _step(rows: List[List[Sequence]], pad_id: int, widths: List[int]) -> PackedStep:
     if not rows:  # a stand-in: one token, nothing scored
-        return PackedStep(torch.full((1, 1), pad_id, dtype=torch.long), torch.zeros((1, 1), dtype=torch.long), [],
-                          torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+        return PackedStep(
+            torch.full((1, 1), pad_id, dtype=torch.long),
+            torch.zeros((1, 1), dtype=torch.long),
+            [],
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(0, dtype=torch.long),
+        )
     N = max(sum(s.length for s in r) for r in rows)
     input_ids = torch.full((len(rows), N), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(rows), N), dtype=torch.long)
@@ -246,30 +271,38 @@ def _step(rows: List[List[Sequence]], pad_id: int, widths: List[int]) -> PackedS
     for r, row in enumerate(rows):
         at = 0
         for s in row:
-            input_ids[r, at:at + s.length] = s.ids
-            position_ids[r, at:at + s.length] = torch.arange(s.length)
+            input_ids[r, at : at + s.length] = s.ids
+            position_ids[r, at : at + s.length] = torch.arange(s.length)
             if routes is not None:
-                routes[r, at:at + s.length] = s.routes
+                routes[r, at : at + s.length] = s.routes
             first = at + s.prompt_len  # the first completion token; the state before it predicts it
             score_at.append(r * N + torch.arange(first - 1, first - 1 + s.completion_len))
-            targets.append(s.ids[s.prompt_len:s.prompt_len + s.completion_len])
+            targets.append(s.ids[s.prompt_len : s.prompt_len + s.completion_len])
             order.append(s)
             at += s.length
         if at < N:  # padding: a sequence of its own (positions restart), so no real token attends to it
             position_ids[r, at:] = torch.arange(N - at)
-    return PackedStep(input_ids, position_ids, order, torch.cat(score_at), torch.cat(targets),
-                      [widths[s.micro] for s in order], routes)
+    return PackedStep(
+        input_ids,
+        position_ids,
+        order,
+        torch.cat(score_at),
+        torch.cat(targets),
+        [widths[s.micro] for s in order],
+        routes,
+    )
 
 
-def packed_logprobs(forward: Callable[[PackedStep, Optional[int]], torch.Tensor], micro: List[dict],
-                    budget: TokenBudget, group=None) -> List[torch.Tensor]:
+def packed_logprobs(
+    forward: Callable[[PackedStep, Optional[int]], torch.Tensor], micro: List[dict], budget: TokenBudget, group=None
+) -> List[torch.Tensor]:
     """Per-token values of every logical micro-batch ([B, T] each) computed by `forward(step, owner)` ([n] of one
     packed step) over the round's sequences packed under the budget (a no-grad pass: old-policy and reference
     log-probs). With sequence parallelism the group runs every member's steps; each rank keeps its own."""
     from .sequence_parallel import each_member
 
     widths = [mb["completion_mask"].shape[1] for mb in micro]
-    steps, = plan_steps([sequences_of(micro)], budget.step_tokens, budget.hidden, budget.pad_id, widths, group=group)
+    (steps,) = plan_steps([sequences_of(micro)], budget.step_tokens, budget.hidden, budget.pad_id, widths, group=group)
     me = budget.sp.rank if budget.sp is not None else None
     values = [v for owner, step in each_member(steps, budget.sp) for v in [forward(step, owner)] if owner == me]
     return scatter(steps, values, [mb["completion_mask"].shape for mb in micro])

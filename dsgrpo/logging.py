@@ -77,10 +77,14 @@ class MetricSinks:
             return
         if self.unique_prompts:
             rows = list({r["prompt"]: r for r in reversed(rows)}.values())[::-1]
-        shown = rows if self.print_rows is None else rows[:self.print_rows]
+        shown = rows if self.print_rows is None else rows[: self.print_rows]
         for r in shown:
-            print(f"[step {step}] reward {r['reward']:.3f}  advantage {r['advantage']:+.3f}\n  prompt: {r['prompt']}\n"
-                  f"  completion: {r['completion']}", file=sys.stderr, flush=True)
+            print(
+                f"[step {step}] reward {r['reward']:.3f}  advantage {r['advantage']:+.3f}\n  prompt: {r['prompt']}\n"
+                f"  completion: {r['completion']}",
+                file=sys.stderr,
+                flush=True,
+            )
         path = os.path.join(os.path.dirname(self.jsonl.name), "completions.jsonl")
         with open(path, "a") as fh:
             for row in rows:
@@ -110,9 +114,14 @@ def _plain(v) -> Optional[float]:
 class WandbTracker:
     def __init__(self, args):
         import wandb
+
         self.wandb = wandb
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", args.project), name=args.run_name,
-                              config=args.to_dict(), dir=args.output_dir)
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", args.project),
+            name=args.run_name,
+            config=args.to_dict(),
+            dir=args.output_dir,
+        )
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
         self.run.log(metrics, step=step)
@@ -130,8 +139,10 @@ class TensorBoardTracker:
 
     def __init__(self, args):
         from torch.utils.tensorboard import SummaryWriter
+
         logdir = os.environ.get("TENSORBOARD_LOGGING_DIR") or os.path.join(
-            args.output_dir, "runs", datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname())
+            args.output_dir, "runs", datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname()
+        )
         self.writer = SummaryWriter(log_dir=os.path.expanduser(logdir))
         self.writer.add_text("args", "```\n" + json.dumps(args.to_dict(), indent=1, default=str) + "\n```")
 
@@ -143,8 +154,10 @@ class TensorBoardTracker:
     def table(self, step: int, rows: List[dict]) -> None:
         cols, _ = _columns_and_data(rows)
         cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731 (one markdown cell)
-        text = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-                         + ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows])
+        text = "\n".join(
+            ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
+        )
         self.writer.add_text("completions", text, global_step=step)
 
     def close(self) -> None:
@@ -157,9 +170,16 @@ class TrackioTracker:
 
     def __init__(self, args):
         import trackio
+
         self.trackio = trackio
-        trackio.init(project=args.project, name=args.run_name, config=args.to_dict(), resume="allow",
-                     space_id=args.trackio_space_id, bucket_id=args.trackio_bucket_id)
+        trackio.init(
+            project=args.project,
+            name=args.run_name,
+            config=args.to_dict(),
+            resume="allow",
+            space_id=args.trackio_space_id,
+            bucket_id=args.trackio_bucket_id,
+        )
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
         self.trackio.log(metrics, step=step)
@@ -219,6 +239,7 @@ def make_progress(args, total_steps: int):
 class ProgressBar:
     def __init__(self, total_steps: int):
         from tqdm.auto import tqdm
+
         self.bar = tqdm(total=total_steps, desc="GRPO", dynamic_ncols=True, file=sys.stderr)
 
     def show(self, step: int, metrics: Dict[str, float]) -> None:
@@ -251,8 +272,9 @@ class ProgressLines:
         if "train_runtime" in metrics:  # the summary row
             line = f"done: step {step}/{self.total} in {_duration(metrics['train_runtime'])}"
         elif any(k.startswith("eval_") for k in metrics):
-            line = f"eval at step {step}: " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
-                                                        if k.endswith("reward") or k.endswith("/mean"))
+            line = f"eval at step {step}: " + " | ".join(
+                f"{k} {v:.4g}" for k, v in metrics.items() if k.endswith("reward") or k.endswith("/mean")
+            )
         else:
             parts = [f"step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%)"]
             parts += [f"{k} {metrics[k]:.4g}" for k in self.SHOWN if k in metrics]
@@ -298,11 +320,16 @@ def learning_curve_summary(history: List[Dict[str, float]], rows: int = 8, windo
     starts = sorted({round(i * (len(rewards) - window) / max(1, rows - 1)) for i in range(rows)})
     lines = ["learning curve (mean reward over windows of %d generation rounds):" % window]
     for s in starts:
-        chunk = rewards[s:s + window]
+        chunk = rewards[s : s + window]
         value = sum(chunk) / len(chunk)
-        lines.append(f"  step {history[s]['step']:>5d}  reward {value:6.3f}  " + "#" * int(round(40 * max(0.0, min(1.0, value)))))
+        lines.append(
+            f"  step {history[s]['step']:>5d}  reward {value:6.3f}  " + "#" * int(round(40 * max(0.0, min(1.0, value))))
+        )
     first = sum(rewards[:window]) / window
     last = sum(rewards[-window:]) / window
-    lines.append(f"first {window} rounds: {first:.3f}   last {window} rounds: {last:.3f}   "
-                 f"ratio: {last / first:.2f}x" if first > 0 else f"first: {first:.3f}  last: {last:.3f}")
+    lines.append(
+        f"first {window} rounds: {first:.3f}   last {window} rounds: {last:.3f}   ratio: {last / first:.2f}x"
+        if first > 0
+        else f"first: {first:.3f}  last: {last:.3f}"
+    )
     return "\n".join(lines)

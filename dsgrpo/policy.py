@@ -21,9 +21,9 @@ REFERENCE_TAG = "reference"  # a checkpoint's folder for the mixed reference of 
 
 class Policy:
     def __init__(self, engine, reference, *, adapter: Optional[Dict[str, Any]], tokenizer, args, world: int):
-        self.engine = engine          # the DeepSpeed engine that trains (ZeRO-partitioned)
-        self.reference = reference    # the frozen reference engine; None at beta 0 and for a LoRA policy
-        self.adapter = adapter        # a LoRA policy's shape (lora.fingerprint), or None
+        self.engine = engine  # the DeepSpeed engine that trains (ZeRO-partitioned)
+        self.reference = reference  # the frozen reference engine; None at beta 0 and for a LoRA policy
+        self.adapter = adapter  # a LoRA policy's shape (lora.fingerprint), or None
         self.tokenizer, self.args, self.world = tokenizer, args, world
 
     @property
@@ -87,8 +87,9 @@ class Policy:
         ranks' collectives stay paired when a write fails on some ranks only."""
         failure = None
         try:
-            compat.save_engine_checkpoint(self.engine, folder, ENGINE_TAG, save_latest=False,
-                                          exclude_frozen_parameters=self.lora)
+            compat.save_engine_checkpoint(
+                self.engine, folder, ENGINE_TAG, save_latest=False, exclude_frozen_parameters=self.lora
+            )
         except (OSError, RuntimeError) as exc:
             failure = exc
         if self.args.sync_ref_model and self.reference is not None:
@@ -116,7 +117,10 @@ class Policy:
         if not (self.args.sync_ref_model and self.reference is not None):
             return
         if not os.path.isdir(os.path.join(path, REFERENCE_TAG)):
-            raise CheckpointError(f"{path} has no {REFERENCE_TAG}/ (the mixed reference of sync_ref_model): it was "
-                                  "written without sync_ref_model. Resume with the settings that wrote it.")
-        self.reference.load_checkpoint(path, tag=REFERENCE_TAG, load_optimizer_states=False,
-                                       load_lr_scheduler_states=False)
+            raise CheckpointError(
+                f"{path} has no {REFERENCE_TAG}/ (the mixed reference of sync_ref_model): it was "
+                "written without sync_ref_model. Resume with the settings that wrote it."
+            )
+        self.reference.load_checkpoint(
+            path, tag=REFERENCE_TAG, load_optimizer_states=False, load_lr_scheduler_states=False
+        )

@@ -21,11 +21,16 @@ class Preemption:
             print(f"dsgrpo: second signal {signal.Signals(signum).name}: exiting now", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self.requested = True
-        print(f"dsgrpo: {signal.Signals(signum).name} received: checkpointing at the end of this round, then "
-              "exiting with code 75 (send it again to exit at once)", file=sys.stderr, flush=True)
+        print(
+            f"dsgrpo: {signal.Signals(signum).name} received: checkpointing at the end of this round, then "
+            "exiting with code 75 (send it again to exit at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self) -> "Preemption":
         import threading
+
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)

@@ -65,6 +65,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def set_parent_death_signal(sig: int) -> bool:
     """Have the kernel send `sig` to this process when the thread that started it ends (Linux; False elsewhere)."""
     import ctypes
+
     try:
         return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):
@@ -80,6 +81,7 @@ def end_with_launcher() -> None:
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return  # not started by a launcher (a world of one, a notebook): its parent is a shell, not its job
     import signal
+
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != _PARENT:  # the launcher ended between this process's start and the line above
         os._exit(1)

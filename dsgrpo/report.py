@@ -23,18 +23,25 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 MAX_TABLE_ROWS = 12  # completions shown per run and step (the first and the last logged step)
-MAX_GROUPS = 4       # groups of multi-turn episodes shown per run (of its last logged step)
-TOOL_HEALTH = ("tools/calls_per_episode", "tools/failure_frequency", "tools/parse_failures", "env/errors",
-               "env/timeouts", "env/step_s", "episode/turns")
+MAX_GROUPS = 4  # groups of multi-turn episodes shown per run (of its last logged step)
+TOOL_HEALTH = (
+    "tools/calls_per_episode",
+    "tools/failure_frequency",
+    "tools/parse_failures",
+    "env/errors",
+    "env/timeouts",
+    "env/step_s",
+    "episode/turns",
+)
 
 
 @dataclass
 class Run:
     path: str
     name: str
-    rows: List[dict]                                    # training rounds: step + metrics
-    evals: List[dict]                                   # evaluation rows (eval_* keys)
-    summary: dict                                       # the closing row (train_runtime, memory/...)
+    rows: List[dict]  # training rounds: step + metrics
+    evals: List[dict]  # evaluation rows (eval_* keys)
+    summary: dict  # the closing row (train_runtime, memory/...)
     config: dict = field(default_factory=dict)
     completions: List[dict] = field(default_factory=list)
 
@@ -50,8 +57,10 @@ class Run:
 def load_run(path: str, name: Optional[str] = None) -> Run:
     metrics = os.path.join(path, "metrics.jsonl")
     if not os.path.isfile(metrics):
-        raise FileNotFoundError(f"{path}: no metrics.jsonl. Pass a run's output_dir (where training wrote "
-                                "metrics.jsonl and resolved_config.yaml).")
+        raise FileNotFoundError(
+            f"{path}: no metrics.jsonl. Pass a run's output_dir (where training wrote "
+            "metrics.jsonl and resolved_config.yaml)."
+        )
     by_step: Dict[int, dict] = {}
     evals: Dict[int, dict] = {}
     summary: dict = {}
@@ -72,6 +81,7 @@ def load_run(path: str, name: Optional[str] = None) -> Run:
     config = {}
     if os.path.isfile(os.path.join(path, "resolved_config.yaml")):
         import yaml
+
         with open(os.path.join(path, "resolved_config.yaml")) as fh:
             config = yaml.safe_load(fh) or {}
     completions = []
@@ -79,8 +89,15 @@ def load_run(path: str, name: Optional[str] = None) -> Run:
         with open(os.path.join(path, "completions.jsonl")) as fh:
             completions = [json.loads(line) for line in fh if line.strip()]
     label = name or os.path.basename(os.path.normpath(path)) or path
-    return Run(path, label, [by_step[s] for s in sorted(by_step)], [evals[s] for s in sorted(evals)], summary,
-               config, completions)
+    return Run(
+        path,
+        label,
+        [by_step[s] for s in sorted(by_step)],
+        [evals[s] for s in sorted(evals)],
+        summary,
+        config,
+        completions,
+    )
 
 
 def unique_names(paths: Sequence[str]) -> List[str]:
@@ -117,8 +134,10 @@ def _smooth(values: List[float]) -> List[float]:
 class Plotter:
     def __init__(self, runs: List[Run]):
         import matplotlib
+
         matplotlib.use("Agg")  # files only: no display needed (a Slurm node, CI)
         import matplotlib.pyplot as plt
+
         self.plt = plt
         self.runs = runs
         self.colors = palette(runs)
@@ -156,7 +175,7 @@ class Plotter:
             ax.grid(alpha=0.3)
             if len(self.runs) > 1:
                 ax.legend(fontsize=8)
-        for ax in list(axes.flat)[len(panels):]:
+        for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
         return self._png(fig)
 
@@ -170,7 +189,7 @@ class Plotter:
             phases = [k for k in run.keys() if k.startswith("time/")]
             steps = [r["step"] for r in run.rows]
             stacks = [[float(r.get(k) or 0.0) for r in run.rows] for k in phases]
-            ax.stackplot(steps, stacks, labels=[k[len("time/"):] for k in phases], alpha=0.85)
+            ax.stackplot(steps, stacks, labels=[k[len("time/") :] for k in phases], alpha=0.85)
             ax.set_title(f"seconds per round by phase — {run.name}", fontsize=10)
             ax.set_xlabel("step")
             ax.set_ylabel("s")
@@ -187,40 +206,100 @@ def figures(runs: List[Run]) -> tuple:
     async_keys = [k for k in keys if k.startswith("async/")]
     eval_keys = sorted({k for run in runs for r in run.evals for k in r if k.startswith("eval_")})
     specs = [
-        ("reward", "Reward", "Mean reward of each round's completions, and its spread within groups (reward_std).",
-         lambda: plot.lines([("reward", "reward"), ("reward_std", "reward std within groups"),
-                             ("frac_reward_zero_std", "groups with zero reward std (no learning signal)")])),
-        ("reward_functions", "Each reward function", "Mean of each reward function (rewards/<name>/mean).",
-         lambda: plot.lines([(k, k[len("rewards/"):-len("/mean")]) for k in reward_fns])),
-        ("kl", "KL to the reference", "The per-token KL estimate against the reference model (logged when beta > 0).",
-         lambda: plot.lines([("kl", "kl")])),
-        ("entropy", "Entropy", "Mean per-token entropy of the policy on the completions.",
-         lambda: plot.lines([("entropy", "entropy")])),
-        ("lengths", "Completion lengths", "Mean, min and max completion length in tokens, and the fraction of "
-         "completions cut at max_completion_length.",
-         lambda: plot.lines([("completions/mean_length", "mean length"), ("completions/max_length", "max length"),
-                             ("completions/min_length", "min length"),
-                             ("completions/clipped_ratio", "clipped ratio (hit max_completion_length)")])),
-        ("optimizer", "Loss, grad norm, learning rate", "The GRPO loss, the gradient norm before clipping and the "
-         "learning rate of each step.",
-         lambda: plot.lines([("loss", "loss"), ("grad_norm", "grad norm"), ("learning_rate", "learning rate")])),
-        ("clipping", "Clipped ratios", "Fraction of tokens whose importance ratio was clipped (low / high / region).",
-         lambda: plot.lines([(k, k) for k in keys if k.startswith("clip_ratio/")])),
-        ("throughput", "Tokens per second", "Completion tokens generated per second of the whole round.",
-         lambda: plot.lines([("completion_tok_per_s", "completion tokens / s")])),
-        ("time", "Time per phase", "Seconds each phase of a round took (generate, reward, reference, train, sync, "
-         "...), stacked.", plot.time_breakdown),
-        ("async", "Async rollouts", "AsyncGRPOTrainer: staleness of the trained groups, pooled / moved / stolen / "
-         "dropped groups and completions generated per rank.",
-         lambda: plot.lines([(k, k[len("async/"):]) for k in async_keys])),
-        ("eval", "Evaluation", "Mean reward (per-function means; pass@k, avg@n, maj@k when asked) on the eval set at each evaluation.",
-         lambda: plot.lines([(k, k) for k in eval_keys], rows_of=lambda run: run.evals)),
+        (
+            "reward",
+            "Reward",
+            "Mean reward of each round's completions, and its spread within groups (reward_std).",
+            lambda: plot.lines(
+                [
+                    ("reward", "reward"),
+                    ("reward_std", "reward std within groups"),
+                    ("frac_reward_zero_std", "groups with zero reward std (no learning signal)"),
+                ]
+            ),
+        ),
+        (
+            "reward_functions",
+            "Each reward function",
+            "Mean of each reward function (rewards/<name>/mean).",
+            lambda: plot.lines([(k, k[len("rewards/") : -len("/mean")]) for k in reward_fns]),
+        ),
+        (
+            "kl",
+            "KL to the reference",
+            "The per-token KL estimate against the reference model (logged when beta > 0).",
+            lambda: plot.lines([("kl", "kl")]),
+        ),
+        (
+            "entropy",
+            "Entropy",
+            "Mean per-token entropy of the policy on the completions.",
+            lambda: plot.lines([("entropy", "entropy")]),
+        ),
+        (
+            "lengths",
+            "Completion lengths",
+            "Mean, min and max completion length in tokens, and the fraction of "
+            "completions cut at max_completion_length.",
+            lambda: plot.lines(
+                [
+                    ("completions/mean_length", "mean length"),
+                    ("completions/max_length", "max length"),
+                    ("completions/min_length", "min length"),
+                    ("completions/clipped_ratio", "clipped ratio (hit max_completion_length)"),
+                ]
+            ),
+        ),
+        (
+            "optimizer",
+            "Loss, grad norm, learning rate",
+            "The GRPO loss, the gradient norm before clipping and the learning rate of each step.",
+            lambda: plot.lines([("loss", "loss"), ("grad_norm", "grad norm"), ("learning_rate", "learning rate")]),
+        ),
+        (
+            "clipping",
+            "Clipped ratios",
+            "Fraction of tokens whose importance ratio was clipped (low / high / region).",
+            lambda: plot.lines([(k, k) for k in keys if k.startswith("clip_ratio/")]),
+        ),
+        (
+            "throughput",
+            "Tokens per second",
+            "Completion tokens generated per second of the whole round.",
+            lambda: plot.lines([("completion_tok_per_s", "completion tokens / s")]),
+        ),
+        (
+            "time",
+            "Time per phase",
+            "Seconds each phase of a round took (generate, reward, reference, train, sync, ...), stacked.",
+            plot.time_breakdown,
+        ),
+        (
+            "async",
+            "Async rollouts",
+            "AsyncGRPOTrainer: staleness of the trained groups, pooled / moved / stolen / "
+            "dropped groups and completions generated per rank.",
+            lambda: plot.lines([(k, k[len("async/") :]) for k in async_keys]),
+        ),
+        (
+            "eval",
+            "Evaluation",
+            "Mean reward (per-function means; pass@k, avg@n, maj@k when asked) on the eval set at each evaluation.",
+            lambda: plot.lines([(k, k) for k in eval_keys], rows_of=lambda run: run.evals),
+        ),
     ]
     if any(k in keys for k in TOOL_HEALTH):  # only runs with tools or environments log these: no "not logged" line
-        specs.insert(-2, ("tools", "Tool and environment health", "Per episode (a completion with all its turns): "
-                          "tool calls, calls that could not be parsed, tool or environment errors, timeouts and "
-                          "sampled turns; the failed share of calls and the seconds a call took (env/step_s).",
-                          lambda: plot.lines([(k, k) for k in TOOL_HEALTH if k in keys])))
+        specs.insert(
+            -2,
+            (
+                "tools",
+                "Tool and environment health",
+                "Per episode (a completion with all its turns): "
+                "tool calls, calls that could not be parsed, tool or environment errors, timeouts and "
+                "sampled turns; the failed share of calls and the seconds a call took (env/step_s).",
+                lambda: plot.lines([(k, k) for k in TOOL_HEALTH if k in keys]),
+            ),
+        )
     made, missing = [], []
     for slug, title, caption, draw in specs:
         png = draw()
@@ -288,10 +367,13 @@ def _summary_table(runs: List[Run], colors: Dict[str, str]) -> str:
     for run in runs:
         steps, rewards = run.series("reward")
         k = max(1, len(rewards) // 10)
-        reward = (f"{sum(rewards[:k]) / k:.3f} → {sum(rewards[-k:]) / k:.3f}" if rewards else "—")
+        reward = f"{sum(rewards[:k]) / k:.3f} → {sum(rewards[-k:]) / k:.3f}" if rewards else "—"
         c = run.config
-        what = ", ".join(f"{key}={c[key]}" for key in ("loss_type", "beta", "num_generations", "learning_rate",
-                                                         "max_completion_length", "temperature") if key in c)
+        what = ", ".join(
+            f"{key}={c[key]}"
+            for key in ("loss_type", "beta", "num_generations", "learning_rate", "max_completion_length", "temperature")
+            if key in c
+        )
         runtime = run.summary.get("train_runtime")
         peak = run.summary.get("memory/peak_bytes_max")
         out.append(
@@ -300,7 +382,8 @@ def _summary_table(runs: List[Run], colors: Dict[str, str]) -> str:
             f"<td>{html.escape(what) or '—'}</td><td class='num'>{steps[-1] if steps else 0}</td>"
             f"<td class='num'>{reward}</td>"
             f"<td class='num'>{f'{runtime:.0f} s' if runtime else 'unfinished'}</td>"
-            f"<td class='num'>{f'{peak / 2**30:.2f} GiB' if peak else '—'}</td></tr>")
+            f"<td class='num'>{f'{peak / 2**30:.2f} GiB' if peak else '—'}</td></tr>"
+        )
     out.append("</table>")
     return "\n".join(out)
 
@@ -315,13 +398,16 @@ def _completions_table(run: Run) -> str:
         rows = [r for r in run.completions if r["step"] == step]
         shown = sorted(rows, key=lambda r: -float(r.get("reward", 0.0)))[:MAX_TABLE_ROWS]
         parts.append(f"<p>step {step}: {len(shown)} of {len(rows)} completions, best reward first</p>")
-        parts.append("<table class='completions'><tr><th>prompt</th><th>completion</th><th>reward</th>"
-                     "<th>advantage</th></tr>")
+        parts.append(
+            "<table class='completions'><tr><th>prompt</th><th>completion</th><th>reward</th><th>advantage</th></tr>"
+        )
         for r in shown:
-            parts.append(f"<tr><td class='text'>{html.escape(str(r.get('prompt', '')))}</td>"
-                         f"<td class='text'>{html.escape(str(r.get('completion', '')))}</td>"
-                         f"<td class='num'>{_fmt(r.get('reward', ''))}</td>"
-                         f"<td class='num'>{_fmt(r.get('advantage', ''))}</td></tr>")
+            parts.append(
+                f"<tr><td class='text'>{html.escape(str(r.get('prompt', '')))}</td>"
+                f"<td class='text'>{html.escape(str(r.get('completion', '')))}</td>"
+                f"<td class='num'>{_fmt(r.get('reward', ''))}</td>"
+                f"<td class='num'>{_fmt(r.get('advantage', ''))}</td></tr>"
+            )
         parts.append("</table>")
     return "\n".join(parts)
 
@@ -331,11 +417,16 @@ def _turn_html(message: dict) -> str:
     role = str(message.get("role", ""))
     text = html.escape(str(message.get("content") or ""))
     if role == "tool":
-        return (f"<div class='turn tool'><span class='who'>{html.escape(str(message.get('name') or 'tool'))} "
-                f"answered</span><pre>{text}</pre></div>")
-    calls = "".join(f"<div class='call'>&rarr; {html.escape(str(c.get('function', c).get('name')))}"
-                    f"({html.escape(json.dumps(c.get('function', c).get('arguments'), ensure_ascii=False))})</div>"
-                    for c in message.get("tool_calls") or [] if isinstance(c, dict))
+        return (
+            f"<div class='turn tool'><span class='who'>{html.escape(str(message.get('name') or 'tool'))} "
+            f"answered</span><pre>{text}</pre></div>"
+        )
+    calls = "".join(
+        f"<div class='call'>&rarr; {html.escape(str(c.get('function', c).get('name')))}"
+        f"({html.escape(json.dumps(c.get('function', c).get('arguments'), ensure_ascii=False))})</div>"
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict)
+    )
     return f"<div class='turn {html.escape(role)}'><span class='who'>{html.escape(role)}</span><pre>{text}</pre>{calls}</div>"
 
 
@@ -353,12 +444,16 @@ def _episodes(run: Run) -> str:
     parts = [f"<h3>{html.escape(run.name)}: step {step}, {len(groups)} groups</h3>"]
     for label, members in list(groups.items())[:MAX_GROUPS]:
         members = sorted(members, key=lambda r: -float(r.get("reward", 0.0)))
-        parts.append(f"<p class='muted'>prompt: {html.escape(members[0].get('prompt', '')[:300])}</p>"
-                     "<table class='episodes sortable'><tr>")
+        parts.append(
+            f"<p class='muted'>prompt: {html.escape(members[0].get('prompt', '')[:300])}</p>"
+            "<table class='episodes sortable'><tr>"
+        )
         for r in members:
             own = ", ".join(f"{html.escape(k)} {_fmt(v)}" for k, v in (r.get("rewards") or {}).items() if v is not None)
-            parts.append(f"<th data-reward='{float(r.get('reward', 0.0))}'>reward {_fmt(r.get('reward', ''))} "
-                         f"<span class='muted'>({own}; advantage {_fmt(r.get('advantage', ''))})</span></th>")
+            parts.append(
+                f"<th data-reward='{float(r.get('reward', 0.0))}'>reward {_fmt(r.get('reward', ''))} "
+                f"<span class='muted'>({own}; advantage {_fmt(r.get('advantage', ''))})</span></th>"
+            )
         parts.append("</tr><tr>")
         for r in members:
             parts.append("<td class='episode'>" + "".join(_turn_html(m) for m in r["messages"]) + "</td>")
@@ -371,22 +466,33 @@ def render_html(runs: List[Run], made: List[Figure], missing: List[str], colors:
     body = [f"<h1>{html.escape(title)}</h1>", _summary_table(runs, colors)]
     for fig in made:
         data = base64.b64encode(fig.png).decode()
-        body.append(f"<h2 id='{fig.slug}'>{html.escape(fig.title)}</h2><figure>"
-                    f"<img alt='{html.escape(fig.title)}' src='data:image/png;base64,{data}'>"
-                    f"<figcaption>{html.escape(fig.caption)} ({fig.slug}.png)</figcaption></figure>")
+        body.append(
+            f"<h2 id='{fig.slug}'>{html.escape(fig.title)}</h2><figure>"
+            f"<img alt='{html.escape(fig.title)}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{html.escape(fig.caption)} ({fig.slug}.png)</figcaption></figure>"
+        )
     tables = [t for t in (_completions_table(run) for run in runs) if t]
     body.append("<h2 id='completions'>Sampled completions</h2>")
-    body.append("\n".join(tables) if tables else "<p class='muted'>No completions.jsonl: run with "
-                                                 "<code>log_completions: true</code> to see them here.</p>")
+    body.append(
+        "\n".join(tables)
+        if tables
+        else "<p class='muted'>No completions.jsonl: run with <code>log_completions: true</code> to see them here.</p>"
+    )
     episodes = [t for t in (_episodes(run) for run in runs) if t]
     if episodes:
         body.append("<h2 id='episodes'>Episodes</h2>" + "\n".join(episodes))
     if missing:
-        body.append("<h2>Not logged</h2><p class='muted'>No run logged the metrics of: "
-                    + html.escape(", ".join(missing)) + ".</p>")
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n<body>\n" + "\n".join(body)
-            + f"\n<script>{SCRIPT}</script>\n</body></html>\n")
+        body.append(
+            "<h2>Not logged</h2><p class='muted'>No run logged the metrics of: "
+            + html.escape(", ".join(missing))
+            + ".</p>"
+        )
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{CSS}</style></head>\n<body>\n"
+        + "\n".join(body)
+        + f"\n<script>{SCRIPT}</script>\n</body></html>\n"
+    )
 
 
 def write_report(paths: Sequence[str], out_dir: Optional[str] = None) -> str:
@@ -411,16 +517,20 @@ def write_report(paths: Sequence[str], out_dir: Optional[str] = None) -> str:
 def palette(runs: List[Run]) -> Dict[str, str]:
     """Each run's colour, in the plots and the summary table alike."""
     import matplotlib
+
     cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     return {run.name: cycle[i % len(cycle)] for i, run in enumerate(runs)}
 
 
 def main(argv: List[str]) -> int:
-    parser = argparse.ArgumentParser(prog="dsgrpo report", description="Plots of one or more runs in one "
-                                     "self-contained report.html (several runs are overlaid).")
+    parser = argparse.ArgumentParser(
+        prog="dsgrpo report",
+        description="Plots of one or more runs in one self-contained report.html (several runs are overlaid).",
+    )
     parser.add_argument("runs", nargs="+", help="run folders (each an output_dir with metrics.jsonl)")
-    parser.add_argument("--out", help="folder for report.html and the PNGs (default RUN_DIR/report for one run, "
-                                      "./report for several)")
+    parser.add_argument(
+        "--out", help="folder for report.html and the PNGs (default RUN_DIR/report for one run, ./report for several)"
+    )
     args = parser.parse_args(argv)
     path = write_report(args.runs, args.out)
     print(f"report written to {path}")

@@ -10,8 +10,12 @@ from typing import List, Optional
 
 def recorded(prompts, reward_names: List[str], args) -> dict:
     """The trainer state's entries these checks read at the next resume: the train prompts', the rewards'."""
-    return {"data": prompts.identity(), "data_round_offset": prompts.round_offset,
-            "reward_funcs": list(reward_names), "reward_weights": args.reward_weights}
+    return {
+        "data": prompts.identity(),
+        "data_round_offset": prompts.round_offset,
+        "reward_funcs": list(reward_names),
+        "reward_weights": args.reward_weights,
+    }
 
 
 def data_changed(saved: dict, current: dict) -> bool:
@@ -38,17 +42,21 @@ def resume_note(path: str, state: dict, now: dict, args, prompts_per_round: int)
     elif changed:
         was, is_ = state["data"], now["data"]
         skipped = (round_index - offset) * prompts_per_round
-        parts.append(f"the train dataset is another than the checkpoint's ({_describe(was)} then, {_describe(is_)} now); "
-                     f"the prompt stream continues at round {round_index}, so the new set's first {skipped} prompt "
-                     "position(s) are skipped. Set reset_data_position=True (or ignore_data_skip=True) to start it "
-                     "from its beginning")
+        parts.append(
+            f"the train dataset is another than the checkpoint's ({_describe(was)} then, {_describe(is_)} now); "
+            f"the prompt stream continues at round {round_index}, so the new set's first {skipped} prompt "
+            "position(s) are skipped. Set reset_data_position=True (or ignore_data_skip=True) to start it "
+            "from its beginning"
+        )
     if changed:
         parts.append("the groups sampled from the old set's rows and not yet trained are dropped")
     saved_funcs, saved_weights = state.get("reward_funcs"), state.get("reward_weights")
     if saved_funcs is not None and (saved_funcs != now["reward_funcs"] or saved_weights != now["reward_weights"]):
-        parts.append(f"the rewards changed: reward functions {saved_funcs} -> {now['reward_funcs']}, reward_weights "
-                     f"{saved_weights} -> {now['reward_weights']} (rewards and advantages from here on are on the new "
-                     "scale; the logged reward before and after is not comparable)")
+        parts.append(
+            f"the rewards changed: reward functions {saved_funcs} -> {now['reward_funcs']}, reward_weights "
+            f"{saved_weights} -> {now['reward_weights']} (rewards and advantages from here on are on the new "
+            "scale; the logged reward before and after is not comparable)"
+        )
     note = f"dsgrpo: resuming {path}: " + "; ".join(parts) + "." if parts else None
     return offset, note, changed
 

@@ -39,10 +39,17 @@ class Schedule:
     @classmethod
     def from_args(cls, args, total_steps: int) -> "Schedule":
         logging_every = resolve_steps(args.logging_steps, total_steps)
-        return cls(total_steps=total_steps, logging=args.logging_strategy, logging_every=logging_every,
-                   logging_first_step=args.logging_first_step, saving=args.save_strategy,
-                   save_every=resolve_steps(args.save_steps, total_steps), evaluating=args.eval_strategy,
-                   eval_every=resolve_steps(args.eval_steps, total_steps) or logging_every, eval_delay=args.eval_delay)
+        return cls(
+            total_steps=total_steps,
+            logging=args.logging_strategy,
+            logging_every=logging_every,
+            logging_first_step=args.logging_first_step,
+            saving=args.save_strategy,
+            save_every=resolve_steps(args.save_steps, total_steps),
+            evaluating=args.eval_strategy,
+            eval_every=resolve_steps(args.eval_steps, total_steps) or logging_every,
+            eval_delay=args.eval_delay,
+        )
 
     def due(self, step_before: int, step: int, epochs_before: int, epochs: int) -> Tuple[bool, bool, bool]:
         """(log, evaluate, save) after a round that took the run from `step_before` to `step` optimizer steps and
@@ -71,9 +78,17 @@ def lr_scheduler_factory(args, total_steps: int):
 
     def make(optimizer):
         try:
-            return get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup,
-                                 num_training_steps=total_steps, scheduler_specific_kwargs=kwargs)
+            return get_scheduler(
+                args.lr_scheduler_type,
+                optimizer,
+                num_warmup_steps=warmup,
+                num_training_steps=total_steps,
+                scheduler_specific_kwargs=kwargs,
+            )
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"lr_scheduler_type={args.lr_scheduler_type!r} with lr_scheduler_kwargs={kwargs}: {exc}. "
-                             "Give the schedule's own arguments (e.g. {min_lr_rate: 0.1} for cosine_with_min_lr).") from None
+            raise ValueError(
+                f"lr_scheduler_type={args.lr_scheduler_type!r} with lr_scheduler_kwargs={kwargs}: {exc}. "
+                "Give the schedule's own arguments (e.g. {min_lr_rate: 0.1} for cosine_with_min_lr)."
+            ) from None
+
     return make

@@ -29,10 +29,10 @@ SUPPORTED_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3")
 
 @dataclass
 class SequenceParallel:
-    size: int     # N: ranks in a group
-    rank: int     # this rank's place in its group (0..N-1)
-    group: Any    # the torch.distributed group
-    pad_id: int   # the token that pads a step's row to a multiple of N
+    size: int  # N: ranks in a group
+    rank: int  # this rank's place in its group (0..N-1)
+    group: Any  # the torch.distributed group
+    pad_id: int  # the token that pads a step's row to a multiple of N
 
     def share(self, obj) -> List:
         """Every member's `obj`, in member order (one collective over the group)."""
@@ -49,15 +49,19 @@ def requested_size(args, ds_config: Optional[dict]) -> int:
         get = pc.get if isinstance(pc, dict) else (lambda key, default=None: getattr(pc, key, default))
         for key in ("cp_size", "tp_size"):
             if int(get(key, 1) or 1) > 1:
-                raise ValueError(f"parallelism_config.{key}={get(key)}: dsgrpo shards the training sequence with "
-                                 "DeepSpeed's Ulysses (sp_size, sp_backend='deepspeed'); set "
-                                 f"{key}=1 (vLLM's tensor parallelism is vllm_tensor_parallel_size).")
+                raise ValueError(
+                    f"parallelism_config.{key}={get(key)}: dsgrpo shards the training sequence with "
+                    "DeepSpeed's Ulysses (sp_size, sp_backend='deepspeed'); set "
+                    f"{key}=1 (vLLM's tensor parallelism is vllm_tensor_parallel_size)."
+                )
         sp = int(get("sp_size", 1) or 1)
         if sp > 1:
             backend = get("sp_backend", "deepspeed") or "deepspeed"
             if backend != "deepspeed":
-                raise ValueError(f"parallelism_config.sp_backend={backend!r}: dsgrpo's sequence parallelism is "
-                                 "DeepSpeed's Ulysses; set sp_backend='deepspeed'.")
+                raise ValueError(
+                    f"parallelism_config.sp_backend={backend!r}: dsgrpo's sequence parallelism is "
+                    "DeepSpeed's Ulysses; set sp_backend='deepspeed'."
+                )
             sizes["parallelism_config.sp_size"] = sp
     ds = int((ds_config or {}).get("sequence_parallel_size", 1) or 1)
     if ds > 1:
@@ -72,21 +76,28 @@ def check(size: int, args, world: int, model_config, split: bool) -> None:
     if size <= 1:
         return
     if world % size:
-        raise ValueError(f"sequence parallelism of {size} needs a world divisible by it; this run has {world} "
-                         f"ranks. Use a divisor of {world}.")
+        raise ValueError(
+            f"sequence parallelism of {size} needs a world divisible by it; this run has {world} "
+            f"ranks. Use a divisor of {world}."
+        )
     text = model_config.get_text_config()
     heads = text.num_attention_heads
     kv = getattr(text, "num_key_value_heads", None) or heads
     if heads % size or not (kv % size == 0 or size % kv == 0):
-        raise ValueError(f"sequence parallelism of {size}: Ulysses shards the attention heads, and the model has "
-                         f"{heads} query and {kv} key/value heads (each must divide by {size}, or {size} by the "
-                         "key/value heads). Choose a size that divides them.")
+        raise ValueError(
+            f"sequence parallelism of {size}: Ulysses shards the attention heads, and the model has "
+            f"{heads} query and {kv} key/value heads (each must divide by {size}, or {size} by the "
+            "key/value heads). Choose a size that divides them."
+        )
     if args.token_budget is not None and args.token_budget <= 0:
-        raise ValueError("sequence parallelism shards packed steps: token_budget=0 (padded micro-batches) cannot "
-                         "be combined with it. Leave token_budget unset (None) or set a budget.")
+        raise ValueError(
+            "sequence parallelism shards packed steps: token_budget=0 (padded micro-batches) cannot "
+            "be combined with it. Leave token_budget unset (None) or set a budget."
+        )
     if split:
-        raise NotImplementedError("sequence parallelism with async_placement='split' is not supported yet: use "
-                                  "async_placement='colocate'.")
+        raise NotImplementedError(
+            "sequence parallelism with async_placement='split' is not supported yet: use async_placement='colocate'."
+        )
 
 
 def start(size: int, model_config, pad_id: int) -> Optional[SequenceParallel]:
@@ -97,8 +108,10 @@ def start(size: int, model_config, pad_id: int) -> Optional[SequenceParallel]:
     text = model_config.get_text_config()
     impl = getattr(text, "_attn_implementation", None) or getattr(model_config, "_attn_implementation", None)
     if impl not in SUPPORTED_ATTENTION:
-        raise ValueError(f"sequence parallelism needs attn_implementation in {SUPPORTED_ATTENTION}; the model uses "
-                         f"{impl!r}. Set model_init_kwargs={{'attn_implementation': 'sdpa'}} (or a flash-attention).")
+        raise ValueError(
+            f"sequence parallelism needs attn_implementation in {SUPPORTED_ATTENTION}; the model uses "
+            f"{impl!r}. Set model_init_kwargs={{'attn_implementation': 'sdpa'}} (or a flash-attention)."
+        )
     group = dist.sequence_parallel_groups(size)
     sp = SequenceParallel(size, dist.rank(dist.SP), group, pad_id)
     _install_attention(impl, model_config, group)
@@ -119,7 +132,7 @@ def each_member(steps: List, sp: Optional[SequenceParallel]):
 
 
 # --------------------------------------------------------------------------------------------------- attention
-_sharded = [0]   # depth of sharded_forward contexts: while > 0 the models' attention runs through Ulysses
+_sharded = [0]  # depth of sharded_forward contexts: while > 0 the models' attention runs through Ulysses
 _installed = {}  # attention name → (the original function, the Ulysses module, its group)
 
 
@@ -139,9 +152,11 @@ class sharded_forward:
 
 def sharded(fn):
     """`fn` run inside sharded_forward."""
+
     def run(*args, **kwargs):
         with sharded_forward():
             return fn(*args, **kwargs)
+
     return run
 
 
@@ -165,6 +180,7 @@ def _block_causal(sdpa):
     """sdpa over the whole gathered row that keeps each packed sequence to itself (sequences start where position
     ids restart at 0): causal sdpa on each sequence's slice, which stays on the fused O(L) kernels; a block-diagonal
     mask over the row would take sdpa's O(L²) math path (measured: SP 2 then peaked above SP 1 at 8k tokens)."""
+
     def attention(module, query, key, value, attention_mask, *args, position_ids=None, **kwargs):
         starts = (position_ids[0] == 0).nonzero().flatten().tolist()
         if starts[:1] != [0]:
@@ -172,9 +188,12 @@ def _block_causal(sdpa):
         bounds = starts + [query.shape[2]]
         if len(bounds) == 2:
             return sdpa(module, query, key, value, None, *args, **kwargs)
-        outs = [sdpa(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, *args, **kwargs)[0]
-                for a, b in zip(bounds[:-1], bounds[1:])]
-        return torch.cat(outs, dim=1), None   # transformers' attention returns [batch, length, heads, head_dim]
+        outs = [
+            sdpa(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, *args, **kwargs)[0]
+            for a, b in zip(bounds[:-1], bounds[1:])
+        ]
+        return torch.cat(outs, dim=1), None  # transformers' attention returns [batch, length, heads, head_dim]
+
     return attention
 
 
@@ -182,11 +201,12 @@ def _block_causal(sdpa):
 @dataclass
 class Shard:
     """This rank's piece of one member's packed step, laid out as one row."""
-    input_ids: torch.Tensor     # [1, S]
+
+    input_ids: torch.Tensor  # [1, S]
     position_ids: torch.Tensor  # [1, S]
-    score_at: torch.Tensor      # [k] positions in the shard whose states predict scored tokens
-    targets: torch.Tensor       # [k]
-    counts: List[int]           # every member's k, in member order (the owner's [n] is their concatenation)
+    score_at: torch.Tensor  # [k] positions in the shard whose states predict scored tokens
+    targets: torch.Tensor  # [k]
+    counts: List[int]  # every member's k, in member order (the owner's [n] is their concatenation)
     routes: Optional[torch.Tensor] = None  # [1, S, layers, k]: a MoE sampler's routes of the shard's tokens (-1: pad)
 
 
@@ -212,8 +232,14 @@ def shard(step, sp: SequenceParallel) -> Shard:
     counts = [int(((at >= bounds[r]) & (at < bounds[r + 1])).sum()) for r in range(N)]
     lo, hi = int(bounds[sp.rank]), int(bounds[sp.rank + 1])
     mine = (at >= lo) & (at < hi)
-    return Shard(ids[lo:hi].unsqueeze(0), pos[lo:hi].unsqueeze(0), at[mine] - lo, targets[mine], counts,
-                 None if routes is None else routes[lo:hi].unsqueeze(0))
+    return Shard(
+        ids[lo:hi].unsqueeze(0),
+        pos[lo:hi].unsqueeze(0),
+        at[mine] - lo,
+        targets[mine],
+        counts,
+        None if routes is None else routes[lo:hi].unsqueeze(0),
+    )
 
 
 class ToOwner(torch.autograd.Function):
@@ -227,8 +253,8 @@ class ToOwner(torch.autograd.Function):
         ctx.counts, ctx.member, ctx.owner, ctx.first = counts, member, owner, group_first
         longest = max(max(counts), 1)
         padded = local.new_zeros((longest, local.shape[1]))
-        padded[:counts[member]] = local[:counts[member]].detach()
-        gathered = dist.all_gather(padded.unsqueeze(0), group=dist.SP)              # [N, longest, c]
+        padded[: counts[member]] = local[: counts[member]].detach()
+        gathered = dist.all_gather(padded.unsqueeze(0), group=dist.SP)  # [N, longest, c]
         if member != owner:
             return local.new_zeros((0, local.shape[1]))
         return torch.cat([gathered[r, :k] for r, k in enumerate(counts)])
@@ -241,8 +267,8 @@ class ToOwner(torch.autograd.Function):
         if ctx.member == ctx.owner:
             at = 0
             for r, k in enumerate(counts):
-                runs[r, :k] = grad[at:at + k]
+                runs[r, :k] = grad[at : at + k]
                 at += k
         dist.broadcast(runs, src=ctx.first + ctx.owner, group=dist.SP)
-        mine = runs[ctx.member, :counts[ctx.member]]
+        mine = runs[ctx.member, : counts[ctx.member]]
         return torch.cat([mine, grad.new_zeros((1, c))]), None, None, None, None

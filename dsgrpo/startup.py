@@ -35,39 +35,80 @@ class TrainerSetup:
         args = self.args
         policy = self._build_engines(model, optimizers) if self.placement.trains else None
         self.weight_sync = TrainerWeightSync(args, self.tied)  # the policy's weights into the engine, every step
-        self.generator = make_generator(args, self.placement, model_path=self.model_path,
-                                        policy_engine=policy, tokenizer=self.tokenizer,
-                                        dtype=self.dtype, zero3=is_zero3(self.ds_config), tied=self.tied,
-                                        connected=self.server, total_steps=self.state.max_steps,
-                                        weight_sync=self.weight_sync)
-        self.sampler = make_sampler(self.generator, self.sampling, tokenizer=self.tokenizer, tool_runner=self.tool_runner,
-                                    max_tool_calling_iterations=args.max_tool_calling_iterations,
-                                    rollout_func=self.rollout_func, trainer=self, environments=self.environment_set,
-                                    tool_call_format=args.tool_call_format)
+        self.generator = make_generator(
+            args,
+            self.placement,
+            model_path=self.model_path,
+            policy_engine=policy,
+            tokenizer=self.tokenizer,
+            dtype=self.dtype,
+            zero3=is_zero3(self.ds_config),
+            tied=self.tied,
+            connected=self.server,
+            total_steps=self.state.max_steps,
+            weight_sync=self.weight_sync,
+        )
+        self.sampler = make_sampler(
+            self.generator,
+            self.sampling,
+            tokenizer=self.tokenizer,
+            tool_runner=self.tool_runner,
+            max_tool_calling_iterations=args.max_tool_calling_iterations,
+            rollout_func=self.rollout_func,
+            trainer=self,
+            environments=self.environment_set,
+            tool_call_format=args.tool_call_format,
+        )
         setup = RolloutSetup(
-            args=args, prompts=self.train_prompts, sampler=self.sampler, generator=self.generator,
+            args=args,
+            prompts=self.train_prompts,
+            sampler=self.sampler,
+            generator=self.generator,
             build_batch=BatchBuilder(self.tokenizer, args.per_device_train_batch_size, args.pad_to_multiple_of),
-            reward_matrix=self._reward_matrix, scores_anywhere=not self.rewards.has_models, placement=self.placement,
-            prompts_per_round=self.prompts_per_round, steps_after_round=self._steps_after_round,
-            max_steps=self.state.max_steps, tied=self.tied, timer=self.timer, reward_weights=self.rewards.weights,
-            weight_sync=self.weight_sync)
+            reward_matrix=self._reward_matrix,
+            scores_anywhere=not self.rewards.has_models,
+            placement=self.placement,
+            prompts_per_round=self.prompts_per_round,
+            steps_after_round=self._steps_after_round,
+            max_steps=self.state.max_steps,
+            tied=self.tied,
+            timer=self.timer,
+            reward_weights=self.rewards.weights,
+            weight_sync=self.weight_sync,
+        )
         # a split-placement generating rank runs its own small loop (vLLM only); every other rank trains
         self.generating_rank = GeneratingRank(setup) if not self.placement.trains else None
         self.source = self.rollout_source(setup) if self.placement.trains else None
         # the sampler's truncation, which the trainer's log-probs reproduce (vLLM's order, or transformers')
-        self.truncation = Truncation(self.sampling.top_k, self.sampling.top_p, self.sampling.min_p,
-                                     order="vllm" if args.use_vllm else "hf")
+        self.truncation = Truncation(
+            self.sampling.top_k, self.sampling.top_p, self.sampling.min_p, order="vllm" if args.use_vllm else "hf"
+        )
         self.budget = self._token_budget(model_config)
-        self.update = (PolicyUpdate(args, self.policy.engine, self.world, self.state, self._end_optimizer_step,
-                                    self.truncation, self.budget, self.step_plan) if self.placement.trains else None)
+        self.update = (
+            PolicyUpdate(
+                args,
+                self.policy.engine,
+                self.world,
+                self.state,
+                self._end_optimizer_step,
+                self.truncation,
+                self.budget,
+                self.step_plan,
+            )
+            if self.placement.trains
+            else None
+        )
         self.sinks = MetricSinks(args, self.state.max_steps, enabled=dist.is_main())
 
     def _build_engines(self, model, optimizers):
         """Policy (ZeRO-3 partitioned at load; LoRA-wrapped before DeepSpeed), frozen reference (none for a LoRA
         policy: its adapters are switched off instead), reward models. Returns the policy engine."""
         args = self.args
-        policy_model = (ModelLoader(self.ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
-                        if isinstance(model, str) else model)
+        policy_model = (
+            ModelLoader(self.ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
+            if isinstance(model, str)
+            else model
+        )
         if self.peft_config is not None:
             policy_model = lora.wrap_with_lora(policy_model, self.peft_config, args.seed)
         elif self.lora_policy:
@@ -75,15 +116,20 @@ class TrainerSetup:
         if self.lora_policy and dist.is_main():
             print(f"dsgrpo: {lora.adapter_summary(policy_model)}", flush=True)
         prepare_model(policy_model, args)
-        engine = build_policy_engine(policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps)
+        engine = build_policy_engine(
+            policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps
+        )
         self.zero3 = is_zero3(self.ds_config)
         reference = None
         if self.ref_ds_config:
-            reference_model = ModelLoader(self.ref_ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
+            reference_model = ModelLoader(self.ref_ds_config, self.dtype).load(
+                self.model_path, **args.model_load_kwargs
+            )
             prepare_model(reference_model, args)
             reference = build_inference_engine(reference_model, self.ref_ds_config)
-        self.policy = Policy(engine, reference, adapter=self.adapter, tokenizer=self.tokenizer, args=args,
-                             world=self.world)
+        self.policy = Policy(
+            engine, reference, adapter=self.adapter, tokenizer=self.tokenizer, args=args, world=self.world
+        )
         # MoE: the sampler's routes (when the generator captures them) are replayed or compared in every forward
         for each in (engine, reference):
             if each is not None:
@@ -91,8 +137,12 @@ class TrainerSetup:
         self.rewards.load_models(args=args, ds_spec=self.frozen_ds_spec, dtype=self.dtype, world_size=self.world)
         if args.use_vllm and args.vllm_mode == "colocate":  # a server checks its own (ServerGenerator.attach)
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
-        self.callbacks.context.update(model=self.policy.module, processing_class=self.tokenizer,
-                                      optimizer=engine.optimizer, lr_scheduler=engine.lr_scheduler)
+        self.callbacks.context.update(
+            model=self.policy.module,
+            processing_class=self.tokenizer,
+            optimizer=engine.optimizer,
+            lr_scheduler=engine.lr_scheduler,
+        )
         return engine
 
     # a packed sequence's states may move this much (relative) when its neighbour changes: fp32 (True) and half
@@ -103,8 +153,13 @@ class TrainerSetup:
         """Packed steps under token_budget (layout.py), or None for padded micro-batches."""
         args = self.args
         longest_prompt = self.train_prompts.longest_prompt() or args.max_prompt_length or ASSUMED_PROMPT_LENGTH
-        tokens = layout.resolve_budget(args.token_budget, args.per_device_train_batch_size, longest_prompt,
-                                       args.max_completion_length, sp_size=self.sp_size)
+        tokens = layout.resolve_budget(
+            args.token_budget,
+            args.per_device_train_batch_size,
+            longest_prompt,
+            args.max_completion_length,
+            sp_size=self.sp_size,
+        )
         if tokens is None:
             return None
         text = getattr(model_config, "text_config", None) or model_config
@@ -122,12 +177,19 @@ class TrainerSetup:
                         f"each other (a packed sequence's hidden states moved by {leak:.2g} of their scale when its "
                         "neighbour changed), so packed steps would train on the wrong context. Set token_budget=0 "
                         "(padded micro-batches), or an attn_implementation with packed-sequence support (sdpa, "
-                        "eager or flash_attention_2 on a model that uses transformers' masking utilities).")
+                        "eager or flash_attention_2 on a model that uses transformers' masking utilities)."
+                    )
                 if dist.is_main():
-                    print(f"dsgrpo: {name} does not keep packed sequences apart (a leak of {leak:.2g}): training on "
-                          "padded micro-batches (token_budget=0).", flush=True)
+                    print(
+                        f"dsgrpo: {name} does not keep packed sequences apart (a leak of {leak:.2g}): training on "
+                        "padded micro-batches (token_budget=0).",
+                        flush=True,
+                    )
                 return None
         # sequence parallelism: each packed step is run by the group on shards (sequence_parallel.py)
-        sp = sequence_parallel.start(self.sp_size, self.policy.module.config, self.tokenizer.pad_token_id) \
-            if self.sp_size > 1 else None
+        sp = (
+            sequence_parallel.start(self.sp_size, self.policy.module.config, self.tokenizer.pad_token_id)
+            if self.sp_size > 1
+            else None
+        )
         return layout.TokenBudget(tokens, int(getattr(text, "hidden_size", 0) or 0), self.tokenizer.pad_token_id, sp)

@@ -21,16 +21,17 @@ from typing import Optional, Tuple
 
 @dataclass(frozen=True)
 class StepPlan:
-    prompts_per_round: int              # distinct prompts a generation round samples (over every rank)
-    rounds_per_epoch: Optional[int]     # None: no epochs (a stream, or fewer prompts than one round)
-    micro_per_round: int                # num_iterations × steps_per_generation: training_step calls a round makes
-    accumulation: int                   # gradient_accumulation_steps
-    max_steps: int                      # optimizer steps the run makes (the learning-rate schedule's length)
+    prompts_per_round: int  # distinct prompts a generation round samples (over every rank)
+    rounds_per_epoch: Optional[int]  # None: no epochs (a stream, or fewer prompts than one round)
+    micro_per_round: int  # num_iterations × steps_per_generation: training_step calls a round makes
+    accumulation: int  # gradient_accumulation_steps
+    max_steps: int  # optimizer steps the run makes (the learning-rate schedule's length)
     fractional_rounds_per_epoch: float = 0.0  # rounds in one pass when there are no whole-round epochs
 
     @classmethod
-    def from_args(cls, args, prompts_per_round: int, steps_per_generation: int,
-                  rounds_per_epoch: Optional[float]) -> "StepPlan":
+    def from_args(
+        cls, args, prompts_per_round: int, steps_per_generation: int, rounds_per_epoch: Optional[float]
+    ) -> "StepPlan":
         """`rounds_per_epoch`: PromptSource.rounds_per_epoch (None for a stream)."""
         whole = int(rounds_per_epoch) if rounds_per_epoch is not None and rounds_per_epoch >= 1 else None
         micro = args.num_iterations * steps_per_generation
@@ -99,19 +100,26 @@ class StepPlan:
         P, GA, S = self.prompts_per_round, self.accumulation, self.steps_per_epoch
         head = f"{P} prompts × {num_generations} completions a round, {self.micro_per_round} micro-steps a round"
         if self.rounds_per_epoch is None:
-            data = ("a stream (no epochs)" if dataset_rows is None else
-                    f"{dataset_rows} prompts, fewer than a round ({self.fractional_rounds_per_epoch:.3g} of a round "
-                    f"an epoch: read round after round)")
+            data = (
+                "a stream (no epochs)"
+                if dataset_rows is None
+                else f"{dataset_rows} prompts, fewer than a round ({self.fractional_rounds_per_epoch:.3g} of a round "
+                f"an epoch: read round after round)"
+            )
             body = f"{data}; optimizer steps of {GA} micro-steps, spanning rounds"
         else:
             left_out = dataset_rows - self.rounds_per_epoch * P
             M = self.micro_per_epoch
             shape = f"{S} × {GA}" if M % GA == 0 else f"{S - 1} × {GA} + 1 × {M % GA}"
-            body = (f"{dataset_rows} prompts: {self.rounds_per_epoch} round(s) an epoch"
-                    + (f" ({left_out} left out of each epoch's order)" if left_out else "")
-                    + f", {M} micro-steps an epoch in {S} optimizer steps ({shape} micro-steps)")
+            body = (
+                f"{dataset_rows} prompts: {self.rounds_per_epoch} round(s) an epoch"
+                + (f" ({left_out} left out of each epoch's order)" if left_out else "")
+                + f", {M} micro-steps an epoch in {S} optimizer steps ({shape} micro-steps)"
+            )
             body += f"; {self.max_steps / S:.3g} epoch(s)"
         rounds = self.rounds_for(self.max_steps)
-        return (f"{head}; {body}: {self.max_steps} optimizer steps in {rounds} round(s), {self.training_steps()} "
-                f"micro-steps; the learning rate ({scheduler}, {warmup_steps} warm-up steps) ends its schedule at "
-                f"step {self.max_steps}.")
+        return (
+            f"{head}; {body}: {self.max_steps} optimizer steps in {rounds} round(s), {self.training_steps()} "
+            f"micro-steps; the learning rate ({scheduler}, {warmup_steps} warm-up steps) ends its schedule at "
+            f"step {self.max_steps}."
+        )

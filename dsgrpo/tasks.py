@@ -33,8 +33,12 @@ def _numbers(n: int, digits: int, seed: int) -> List[str]:
 def _rows(numbers):
     from datasets import Dataset
 
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": PROMPT.format(number=number)}],
-                               "answer": number} for number in numbers])
+    return Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": PROMPT.format(number=number)}], "answer": number}
+            for number in numbers
+        ]
+    )
 
 
 def copy_digits_dataset(n: int = 512, digits: int = 3, seed: int = 0):
@@ -46,10 +50,12 @@ def copy_digits_heldout(n: int = 200, digits: int = 3, seed: int = 1):
     """`n` distinct numbers that `copy_digits_dataset()` (the demo's training set) never shows, same format."""
     seen = set(_numbers(512, digits, 0))
     rng = random.Random(seed)
-    unseen = sorted(set(f"{i:0{digits}d}" for i in range(10 ** digits)) - seen)
+    unseen = sorted(set(f"{i:0{digits}d}" for i in range(10**digits)) - seen)
     if n > len(unseen):
-        raise ValueError(f"copy_digits_heldout: n={n}, but only {len(unseen)} {digits}-digit numbers are not in "
-                         "the training set; ask for fewer.")
+        raise ValueError(
+            f"copy_digits_heldout: n={n}, but only {len(unseen)} {digits}-digit numbers are not in "
+            "the training set; ask for fewer."
+        )
     return _rows(rng.sample(unseen, int(n)))
 
 
@@ -74,26 +80,45 @@ def off_by_one(number: str) -> str:
 
 
 # what `python -m dsgrpo.tasks warmup` builds; an init_model written with another recipe is rebuilt, not reused
-WARMUP_RECIPE = {"task": "copy_digits", "kind": "copy_or_off_by_one", "copy_fraction": 0.2, "steps": 150,
-                 "batch_size": 32, "lr": 3e-3, "digits": 3, "seed": 0}
+WARMUP_RECIPE = {
+    "task": "copy_digits",
+    "kind": "copy_or_off_by_one",
+    "copy_fraction": 0.2,
+    "steps": 150,
+    "batch_size": 32,
+    "lr": 3e-3,
+    "digits": 3,
+    "seed": 0,
+}
 
 
-def copy_warmup(model_path: str, out_dir: str, steps: int = 150, copy_fraction: float = 0.2, batch_size: int = 32,
-                lr: float = 3e-3, digits: int = 3, seed: int = 0) -> str:
+def copy_warmup(
+    model_path: str,
+    out_dir: str,
+    steps: int = 150,
+    copy_fraction: float = 0.2,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    digits: int = 3,
+    seed: int = 0,
+) -> str:
     """Supervised warm-up of the demo (plain torch, one process, seconds on a CPU): each target is the copy with
     probability `copy_fraction`, else `off_by_one` of the shown number. Saves model, tokenizer and the recipe
     (warmup.json) to out_dir and returns it."""
+
     def example(tok, rng):
         shown = "".join(rng.choice("0123456789") for _ in range(digits))
         reply = shown if rng.random() < copy_fraction else off_by_one(shown)
-        prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT.format(number=shown)}],
-                                         tokenize=False, add_generation_prompt=True)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": PROMPT.format(number=shown)}], tokenize=False, add_generation_prompt=True
+        )
         p = tok(prompt, add_special_tokens=False)["input_ids"]
         a = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         return p + a, [-100] * len(p) + a
 
-    recipe = dict(WARMUP_RECIPE, steps=steps, copy_fraction=copy_fraction, batch_size=batch_size, lr=lr,
-                  digits=digits, seed=seed)
+    recipe = dict(
+        WARMUP_RECIPE, steps=steps, copy_fraction=copy_fraction, batch_size=batch_size, lr=lr, digits=digits, seed=seed
+    )
     return supervised_warmup(model_path, out_dir, example, recipe)
 
 
@@ -175,11 +200,14 @@ def evaluate_copy(model_dir: str, n: int = 200, samples: int = 4, seed: int = 0)
     answers = list(rows["answer"])
     out = {}
     with torch.no_grad():
-        for name, kwargs, k in (("greedy", dict(do_sample=False), 1),
-                                ("sampled", dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0), samples)):
-            made = model.generate(**batch, max_new_tokens=8, pad_token_id=tok.pad_token_id, num_return_sequences=k,
-                                  **kwargs)
-            replies = tok.batch_decode(made[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        for name, kwargs, k in (
+            ("greedy", dict(do_sample=False), 1),
+            ("sampled", dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0), samples),
+        ):
+            made = model.generate(
+                **batch, max_new_tokens=8, pad_token_id=tok.pad_token_id, num_return_sequences=k, **kwargs
+            )
+            replies = tok.batch_decode(made[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
             scores = copy_digits_reward(replies, [a for a in answers for _ in range(k)])
             out[f"{name}_reward"] = sum(scores) / len(scores)
             out[f"{name}_pass@1"] = sum(s == 1.0 for s in scores) / len(scores)
@@ -226,8 +254,9 @@ def door_dataset(n: int = 512, seed: int = 0):
     from datasets import Dataset
 
     rng = random.Random(seed)
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": DOOR_PROMPT}], "locked": rng.random() < 0.5}
-                              for _ in range(int(n))])
+    return Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": DOOR_PROMPT}], "locked": rng.random() < 0.5} for _ in range(int(n))]
+    )
 
 
 def door_transcript(locked: bool, right: bool) -> List[dict]:
@@ -235,13 +264,21 @@ def door_transcript(locked: bool, right: bool) -> List[dict]:
     walk through), or the warm-up's usual mistake (walk into a locked door; unlock an open one first)."""
     env = Door()
     observation = env.reset(locked)
-    calls = (["unlock"] if locked else []) + ["walk_through"] if right else (
-        ["walk_through"] if locked else ["unlock", "walk_through"])
+    calls = (
+        (["unlock"] if locked else []) + ["walk_through"]
+        if right
+        else (["walk_through"] if locked else ["unlock", "walk_through"])
+    )
     messages = [{"role": "user", "content": DOOR_PROMPT + observation}]
     for name in calls:
-        messages += [{"role": "assistant", "content": "",
-                      "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]},
-                     {"role": "tool", "content": getattr(env, name)()}]
+        messages += [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}],
+            },
+            {"role": "tool", "content": getattr(env, name)()},
+        ]
     return messages + [{"role": "assistant", "content": "Done."}]
 
 
@@ -251,19 +288,31 @@ def assistant_only(tok, messages: List[dict], tools) -> tuple:
     ids, labels = [], []
     done = ""
     for k in range(1, len(messages) + 1):
-        upto = tok.apply_chat_template(messages[:k], tools=tools, tokenize=False,
-                                       add_generation_prompt=k < len(messages) and messages[k]["role"] == "assistant")
+        upto = tok.apply_chat_template(
+            messages[:k],
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=k < len(messages) and messages[k]["role"] == "assistant",
+        )
         if not upto.startswith(done):
             raise ValueError("the chat template rewrites earlier turns; assistant_only cannot cut it into pieces")
-        piece = tok(upto[len(done):], add_special_tokens=False)["input_ids"]
+        piece = tok(upto[len(done) :], add_special_tokens=False)["input_ids"]
         ids += piece
         labels += piece if messages[k - 1]["role"] == "assistant" else [-100] * len(piece)
         done = upto
     return ids, labels
 
 
-DOOR_WARMUP = {"task": "door", "kind": "right_or_usual_mistake", "copy_fraction": 0.15, "steps": 200,
-               "batch_size": 16, "lr": 3e-3, "max_grad_norm": 1.0, "seed": 0}
+DOOR_WARMUP = {
+    "task": "door",
+    "kind": "right_or_usual_mistake",
+    "copy_fraction": 0.15,
+    "steps": 200,
+    "batch_size": 16,
+    "lr": 3e-3,
+    "max_grad_norm": 1.0,
+    "seed": 0,
+}
 
 
 def door_warmup(model_path: str, out_dir: str, **changes) -> str:
@@ -278,11 +327,13 @@ def door_warmup(model_path: str, out_dir: str, **changes) -> str:
     def example(tok, rng):
         locked = rng.random() < 0.5
         return assistant_only(tok, door_transcript(locked, rng.random() < recipe["copy_fraction"]), schemas)
+
     return supervised_warmup(model_path, out_dir, example, recipe)
 
 
-GSM8K_SYSTEM = ("Solve the math problem step by step. End your answer with a line '#### <number>' holding only "
-                "the final number.")
+GSM8K_SYSTEM = (
+    "Solve the math problem step by step. End your answer with a line '#### <number>' holding only the final number."
+)
 
 
 def gsm8k_dataset(source: str = "openai/gsm8k", split: str = "train"):
@@ -294,9 +345,13 @@ def gsm8k_dataset(source: str = "openai/gsm8k", split: str = "train"):
         raw = datasets.load_dataset("json", data_files=source, split="train")
     else:
         raw = datasets.load_dataset(source, "main", split=split)
-    return raw.map(lambda row: {"prompt": [{"role": "system", "content": GSM8K_SYSTEM},
-                                           {"role": "user", "content": row["question"]}],
-                                "solution": row["answer"]}, remove_columns=raw.column_names)
+    return raw.map(
+        lambda row: {
+            "prompt": [{"role": "system", "content": GSM8K_SYSTEM}, {"role": "user", "content": row["question"]}],
+            "solution": row["answer"],
+        },
+        remove_columns=raw.column_names,
+    )
 
 
 def textarena_dataset(games: str = "GuessTheNumber-v0"):
@@ -306,15 +361,23 @@ def textarena_dataset(games: str = "GuessTheNumber-v0"):
     return rows(games)
 
 
-TASKS = {"copy_digits": copy_digits_dataset, "copy_digits_heldout": copy_digits_heldout,
-         "gsm8k": gsm8k_dataset, "door": door_dataset, "textarena": textarena_dataset}
+TASKS = {
+    "copy_digits": copy_digits_dataset,
+    "copy_digits_heldout": copy_digits_heldout,
+    "gsm8k": gsm8k_dataset,
+    "door": door_dataset,
+    "textarena": textarena_dataset,
+}
 WARMUP_TASKS = ("copy_digits", "door")  # tasks whose model `python -m dsgrpo.tasks warmup --task T` builds
 
 
 def _print_evaluation(before: str, after: str, n: int) -> None:
-    rows = [("greedy pass@1 (the exact number)", "greedy_pass@1"), ("greedy mean reward", "greedy_reward"),
-            ("exact answers, sampled at temperature 1", "sampled_pass@1"),
-            ("mean reward, sampled at temperature 1", "sampled_reward")]
+    rows = [
+        ("greedy pass@1 (the exact number)", "greedy_pass@1"),
+        ("greedy mean reward", "greedy_reward"),
+        ("exact answers, sampled at temperature 1", "sampled_pass@1"),
+        ("mean reward, sampled at temperature 1", "sampled_reward"),
+    ]
     results = [evaluate_copy(path, n) for path in (before, after)]
     print(f"\nheld-out copy_digits ({n} numbers the run never trained on)   before   after")
     for label, key in rows:
@@ -333,12 +396,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dsgrpo.tasks")
     parser.add_argument("command", choices=["warmup", "evaluate"])
     parser.add_argument("--out", help="warmup: where the warm-up model goes")
-    parser.add_argument("--task", choices=WARMUP_TASKS, default="copy_digits",
-                        help="warmup: copy_digits (the demo's) or door (the environment example's)")
+    parser.add_argument(
+        "--task",
+        choices=WARMUP_TASKS,
+        default="copy_digits",
+        help="warmup: copy_digits (the demo's) or door (the environment example's)",
+    )
     parser.add_argument("--base", default="qwen2", help="tiny model to start from (dsgrpo.testing.TINY_SPECS)")
     parser.add_argument("--steps", type=int, default=None, help="warmup: supervised steps (the task's recipe)")
-    parser.add_argument("--copy-fraction", type=float, default=None,
-                        help="warmup: how often the warm-up's answer is right (the task's recipe: 0.2)")
+    parser.add_argument(
+        "--copy-fraction",
+        type=float,
+        default=None,
+        help="warmup: how often the warm-up's answer is right (the task's recipe: 0.2)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="warmup: its seed (the task's recipe: 0)")
     parser.add_argument("--before", help="evaluate: the model before training (the warm-up)")
     parser.add_argument("--after", help="evaluate: the trained model (a run's output_dir)")
@@ -352,8 +423,11 @@ def main(argv=None) -> int:
     if not args.out:
         parser.error("warmup needs --out DIR")
     base, build = {"copy_digits": (WARMUP_RECIPE, copy_warmup), "door": (DOOR_WARMUP, door_warmup)}[args.task]
-    changes = {k: v for k, v in (("steps", args.steps), ("copy_fraction", args.copy_fraction), ("seed", args.seed))
-               if v is not None}
+    changes = {
+        k: v
+        for k, v in (("steps", args.steps), ("copy_fraction", args.copy_fraction), ("seed", args.seed))
+        if v is not None
+    }
     wanted = dict(base, **changes)
     recipe = os.path.join(args.out, "warmup.json")
     if os.path.exists(recipe):

@@ -33,7 +33,7 @@ CHATML_TEMPLATE = (
     "function signatures within <tools></tools> XML tags:\n<tools>' }}"
     "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
     "{{ '\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\n</tool_call><|im_end|>\n' }}"
     "{% endif %}"
     "{% for message in messages %}"
@@ -47,7 +47,7 @@ CHATML_TEMPLATE = (
     "{% if message['content'] %}{{ '\n' + message['content'] }}{% endif %}"
     "{% for call in message.tool_calls %}"
     "{% if call.function is defined %}{% set call = call.function %}{% endif %}"
-    "{{ '\n<tool_call>\n{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments | tojson) "
+    '{{ \'\n<tool_call>\n{"name": "\' + call.name + \'", "arguments": \' + (call.arguments | tojson) '
     "+ '}\n</tool_call>' }}"
     "{% endfor %}"
     "{{ '<|im_end|>\n' }}"
@@ -61,38 +61,117 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # Architecture of each tiny model. head_dim = hidden / heads = 32: vLLM's CPU attention accepts it.
 TINY_SPECS = {
-    "qwen2": dict(arch="Qwen2ForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
-    "qwen2-tied": dict(arch="Qwen2ForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "llama": dict(arch="LlamaForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
-    "llama-tied": dict(arch="LlamaForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen2-reward": dict(arch="Qwen2ForSequenceClassification", hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         tie_word_embeddings=False, num_labels=1),
+    "qwen2": dict(
+        arch="Qwen2ForCausalLM",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    ),
+    "qwen2-tied": dict(
+        arch="Qwen2ForCausalLM",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "llama": dict(
+        arch="LlamaForCausalLM",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    ),
+    "llama-tied": dict(
+        arch="LlamaForCausalLM",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen2-reward": dict(
+        arch="Qwen2ForSequenceClassification",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        num_labels=1,
+    ),
     # mixture-of-experts policies: 4 experts, 2 routed per token (transformers 5 keeps each layer's experts fused in
     # one tensor; checkpoints and vLLM name them one expert at a time)
-    "qwen3-moe": dict(arch="Qwen3MoeForCausalLM", hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                      num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=True,
-                      tie_word_embeddings=False),
-    "qwen2-moe": dict(arch="Qwen2MoeForCausalLM", hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-                      shared_expert_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
-                      tie_word_embeddings=False),
+    "qwen3-moe": dict(
+        arch="Qwen3MoeForCausalLM",
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
+    "qwen2-moe": dict(
+        arch="Qwen2MoeForCausalLM",
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    ),
     # tied embeddings vLLM computes from the embedding (no lm_head), and logits soft-capped after the head
-    "gemma2": dict(arch="Gemma2ForCausalLM", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
-                   final_logit_softcapping=30.0, attn_logit_softcapping=50.0, tie_word_embeddings=True),
+    "gemma2": dict(
+        arch="Gemma2ForCausalLM",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        final_logit_softcapping=30.0,
+        attn_logit_softcapping=50.0,
+        tie_word_embeddings=True,
+    ),
     # attention that spans a whole packed row (transformers 5's OPT builds its own mask from position ids it
     # ignores): packed steps must fall back to padded micro-batches, or be refused when asked for
-    "opt": dict(arch="OPTForCausalLM", hidden_size=128, ffn_dim=256, word_embed_proj_dim=128, num_hidden_layers=2,
-                num_attention_heads=4, tie_word_embeddings=False),
+    "opt": dict(
+        arch="OPTForCausalLM",
+        hidden_size=128,
+        ffn_dim=256,
+        word_embed_proj_dim=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        tie_word_embeddings=False,
+    ),
 }
-MODEL_TYPES = {"Qwen2": "qwen2", "Llama": "llama", "Qwen3Moe": "qwen3_moe", "Qwen2Moe": "qwen2_moe", "Gemma2": "gemma2",
-               "OPT": "opt"}
+MODEL_TYPES = {
+    "Qwen2": "qwen2",
+    "Llama": "llama",
+    "Qwen3Moe": "qwen3_moe",
+    "Qwen2Moe": "qwen2_moe",
+    "Gemma2": "gemma2",
+    "OPT": "opt",
+}
 VOCAB_SIZE = 1024
 TOKENIZER_VERSION = 2  # bump when the corpus, trainer settings or chat template change, so caches are rebuilt
 
@@ -109,17 +188,19 @@ def _synthetic_corpus(seed: int, lines: int = 4000) -> list:
     """Text that covers what the tests and the demo feed the model: English-ish words, digits, arithmetic,
     chat markup and simple answer tags."""
     rng = random.Random(seed)
-    words = ("the a of to and in is it you that he was for on are with as his they be at one have this from "
-             "or had by word but what some we can out other were all there when up use your how said an each "
-             "she which do their time if will way about many then them write would like so these her long make "
-             "thing see him two has look more day could go come did number sound no most people my over know "
-             "water than call first who may down side been now find any new work part take get place made live "
-             "where after back little only round man year came show every good me give our under name very "
-             "through just form sentence great think say help low line differ turn cause much mean before move "
-             "right boy old too same tell does set three want air well also play small end put home read hand "
-             "port large spell add even land here must big high such follow act why ask men change went light "
-             "kind off need house picture try us again animal point mother world near build self earth father "
-             "answer question think step total sum plus minus times equals apples pays each cost how many much").split()
+    words = (
+        "the a of to and in is it you that he was for on are with as his they be at one have this from "
+        "or had by word but what some we can out other were all there when up use your how said an each "
+        "she which do their time if will way about many then them write would like so these her long make "
+        "thing see him two has look more day could go come did number sound no most people my over know "
+        "water than call first who may down side been now find any new work part take get place made live "
+        "where after back little only round man year came show every good me give our under name very "
+        "through just form sentence great think say help low line differ turn cause much mean before move "
+        "right boy old too same tell does set three want air well also play small end put home read hand "
+        "port large spell add even land here must big high such follow act why ask men change went light "
+        "kind off need house picture try us again animal point mother world near build self earth father "
+        "answer question think step total sum plus minus times equals apples pays each cost how many much"
+    ).split()
     out = []
     for _ in range(lines):
         kind = rng.random()
@@ -131,8 +212,10 @@ def _synthetic_corpus(seed: int, lines: int = 4000) -> list:
             val = {"+": a + b, "-": a - b, "*": a * b}[op]
             out.append(f"What is {a} {op} {b}? {a} {op} {b} = {val}. The answer is {val}. #### {val}")
         else:
-            out.append(f"<answer>{rng.randint(0, 99)}</answer> <think>{rng.choice(words)}</think> "
-                       f"{''.join(rng.choice('0123456789') for _ in range(rng.randint(1, 6)))}")
+            out.append(
+                f"<answer>{rng.randint(0, 99)}</answer> <think>{rng.choice(words)}</think> "
+                f"{''.join(rng.choice('0123456789') for _ in range(rng.randint(1, 6)))}"
+            )
     return out
 
 
@@ -144,12 +227,22 @@ def build_tokenizer(seed: int = 0, vocab_size: int = VOCAB_SIZE):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_synthetic_corpus(seed), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None, padding_side="left",
-                                   additional_special_tokens=["<|im_start|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        padding_side="left",
+        additional_special_tokens=["<|im_start|>"],
+    )
     fast.chat_template = CHATML_TEMPLATE
     return fast
 
@@ -160,6 +253,7 @@ def tiny_tokenizer(seed: int = 0, cache_dir: Optional[str] = None) -> str:
     path = os.path.join(root, "tiny", f"tokenizer-v{TOKENIZER_VERSION}-s{seed}")
     if not os.path.exists(os.path.join(path, "tokenizer.json")):
         from . import dist
+
         if not dist.is_initialized() or dist.is_main():
             tmp = path + f".tmp{os.getpid()}"
             build_tokenizer(seed).save_pretrained(tmp)
@@ -180,8 +274,15 @@ def build_model(name: str, seed: int = 0, spec: Optional[dict] = None, vocab_siz
     family = max((k for k in MODEL_TYPES if arch.startswith(k)), key=len)
     config_cls = transformers.AutoConfig.for_model(MODEL_TYPES[family]).__class__
     spec.setdefault("max_position_embeddings", 2048)
-    config = config_cls(vocab_size=len(tokenizer), rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32", **spec)
+    config = config_cls(
+        vocab_size=len(tokenizer),
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+        **spec,
+    )
     if num_labels is not None:
         config.num_labels = num_labels
     torch.manual_seed(seed)
@@ -200,6 +301,7 @@ def tiny_model(name: str = "qwen2", seed: int = 0, cache_dir: Optional[str] = No
         # in a process group only rank 0 builds and the others wait (a non-main rank's save_pretrained may skip
         # the weights); before one exists, each process builds its own copy and the first to publish wins
         from . import dist
+
         if not dist.is_initialized() or dist.is_main():
             model, tokenizer = build_model(name, seed)
             tmp = path + f".tmp{os.getpid()}"
@@ -230,21 +332,45 @@ def _atomic_publish(tmp: str, path: str, complete=None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save_custom_model(out_dir: str, *, hidden_size: int, num_hidden_layers: int, num_attention_heads: int,
-                      vocab_size: int = VOCAB_SIZE, arch: str = "Qwen2ForCausalLM", seed: int = 0,
-                      max_positions: int = 2048) -> str:
+def save_custom_model(
+    out_dir: str,
+    *,
+    hidden_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    vocab_size: int = VOCAB_SIZE,
+    arch: str = "Qwen2ForCausalLM",
+    seed: int = 0,
+    max_positions: int = 2048,
+) -> str:
     """A random-init causal LM of any size on a locally trained tokenizer (benchmarks use this)."""
-    spec = dict(arch=arch, hidden_size=hidden_size, intermediate_size=4 * hidden_size, num_hidden_layers=num_hidden_layers,
-                num_attention_heads=num_attention_heads, num_key_value_heads=num_attention_heads,
-                tie_word_embeddings=False, max_position_embeddings=max_positions)
+    spec = dict(
+        arch=arch,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_attention_heads,
+        tie_word_embeddings=False,
+        max_position_embeddings=max_positions,
+    )
     model, tokenizer = build_model("custom", seed, spec=spec, vocab_size=vocab_size)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
 
 
-LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK",
-                "CROSS_SIZE", "LOCAL_SIZE")
+LAUNCHER_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "LOCAL_SIZE",
+)
 
 
 class ServerProcess:
@@ -252,16 +378,49 @@ class ServerProcess:
     and restarted. Its command and pid live in `state_file`, so another process (a training rank of a test) can
     restart the server the test started: ServerProcess.from_state(path).restart()."""
 
-    def __init__(self, model: str, state_file: str, *, port: int, group_port: int, token: Optional[str] = None,
-                 extra=(), nproc: int = 1, dtype: str = "float32", log_path: Optional[str] = None):
+    def __init__(
+        self,
+        model: str,
+        state_file: str,
+        *,
+        port: int,
+        group_port: int,
+        token: Optional[str] = None,
+        extra=(),
+        nproc: int = 1,
+        dtype: str = "float32",
+        log_path: Optional[str] = None,
+    ):
         import sys
-        serve = ["-m", "dsgrpo.cli", "vllm-serve", "--model", model, "--port", str(port), "--group-port",
-                 str(group_port), "--dtype", dtype, *extra]
+
+        serve = [
+            "-m",
+            "dsgrpo.cli",
+            "vllm-serve",
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--group-port",
+            str(group_port),
+            "--dtype",
+            dtype,
+            *extra,
+        ]
         master_port = _free_port()
-        launcher = [sys.executable] + (["-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-                                        "--master_port", str(master_port)] if nproc > 1 else [])
-        self.state = {"cmd": launcher + serve, "url": f"http://127.0.0.1:{port}", "pid": None, "token": token,
-                      "log": log_path or state_file + ".log", "master_port": master_port if nproc > 1 else None}
+        launcher = [sys.executable] + (
+            ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(master_port)]
+            if nproc > 1
+            else []
+        )
+        self.state = {
+            "cmd": launcher + serve,
+            "url": f"http://127.0.0.1:{port}",
+            "pid": None,
+            "token": token,
+            "log": log_path or state_file + ".log",
+            "master_port": master_port if nproc > 1 else None,
+        }
         self.state_file = state_file
 
     @classmethod
@@ -282,7 +441,9 @@ class ServerProcess:
         import time
         import urllib.request
 
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env = dict(
+            os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")
+        )
         if self.state.get("token"):  # the server reads its token from the environment, never the command line
             env["DSGRPO_VLLM_TOKEN"] = self.state["token"]
         for key in list(env):  # started from a training rank: the server is a world of its own (torchrun's
@@ -290,8 +451,9 @@ class ServerProcess:
             if key in LAUNCHER_ENV or key.startswith(("TORCHELASTIC_", "GROUP_", "ROLE_")):
                 del env[key]
         with open(self.state["log"], "a") as log:
-            proc = subprocess.Popen(self.state["cmd"], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                self.state["cmd"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.state["pid"] = proc.pid
         with open(self.state_file, "w") as fh:
             json.dump(self.state, fh)
@@ -346,6 +508,7 @@ class ServerProcess:
         self.state["pid"] = None
         if self.state.get("master_port"):  # a killed TP engine leaves its shared memory (compat.unique_cpu_shm_names)
             import glob
+
             segments.update(glob.glob(f"{SHM_DIR}/dsgrpo{self.state['master_port']}-*"))
         for leftover in segments:
             if os.path.exists(leftover):
@@ -367,6 +530,7 @@ def _alive(pid: int) -> bool:
 
 def _free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -385,8 +549,14 @@ def main(argv=None) -> int:
     parser.add_argument("--max-positions", type=int, default=2048)
     parser.add_argument("--out", required=True)
     a = parser.parse_args(argv)
-    save_custom_model(a.out, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                      vocab_size=a.vocab, max_positions=a.max_positions)
+    save_custom_model(
+        a.out,
+        hidden_size=a.hidden,
+        num_hidden_layers=a.layers,
+        num_attention_heads=a.heads,
+        vocab_size=a.vocab,
+        max_positions=a.max_positions,
+    )
     n = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(a.out).parameters())
     print(f"saved {a.out}: {n / 1e6:.1f}M parameters")
     return 0

@@ -11,7 +11,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Dict, List, Optional
 
-GiB = 2 ** 30
+GiB = 2**30
 _highest = 0  # the largest phase peak this process has seen (resetting the mark must not lose the process's peak)
 _phases: Dict[int, List[str]] = {}  # thread id → the phases it is in (innermost last): what the heartbeat reports
 _failed_in: List[str] = []  # the innermost phase an exception left on the main thread, until it enters another
@@ -77,6 +77,7 @@ class PhaseTimer:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
             from . import device
+
             device.return_freed_memory()  # the next phase starts from this one's live memory, not its heap
             peak = _peak()
             self.peaks[name] = max(self.peaks.get(name, 0), peak)
@@ -100,8 +101,10 @@ def highest_peak() -> int:
 
 def _reset_peak() -> None:
     from . import device
+
     if device.on_gpu():
         import torch
+
         torch.cuda.reset_peak_memory_stats()
         return
     try:
@@ -113,16 +116,20 @@ def _reset_peak() -> None:
 
 def _peak() -> int:
     from . import device
+
     if device.on_gpu():
         import torch
+
         return int(torch.cuda.max_memory_allocated())
     return proc_kib("/proc/self/status", "VmHWM") or 0
 
 
 def _in_use() -> Optional[int]:
     from . import device
+
     if device.on_gpu():
         import torch
+
         return int(torch.cuda.memory_allocated())
     return proc_kib("/proc/self/status", "VmRSS")
 
@@ -143,8 +150,13 @@ def step_breakdown(times: Dict[str, float], tokens: int, devices: int, step_s: f
     """A step's time in NeMo-RL's terms: step time = generation + log-probs (the old policy's and the reference's)
     + training + refit (the weight sync), the rest being scoring and bookkeeping; and tokens/s/GPU, the step's
     tokens (prompts and completions, every rank's) over the stage's time × the devices (ranks here) that ran it."""
-    stages = {"generation": "time/generate", "logprobs": "time/reference", "training": "time/train",
-              "refit": "time/sync", "reward": "time/reward"}
+    stages = {
+        "generation": "time/generate",
+        "logprobs": "time/reference",
+        "training": "time/train",
+        "refit": "time/sync",
+        "reward": "time/reward",
+    }
     out = {"perf/step_time_s": step_s}
     for stage, key in stages.items():
         out[f"perf/{stage}_s"] = times.get(key, 0.0)

@@ -42,6 +42,7 @@ __all__ = ["GRPOTrainer", "NonFiniteError", "save_hf_model"]
 @dataclass
 class RoundEnd:
     """What follows a round, agreed by every rank."""
+
     log: bool
     evaluate: bool
     save: bool
@@ -53,15 +54,40 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
     # How each round's batch is made (rollout/sources.py). AsyncGRPOTrainer's one difference is its source.
     rollout_source = GenerationSource
 
-    def __init__(self, model, reward_funcs=None, args: Optional[GRPOConfig] = None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
-                 optimizers=(None, None), quantization_config=None, peft_config=None, tools=None, rollout_func=None,
-                 environment_factory=None):
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: Optional[GRPOConfig] = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools=None,
+        rollout_func=None,
+        environment_factory=None,
+    ):
         # --- every check and derived setting first (preflight.py): each error is raised before a model loads ----
-        plan = preflight(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
-                         reward_processing_classes, quantization_config, peft_config, tools, rollout_func,
-                         environment_factory, rollout_source=self.rollout_source,
-                         step=lambda: self.state.global_step if hasattr(self, "state") else 0)
+        plan = preflight(
+            model,
+            reward_funcs,
+            args,
+            train_dataset,
+            eval_dataset,
+            processing_class,
+            reward_processing_classes,
+            quantization_config,
+            peft_config,
+            tools,
+            rollout_func,
+            environment_factory,
+            rollout_source=self.rollout_source,
+            step=lambda: self.state.global_step if hasattr(self, "state") else 0,
+        )
         for name, value in plan.items():
             setattr(self, name, value)
         self.state = plan.trainer_state()
@@ -82,13 +108,21 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         if resume_from_checkpoint not in (None, False):
             self.resume_path = checkpoint.resolve_resume(resume_from_checkpoint, self.args.output_dir)
             if self.resume_path:
-                checkpoint.check_resume(self.resume_path, self.args, self.world, self.policy.module.config
-                                        if self.placement.trains else None, self.adapter, self.rollout_source)
+                checkpoint.check_resume(
+                    self.resume_path,
+                    self.args,
+                    self.world,
+                    self.policy.module.config if self.placement.trains else None,
+                    self.adapter,
+                    self.rollout_source,
+                )
         if self.environment_set is not None:  # every row names a known environment, before any round is generated
             self.environment_set.check_dataset(self.train_prompts, names_too=True)
         try:
             if self.generating_rank is not None:  # split placement: this rank samples for the trainers until they stop
-                resumed = checkpoint.generator_state(self.resume_path, dist.rank(dist.EVERYONE)) if self.resume_path else None
+                resumed = (
+                    checkpoint.generator_state(self.resume_path, dist.rank(dist.EVERYONE)) if self.resume_path else None
+                )
                 if self.generating_rank.run(resumed):
                     raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
                 return self.state
@@ -154,9 +188,15 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         must agree (a checkpoint or an evaluation is collective)."""
         s, c = self.state, self.control
         log, evaluate, save = self.schedule.due(step_before, s.global_step, epochs_before, self._epochs_completed())
-        wanted = torch.tensor([float(preempt_requested), float(c.should_log or log), float(c.should_evaluate or evaluate),
-                               float(c.should_save or save or self._save_pending),
-                               float(c.should_training_stop or s.global_step >= s.max_steps)])
+        wanted = torch.tensor(
+            [
+                float(preempt_requested),
+                float(c.should_log or log),
+                float(c.should_evaluate or evaluate),
+                float(c.should_save or save or self._save_pending),
+                float(c.should_training_stop or s.global_step >= s.max_steps),
+            ]
+        )
         with phase("round end"):  # where a rank waits when a peer is lost after its own sync (the heartbeat says so)
             preempted, log, evaluate, save, stop = (dist.all_reduce_max(wanted) > 0).tolist()
         c.should_log = c.should_evaluate = c.should_save = False  # done; a callback asks again for a later round
@@ -165,8 +205,13 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         # does not save half-accumulated gradients. A preemption cannot wait; it drops the partial step.
         self._save_pending = save and not preempted and not self.update.at_step_boundary and not stop
         save = save and not self._save_pending
-        return RoundEnd(log=log, evaluate=evaluate and bool(self.eval_prompts), save=save or preempted,
-                        stop=stop or preempted, preempted=preempted)
+        return RoundEnd(
+            log=log,
+            evaluate=evaluate and bool(self.eval_prompts),
+            save=save or preempted,
+            stop=stop or preempted,
+            preempted=preempted,
+        )
 
     def _epochs_completed(self) -> int:
         if self.train_prompts.streaming:
@@ -208,24 +253,40 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         if best is None or not os.path.isdir(best):
             if dist.is_main():
                 why = best or "no evaluation ran at a checkpoint"
-                print(f"dsgrpo: warning: load_best_model_at_end: no best checkpoint ({why}); the final model is the "
-                      "last step's.", flush=True)
+                print(
+                    f"dsgrpo: warning: load_best_model_at_end: no best checkpoint ({why}); the final model is the "
+                    "last step's.",
+                    flush=True,
+                )
             return
         if dist.is_main():
-            print(f"dsgrpo: load_best_model_at_end: the final model is {best} (step {state.best_global_step}, "
-                  f"{self.args.metric_for_best_model} {state.best_metric:.4g})", flush=True)
+            print(
+                f"dsgrpo: load_best_model_at_end: the final model is {best} (step {state.best_global_step}, "
+                f"{self.args.metric_for_best_model} {state.best_metric:.4g})",
+                flush=True,
+            )
         with phase("checkpoint"):
             checkpoint.load_weights(self.policy, best)
 
     def _run_entries(self) -> dict:
         """What a checkpoint keeps of this run beside the policy, the state and the source (and a resume compares)."""
-        return {"entropy_control": self.update.entropy_coef.state_dict(), "deepspeed_auto": self.deepspeed_auto,
-                **resume_guards.recorded(self.train_prompts, self.rewards.names, self.args)}
+        return {
+            "entropy_control": self.update.entropy_coef.state_dict(),
+            "deepspeed_auto": self.deepspeed_auto,
+            **resume_guards.recorded(self.train_prompts, self.rewards.names, self.args),
+        }
 
     def _resume(self, path: str) -> None:
         with phase("resume"):
-            saved = checkpoint.load(self.policy, self.state, self.source, path, prompts=self.train_prompts,
-                                    run=self._run_entries(), prompts_per_round=self.prompts_per_round)
+            saved = checkpoint.load(
+                self.policy,
+                self.state,
+                self.source,
+                path,
+                prompts=self.train_prompts,
+                run=self._run_entries(),
+                prompts_per_round=self.prompts_per_round,
+            )
         if "entropy_control" in saved:
             self.update.entropy_coef.load_state_dict(saved["entropy_control"])
         self.last_checkpoint = path
@@ -250,15 +311,22 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             old_logps = self._logprobs(self.policy.engine, batch, self.truncation) if several else None
         with timer("train"):
             rows = generation_batch_rows(batch)
-            train_metrics = self.update.run(batch.micro, batch.rollout.truncated, advantages, old_logps, ref_logps,
-                                            micro_step=lambda: self.training_step(self.model, rows),
-                                            round_start=self.step_plan.round_start(self._rounds_of_data()))
+            train_metrics = self.update.run(
+                batch.micro,
+                batch.rollout.truncated,
+                advantages,
+                old_logps,
+                ref_logps,
+                micro_step=lambda: self.training_step(self.model, rows),
+                round_start=self.step_plan.round_start(self._rounds_of_data()),
+            )
         alarm = learning_alarm(train_metrics)
         if alarm and dist.is_main():
             print(f"dsgrpo: warning: step {state.global_step}: {alarm}", flush=True)
         with timer("sync"):  # only new weights are sent; the last round's are never sampled from
-            self.source.sync_weights(self.policy.module, state.generation_round,
-                                     needed=step_before < state.global_step < state.max_steps)
+            self.source.sync_weights(
+                self.policy.module, state.generation_round, needed=step_before < state.global_step < state.max_steps
+            )
         state.generation_round += 1
         times = self.timer.pop()
         step_s = time.perf_counter() - step_start
@@ -266,38 +334,62 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         tokens = int(reward_metrics.pop("_tokens"))
         state.num_input_tokens_seen += tokens
         times.update(step_breakdown(times, tokens, dist.world_size(), step_s), **self.source.sync_metrics())
-        return {**batch.metrics, **reward_metrics, **train_metrics, **times, "num_tokens": float(state.num_input_tokens_seen)}
+        return {
+            **batch.metrics,
+            **reward_metrics,
+            **train_metrics,
+            **times,
+            "num_tokens": float(state.num_input_tokens_seen),
+        }
 
     # ============================================================================================ the stages
     def _reward_matrix(self, batch: Batch) -> torch.Tensor:
         """[L, K]: every reward source on this rank's completions (collective when a reward model is sharded)."""
-        return self.rewards(batch.prompts, batch.completions, batch.rollout.completion_ids, batch.columns,
-                            trainer_state=self.state)
+        return self.rewards(
+            batch.prompts, batch.completions, batch.rollout.completion_ids, batch.columns, trainer_state=self.state
+        )
 
     def _score(self, batch: Batch, group: int):
         """Rewards (the source's, when it scored) → advantages. Rewards are gathered from every rank so each
         group's statistics are exact."""
         args = self.args
-        local = self._reward_matrix(batch) if batch.rewards is None else batch.rewards                    # [L, K]
+        local = self._reward_matrix(batch) if batch.rewards is None else batch.rewards  # [L, K]
         r = batch.rollout
-        extra = torch.stack([r.lengths(), torch.tensor(r.truncated, dtype=torch.float32),
-                             torch.tensor([len(p) for p in r.prompt_ids], dtype=torch.float32)], dim=1)  # [L, 3]
-        gathered = dist.all_gather(torch.cat([local, extra], dim=1))                                       # [N, K+3]
+        extra = torch.stack(
+            [
+                r.lengths(),
+                torch.tensor(r.truncated, dtype=torch.float32),
+                torch.tensor([len(p) for p in r.prompt_ids], dtype=torch.float32),
+            ],
+            dim=1,
+        )  # [L, 3]
+        gathered = dist.all_gather(torch.cat([local, extra], dim=1))  # [N, K+3]
         rewards, lengths, truncated, prompt_lens = gathered[:, :-3], gathered[:, -3], gathered[:, -2], gathered[:, -1]
-        adv, stats = compute_advantages(rewards, group, reward_weights=self.rewards.weights,
-                                        scale_rewards=args.scale_rewards_mode,
-                                        multi_objective_aggregation=args.multi_objective_aggregation)
+        adv, stats = compute_advantages(
+            rewards,
+            group,
+            reward_weights=self.rewards.weights,
+            scale_rewards=args.scale_rewards_mode,
+            multi_objective_aggregation=args.multi_objective_aggregation,
+        )
         self._scored = (stats["rewards"], rewards)  # every rank's weighted totals [N] and per function [N, K]
         L = len(r)
-        mine = adv[dist.rank() * L:(dist.rank() + 1) * L]
+        mine = adv[dist.rank() * L : (dist.rank() + 1) * L]
         metrics = round_metrics(stats, rewards, self.rewards.names, lengths, truncated, prompt_lens)
         if self.rewards.remote_names:  # a flapping scorer shows as retries before it fails a step
             retries = dist.all_reduce_sum(torch.tensor(self.rewards.pop_retries()))
             metrics.update({f"rewards/{name}/retries": n.item() for name, n in zip(self.rewards.remote_names, retries)})
         if args.log_completions:  # the rows of this round (written at the next logging step) or evaluation
             offset = dist.rank() * L
-            self._completion_rows = completion_rows(batch, mine, stats["rewards"][offset:offset + L],
-                                                    rewards[offset:offset + L], self.rewards.names, group, dist.rank())
+            self._completion_rows = completion_rows(
+                batch,
+                mine,
+                stats["rewards"][offset : offset + L],
+                rewards[offset : offset + L],
+                self.rewards.names,
+                group,
+                dist.rank(),
+            )
         return mine, metrics
 
     def _log_completions(self) -> None:
@@ -312,14 +404,33 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         truncation) or the reference (without: the KL term compares untruncated distributions)."""
         if self.budget is not None:
             return layout.packed_logprobs(
-                lambda step, owner: packed_forward(engine, step, self.args.temperature, truncation=truncation,
-                                                   chunk_tokens=self.args.logprob_chunk_tokens, sp=self.budget.sp,
-                                                   owner=owner).logps,
-                batch.micro, self.budget)
-        return [completion_logprobs(engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"].shape[1],
-                                    self.args.temperature, truncation=truncation,
-                                    chunk_tokens=self.args.logprob_chunk_tokens, routes=mb.get("routes"))[0]
-                for mb in batch.micro]
+                lambda step, owner: (
+                    packed_forward(
+                        engine,
+                        step,
+                        self.args.temperature,
+                        truncation=truncation,
+                        chunk_tokens=self.args.logprob_chunk_tokens,
+                        sp=self.budget.sp,
+                        owner=owner,
+                    ).logps
+                ),
+                batch.micro,
+                self.budget,
+            )
+        return [
+            completion_logprobs(
+                engine,
+                mb["input_ids"],
+                mb["attention_mask"],
+                mb["completion_mask"].shape[1],
+                self.args.temperature,
+                truncation=truncation,
+                chunk_tokens=self.args.logprob_chunk_tokens,
+                routes=mb.get("routes"),
+            )[0]
+            for mb in batch.micro
+        ]
 
     def _reference_logprobs(self, batch: Batch) -> List[torch.Tensor]:
         with self.policy.reference_view() as engine:  # a LoRA policy's: its own engine, its adapter switched off
@@ -349,17 +460,34 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                     self._log_completions()
             prefix = f"eval_{name}_" if name else "eval_"
             out[f"{prefix}reward"] = metrics["reward"]
-            out.update({f"{prefix}{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")})
+            out.update(
+                {f"{prefix}{k}": v for k, v in metrics.items() if k.startswith("rewards/") and k.endswith("/mean")}
+            )
             totals, per_function = self._scored
             decides = totals if self.correctness_column is None else per_function[:, self.correctness_column]
             if self.args.eval_pass_at_k:
-                out.update({f"{prefix}{k}": v for k, v in evaluation.sample_metrics(
-                    totals, decides, group, self.args.eval_pass_at_k, self.args.eval_correct_threshold).items()})
+                out.update(
+                    {
+                        f"{prefix}{k}": v
+                        for k, v in evaluation.sample_metrics(
+                            totals, decides, group, self.args.eval_pass_at_k, self.args.eval_correct_threshold
+                        ).items()
+                    }
+                )
             if self.args.eval_maj_at_k:  # every rank's answers, in the order of the gathered rewards
-                answers = [a for part in dist.all_gather_object([evaluation.final_answer(c) for c in batch.completions])
-                           for a in part]
-                out.update({f"{prefix}{k}": v for k, v in evaluation.majority_metrics(
-                    answers, decides, group, self.args.eval_maj_at_k, self.args.eval_correct_threshold).items()})
+                answers = [
+                    a
+                    for part in dist.all_gather_object([evaluation.final_answer(c) for c in batch.completions])
+                    for a in part
+                ]
+                out.update(
+                    {
+                        f"{prefix}{k}": v
+                        for k, v in evaluation.majority_metrics(
+                            answers, decides, group, self.args.eval_maj_at_k, self.args.eval_correct_threshold
+                        ).items()
+                    }
+                )
         self.state.log_history.append({"step": self.state.global_step, "epoch": self.state.epoch, **out})
         self._last_evaluation = (self.state.global_step, out)  # ranks the checkpoint of this step (checkpoint.py)
         self.sinks.log(self.state.global_step, out)

@@ -125,10 +125,19 @@ class TRLSurface:
         return -sapo_token_loss(unclipped_token_loss, torch.ones_like(unclipped_token_loss), temperature, temperature)
 
     @staticmethod
-    def get_gamma_weights(advantages, log_ratio_per_token, mask, importance_sampling_ratio=None, k_pos=2.0,
-                          lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0):
-        return vespo_weights(advantages, log_ratio_per_token, mask, importance_sampling_ratio, k_pos, lambda_pos,
-                             k_neg, lambda_neg)
+    def get_gamma_weights(
+        advantages,
+        log_ratio_per_token,
+        mask,
+        importance_sampling_ratio=None,
+        k_pos=2.0,
+        lambda_pos=3.0,
+        k_neg=3.0,
+        lambda_neg=2.0,
+    ):
+        return vespo_weights(
+            advantages, log_ratio_per_token, mask, importance_sampling_ratio, k_pos, lambda_pos, k_neg, lambda_neg
+        )
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """TRL's (transformers') per-micro-step hook, called by the update once per micro-step with the round's
@@ -151,18 +160,29 @@ class TRLSurface:
         """transformers' last log_history row: train_runtime, throughput and the mean loss of this train() call."""
         losses = [h["loss"] for h in self.state.log_history if "loss" in h and "train_runtime" not in h]
         rounds = max(1, self.state.generation_round - self._started_at[0])
-        row = {"train_runtime": seconds, "train_samples_per_second": rounds * self.prompts_per_round / max(seconds, 1e-9),
-               "train_steps_per_second": steps / max(seconds, 1e-9), "total_flos": self.state.total_flos,
-               "train_loss": sum(losses) / len(losses) if losses else float("nan"),
-               "epoch": self.state.epoch, "step": self.state.global_step}
+        row = {
+            "train_runtime": seconds,
+            "train_samples_per_second": rounds * self.prompts_per_round / max(seconds, 1e-9),
+            "train_steps_per_second": steps / max(seconds, 1e-9),
+            "total_flos": self.state.total_flos,
+            "train_loss": sum(losses) / len(losses) if losses else float("nan"),
+            "epoch": self.state.epoch,
+            "step": self.state.global_step,
+        }
         peaks = dist.all_gather_object(highest_peak())  # against the start-up plan (bench/plan_vs_measured.py)
         row["memory/peak_bytes_max"] = max(peaks)
         if self.memory_plan is not None:
             row["memory/planned_peak_bytes"] = self.memory_plan.peak_bytes_per_device
         if dist.is_main():
             with open(os.path.join(self.args.output_dir, "memory.json"), "w") as fh:
-                json.dump({"measured_peak_bytes_per_rank": peaks, "plan": self.memory_plan.to_json()
-                           if self.memory_plan is not None else None}, fh, indent=1)
+                json.dump(
+                    {
+                        "measured_peak_bytes_per_rank": peaks,
+                        "plan": self.memory_plan.to_json() if self.memory_plan is not None else None,
+                    },
+                    fh,
+                    indent=1,
+                )
         # TRL's last row also carries the mean of the metrics of the rounds since the last logging step (its log()
         # merges what it accumulated): users and TRL's tests read log_history[-1]["reward"] and the like. The sinks
         # get the summary alone (those rounds' rows are in log_history already)

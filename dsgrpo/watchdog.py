@@ -65,9 +65,11 @@ class Heartbeat:
     """One per process; started once the process group exists; a daemon thread, and a beat whenever the main
     thread enters a phase (so the last beat of a killed rank says where it died)."""
 
-    def __init__(self, rank: int, world: int, step: Callable[[], int], watch: bool = True,
-                 lost_after_s: Optional[float] = None):
+    def __init__(
+        self, rank: int, world: int, step: Callable[[], int], watch: bool = True, lost_after_s: Optional[float] = None
+    ):
         from . import timing
+
         self.rank, self.world, self.step = rank, world, step
         self.store = dist.rendezvous_store_client(timeout_s=10)
         self.host = socket.gethostname()
@@ -93,6 +95,7 @@ class Heartbeat:
         self._stopping.set()
         if self.watcher is not None:
             from .process_exit import exit_code
+
             failed = exit_code() not in (0, None) or getattr(sys, "last_value", None) is not None
             try:  # a finished rank is never lost; a failed one is, to a peer waiting for it
                 self.watcher.stdin.write("failed\n" if failed else "finished\n")
@@ -105,6 +108,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         from .timing import current_phase
+
         if self._broken:
             return
         with self._lock:
@@ -112,8 +116,17 @@ class Heartbeat:
             if phase != self.phase:
                 self.phase, self.since = phase, now
             self.count += 1
-            value = json.dumps({"count": self.count, "time": now, "phase": phase, "since": self.since,
-                                "step": self.step(), "pid": os.getpid(), "host": self.host})
+            value = json.dumps(
+                {
+                    "count": self.count,
+                    "time": now,
+                    "phase": phase,
+                    "since": self.since,
+                    "step": self.step(),
+                    "pid": os.getpid(),
+                    "host": self.host,
+                }
+            )
             try:
                 self.store.set(KEY.format(rank=self.rank), value)
             except Exception as exc:  # the store's host is gone: diagnose() will say so; nothing to beat to
@@ -156,14 +169,17 @@ class Heartbeat:
             host = "torchrun's agent" if os.environ.get("TORCHELASTIC_RUN_ID") else "rank 0"
             if self.rank == 0 and host == "rank 0":
                 return None  # it is our own store: something else failed
-            return (f"lost {host}: the job's rendezvous store, which it hosts, cannot be reached "
-                    f"({type(exc).__name__}: {exc})")
+            return (
+                f"lost {host}: the job's rendezvous store, which it hosts, cannot be reached "
+                f"({type(exc).__name__}: {exc})"
+            )
         others = [r for r in range(self.world) if r != self.rank]
 
         def still(r):  # the watcher's count when it beats for the rank (a GIL-holding rank is alive), else ours
             if alive_first[r] is not None and alive[r] is not None:
                 return alive[r]["count"] == alive_first[r]["count"]
             return second[r] is None or first[r] is None or second[r].count == first[r].count
+
         lost = [r for r in others if still(r)]
         if lost:
             return "; ".join(_describe(r, second[r], (alive[r] or {}).get("note")) for r in lost)
@@ -171,9 +187,12 @@ class Heartbeat:
             now = time.time()
             stuck = [r for r in others if now - second[r].since >= stuck_after]
             if stuck:
-                return "; ".join(f"rank {r} (pid {second[r].pid} on {second[r].host}) is stuck in phase "
-                                 f"'{second[r].phase}' at step {second[r].step}: {now - second[r].since:.0f} s there, "
-                                 "its heartbeat still running (a hung device, reward or I/O call?)" for r in stuck)
+                return "; ".join(
+                    f"rank {r} (pid {second[r].pid} on {second[r].host}) is stuck in phase "
+                    f"'{second[r].phase}' at step {second[r].step}: {now - second[r].since:.0f} s there, "
+                    "its heartbeat still running (a hung device, reward or I/O call?)"
+                    for r in stuck
+                )
         return None
 
 
@@ -182,8 +201,10 @@ def _describe(rank: int, beat: Optional[Beat], note: Optional[str] = None) -> st
         return f"lost rank {rank}: it never sent a heartbeat"
     ago = time.time() - beat.time
     where = f"in phase '{beat.phase}' at step {beat.step}"
-    return (f"lost rank {rank} (pid {beat.pid} on {beat.host}) {where}: {describe_process(beat.pid, beat.host, note)}, "
-            f"last heartbeat {ago:.0f} s ago")
+    return (
+        f"lost rank {rank} (pid {beat.pid} on {beat.host}) {where}: {describe_process(beat.pid, beat.host, note)}, "
+        f"last heartbeat {ago:.0f} s ago"
+    )
 
 
 def install_lost_exit() -> None:
@@ -191,6 +212,7 @@ def install_lost_exit() -> None:
     whatever the rank waits in (a collective that never returns, a C call holding the GIL), where a Python
     handler would wait for the interpreter forever, and _exit(signal number) exits with RANK_LOST_EXIT_CODE."""
     import ctypes
+
     libc = ctypes.CDLL(None)
     libc.signal.argtypes, libc.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
     libc.signal(int(LOST_SIGNAL), ctypes.cast(libc._exit, ctypes.c_void_p))
@@ -200,6 +222,7 @@ def launchers_to_follow() -> dict:
     """{pid: start time} of launchers above this rank's parent that it ends with (watcher.py checks them)."""
     from .compat import deepspeed_runner_above
     from .process_exit import parent_at_start
+
     runner = deepspeed_runner_above(parent_at_start())
     return {runner: start_time(runner)} if runner else {}
 
@@ -210,12 +233,20 @@ def start_watcher(rank: int, world: int, timeout_s: float) -> Optional[subproces
     if threading.current_thread() is not threading.main_thread():
         return None
     install_lost_exit()
-    spec = {"rank": rank, "world": world, "pid": os.getpid(), "addr": os.environ["MASTER_ADDR"],
-            "port": int(os.environ["MASTER_PORT"]), "timeout_s": timeout_s, "interval_s": HEARTBEAT_S,
-            "store_host": "torchrun's agent" if os.environ.get("TORCHELASTIC_RUN_ID") else "rank 0",
-            "follow": launchers_to_follow()}
-    return subprocess.Popen([sys.executable, "-m", "dsgrpo.watcher", json.dumps(spec)], stdin=subprocess.PIPE,
-                            text=True, close_fds=True)  # (no gloo socket held open past the rank's death)
+    spec = {
+        "rank": rank,
+        "world": world,
+        "pid": os.getpid(),
+        "addr": os.environ["MASTER_ADDR"],
+        "port": int(os.environ["MASTER_PORT"]),
+        "timeout_s": timeout_s,
+        "interval_s": HEARTBEAT_S,
+        "store_host": "torchrun's agent" if os.environ.get("TORCHELASTIC_RUN_ID") else "rank 0",
+        "follow": launchers_to_follow(),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "dsgrpo.watcher", json.dumps(spec)], stdin=subprocess.PIPE, text=True, close_fds=True
+    )  # (no gloo socket held open past the rank's death)
 
 
 @contextmanager
@@ -254,6 +285,7 @@ def explain(error: BaseException) -> Optional[RankLostError]:
     if not _heartbeat or type(error).__module__.startswith("dsgrpo"):  # our own errors say what they are
         return None
     from .timing import current_phase
+
     text = str(error).strip()
     timed_out = "timed out" in text.lower() or "timeout" in text.lower()
     with _launcher_signals_held():
@@ -262,8 +294,10 @@ def explain(error: BaseException) -> Optional[RankLostError]:
         return None
     first_line = text.splitlines()[0] if text else type(error).__name__
     where = getattr(error, "dsgrpo_phase", None) or current_phase()
-    return RankLostError(f"{found}. This rank ({_heartbeat[0].rank}) was in phase '{where}' when its collective "
-                         f"failed: {first_line[:300]}")
+    return RankLostError(
+        f"{found}. This rank ({_heartbeat[0].rank}) was in phase '{where}' when its collective "
+        f"failed: {first_line[:300]}"
+    )
 
 
 def _timeout_s() -> float:

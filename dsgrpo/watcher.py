@@ -101,8 +101,18 @@ def describe_process(pid: int, host: str, note: Optional[str]) -> str:
 
 
 class Watcher:
-    def __init__(self, rank: int, world: int, pid: int, addr: str, port: int, timeout_s: float, interval_s: float,
-                 store_host: str, follow: Dict[int, str]):
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        pid: int,
+        addr: str,
+        port: int,
+        timeout_s: float,
+        interval_s: float,
+        store_host: str,
+        follow: Dict[int, str],
+    ):
         self.rank, self.world, self.pid = rank, world, pid
         self.addr, self.port = addr, port
         self.timeout_s, self.interval_s = timeout_s, interval_s
@@ -120,6 +130,7 @@ class Watcher:
     def _store(self):
         if self.store is None:
             from .compat import StoreWire
+
             self.store = StoreWire(self.addr, self.port, timeout_s=max(1.0, min(5.0, self.timeout_s / 3)))
         return self.store
 
@@ -165,8 +176,14 @@ class Watcher:
                 note = BLOCKED_NOTE.format(stream=stream)
         if note is None:
             self.count += 1
-        record = {"count": self.count, "time": time.time(), "pid": self.pid, "host": self.host, "note": note,
-                  "done": done}
+        record = {
+            "count": self.count,
+            "time": time.time(),
+            "pid": self.pid,
+            "host": self.host,
+            "note": note,
+            "done": done,
+        }
         self._io(lambda s: s.set(ALIVE_KEY.format(rank=self.rank), json.dumps(record).encode()))
         return True
 
@@ -214,16 +231,21 @@ class Watcher:
                 state = describe_process(pid, host, alive.get("note"))
             where = f" in phase '{beat.get('phase', '?')}' at step {beat.get('step', '?')}" if beat else ""
             silent = time.monotonic() - self.moved.get(peer, time.monotonic())
-            parts.append(f"lost rank {peer}" + (f" (pid {pid} on {host})" if pid else "") +
-                         f"{where}: {state}, no heartbeat for {silent:.0f} s")
+            parts.append(
+                f"lost rank {peer}"
+                + (f" (pid {pid} on {host})" if pid else "")
+                + f"{where}: {state}, no heartbeat for {silent:.0f} s"
+            )
         return "; ".join(parts)
 
     def end_rank(self, why: str) -> None:
         """Say why on the rank's stderr, then end the rank with RANK_LOST_EXIT_CODE."""
         own = self._record(self.rank, HEARTBEAT_KEY) or {}
-        text = (f"dsgrpo: error: {why}. This rank ({self.rank}) was in phase '{own.get('phase', '?')}' at step "
-                f"{own.get('step', '?')}; its watcher ends it (exit code {RANK_LOST_EXIT_CODE}) after "
-                f"{self.timeout_s:g} s without the peer's heartbeat (ddp_timeout)\n")
+        text = (
+            f"dsgrpo: error: {why}. This rank ({self.rank}) was in phase '{own.get('phase', '?')}' at step "
+            f"{own.get('step', '?')}; its watcher ends it (exit code {RANK_LOST_EXIT_CODE}) after "
+            f"{self.timeout_s:g} s without the peer's heartbeat (ddp_timeout)\n"
+        )
         write_with_deadline(2, text.encode(), seconds=2.0)
         try:
             os.kill(self.pid, signal.SIGQUIT)  # the rank's handler: _exit(3) (watchdog.install_lost_exit)
@@ -247,8 +269,11 @@ class Watcher:
             return True  # a stopped rank waits for nothing: it ends nobody
         for pid, started in self.follow.items():
             if start_time(pid) != started:
-                write_with_deadline(2, f"dsgrpo: rank {self.rank} ends with its launcher (pid {pid}), which is "
-                                       "gone\n".encode(), seconds=2.0)
+                write_with_deadline(
+                    2,
+                    f"dsgrpo: rank {self.rank} ends with its launcher (pid {pid}), which is gone\n".encode(),
+                    seconds=2.0,
+                )
                 kill(self.pid)
                 return False
         lost = self.lost_peers()
@@ -258,8 +283,10 @@ class Watcher:
         if self.store_lost():
             host = self.seen.get(0) if self.store_host == "rank 0" else None
             state = f" ({describe_process(host['pid'], host['host'], host.get('note'))})" if host else ""
-            self.end_rank(f"lost {self.store_host}{state}: the job's rendezvous store, which it hosts, cannot be "
-                          f"reached for {self.timeout_s:g} s")
+            self.end_rank(
+                f"lost {self.store_host}{state}: the job's rendezvous store, which it hosts, cannot be "
+                f"reached for {self.timeout_s:g} s"
+            )
             return False
         return True
 
@@ -285,11 +312,13 @@ def kill(pid: int) -> None:
 
 def write_with_deadline(fd: int, data: bytes, seconds: float) -> None:
     """Write to a stream that may be a full pipe nobody reads (the rank's own reason to be lost, say)."""
+
     def write():
         try:
             os.write(fd, data)
         except OSError:
             pass
+
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     writer.join(seconds)
@@ -298,6 +327,7 @@ def write_with_deadline(fd: int, data: bytes, seconds: float) -> None:
 def main(argv: List[str]) -> None:
     spec = json.loads(argv[0])
     from .process_exit import set_parent_death_signal
+
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != spec["pid"]:  # the rank ended before the line above: nothing to watch
         os._exit(0)
@@ -305,8 +335,17 @@ def main(argv: List[str]) -> None:
     # rank: the watcher ends with it (PDEATHSIG), and must outlive a stopped rank's SIGTERM to SIGKILL it.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    Watcher(spec["rank"], spec["world"], spec["pid"], spec["addr"], spec["port"], spec["timeout_s"],
-            spec["interval_s"], spec["store_host"], {int(k): v for k, v in spec["follow"].items()}).run(sys.stdin)
+    Watcher(
+        spec["rank"],
+        spec["world"],
+        spec["pid"],
+        spec["addr"],
+        spec["port"],
+        spec["timeout_s"],
+        spec["interval_s"],
+        spec["store_host"],
+        {int(k): v for k, v in spec["follow"].items()},
+    ).run(sys.stdin)
     os._exit(0)
 
 

@@ -24,8 +24,12 @@ SOURCE = os.path.join(HERE, "gpu.in")
 LOCK = os.path.join(HERE, "gpu-lock.txt")
 PYTHON_VERSION = "3.11"
 # pip takes a target platform literally: every manylinux tag a current x86_64 Linux accepts is listed
-PLATFORMS = ([f"manylinux_2_{v}_x86_64" for v in range(17, 40)]
-             + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"])
+PLATFORMS = [f"manylinux_2_{v}_x86_64" for v in range(17, 40)] + [
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+]
 BUILT_AT_INSTALL = ("deepspeed",)  # sdists: installed by `make setup-gpu` after the rest, without build isolation
 HEADER = """\
 # Every package of the CUDA (GPU) environment, pinned: pip's resolution of requirements/gpu.in for Linux x86_64,
@@ -67,9 +71,27 @@ def resolve(requirements: List[str], timeout: int = 1500) -> Dict[str, str]:
         with open(req, "w") as fh:
             fh.write("\n".join(requirements) + "\n")
         report = os.path.join(tmp, "report.json")
-        cmd = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--report", report, "--only-binary=:all:", "--python-version", PYTHON_VERSION, "--implementation", "cp",
-               "--target", os.path.join(tmp, "target"), "-r", req]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "--isolated",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            report,
+            "--only-binary=:all:",
+            "--python-version",
+            PYTHON_VERSION,
+            "--implementation",
+            "cp",
+            "--target",
+            os.path.join(tmp, "target"),
+            "-r",
+            req,
+        ]
         for platform in PLATFORMS:
             cmd += ["--platform", platform]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -85,14 +107,18 @@ def source_lines() -> List[str]:
 
 def built_at_install() -> Dict[str, str]:
     """{name: version} of gpu.in's pins that pip cannot resolve here (sdists, installed last)."""
-    return {name_of(line): line.partition("==")[2] for line in requirement_lines(SOURCE)
-            if name_of(line) in BUILT_AT_INSTALL}
+    return {
+        name_of(line): line.partition("==")[2]
+        for line in requirement_lines(SOURCE)
+        if name_of(line) in BUILT_AT_INSTALL
+    }
 
 
 def untested(pins: Dict[str, str]) -> Dict[str, str]:
     """The lock's versions of compat.TESTED's packages that are not the tested ones (missing ones included)."""
     sys.path.insert(0, os.path.dirname(HERE))
     from dsgrpo import compat
+
     locked = {name: pins.get(canonical(name), "missing") for name in compat.TESTED}
     return compat.untested_versions(locked)
 
@@ -100,9 +126,12 @@ def untested(pins: Dict[str, str]) -> Dict[str, str]:
 def deepspeed_requirements_missing(pins: Dict[str, str]) -> List[str]:
     """deepspeed's unconditional Requires-Dist (from the release installed here) that the lock does not pin."""
     from importlib import metadata
+
     if metadata.version("deepspeed") != pins.get("deepspeed"):
-        raise RuntimeError(f"deepspeed {metadata.version('deepspeed')} is installed here, the lock pins "
-                           f"{pins.get('deepspeed')}: check against the same release")
+        raise RuntimeError(
+            f"deepspeed {metadata.version('deepspeed')} is installed here, the lock pins "
+            f"{pins.get('deepspeed')}: check against the same release"
+        )
     names = [name_of(r) for r in metadata.requires("deepspeed") or [] if "extra ==" not in r]
     return [n for n in names if n not in pins]
 
@@ -134,14 +163,21 @@ def check() -> int:
         extra = {n: v for n, v in got.items() if n not in wanted}
         moved = {n: (wanted[n], got[n]) for n in wanted if n in got and got[n] != wanted[n]}
         dropped = sorted(n for n in wanted if n not in got)
-        problems.append(f"pip's resolution of the lock differs from it: added {extra}, moved {moved}, "
-                        f"not installed {dropped}")
+        problems.append(
+            f"pip's resolution of the lock differs from it: added {extra}, moved {moved}, not installed {dropped}"
+        )
     for line in problems:
         print(f"gpu-lock: {line}", file=sys.stderr)
     if not problems:
-        print(f"gpu-lock: {len(pins)} packages resolve unchanged for Linux x86_64 / CPython {PYTHON_VERSION}; "
-              f"tested versions: " + ", ".join(f"{n} {pins[canonical(n)]}" for n in sorted(pins) if n in
-                                               ("torch", "vllm", "deepspeed", "transformers", "peft")))
+        print(
+            f"gpu-lock: {len(pins)} packages resolve unchanged for Linux x86_64 / CPython {PYTHON_VERSION}; "
+            f"tested versions: "
+            + ", ".join(
+                f"{n} {pins[canonical(n)]}"
+                for n in sorted(pins)
+                if n in ("torch", "vllm", "deepspeed", "transformers", "peft")
+            )
+        )
     return 1 if problems else 0
 
 

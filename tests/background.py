@@ -19,10 +19,14 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one core of com
 # name -> (the node id prefix (or prefixes) of the tests that need it, "module:function" that starts it:
 # function(folder) returns a function that waits for it and returns its result)
 JOBS = {
-    "gpu_lock_resolve": ("tests/test_gpu_lock.py::test_pip_resolves_the_lock_unchanged_for_a_cuda_machine",
-                         "test_gpu_lock:start_resolve"),
-    "tool_caller_model": (("tests/test_api_dist.py::", "tests/test_scale_dist.py::"),  # agents' checks too
-                          "test_api_dist:start_fine_tune"),
+    "gpu_lock_resolve": (
+        "tests/test_gpu_lock.py::test_pip_resolves_the_lock_unchanged_for_a_cuda_machine",
+        "test_gpu_lock:start_resolve",
+    ),
+    "tool_caller_model": (
+        ("tests/test_api_dist.py::", "tests/test_scale_dist.py::"),  # agents' checks too
+        "test_api_dist:start_fine_tune",
+    ),
     "report_runs": ("tests/test_report.py::", "test_report:start_runs"),
 }
 _waiting: dict = {}  # name -> the function that waits for it
@@ -55,11 +59,14 @@ def result(name: str):
     return _results[name]
 
 
-def command(argv: list, folder: str, name: str = "job", timeout: float = 1500, env: dict | None = None,
-            cwd: str = REPO):
+def command(
+    argv: list, folder: str, name: str = "job", timeout: float = 1500, env: dict | None = None, cwd: str = REPO
+):
     """Start argv, its output in folder/NAME.stdout and NAME.stderr; the wait function returns its
     subprocess.CompletedProcess (the files' text) once it has ended."""
-    out, err = (open(os.path.join(folder, f"{name}.{stream}"), "w+") for stream in ("stdout", "stderr"))  # no pipe fills
+    out, err = (
+        open(os.path.join(folder, f"{name}.{stream}"), "w+") for stream in ("stdout", "stderr")
+    )  # no pipe fills
     full_env = {**os.environ, "PYTHONPATH": REPO, **ONE_THREAD, **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # env={NAME: None} unsets NAME
     popen = track(subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, text=True, env=full_env))
@@ -73,6 +80,7 @@ def command(argv: list, folder: str, name: str = "job", timeout: float = 1500, e
             popen.kill()
         out.seek(0), err.seek(0)
         return subprocess.CompletedProcess(popen.args, popen.returncode, out.read(), err.read())
+
     return wait
 
 

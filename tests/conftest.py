@@ -19,6 +19,7 @@ os.environ.setdefault("DSGRPO_VERIFY_WEIGHT_SYNC", "checksum")  # every weight s
 @pytest.fixture(scope="session")
 def tiny_qwen():
     from dsgrpo.testing import tiny_model
+
     return tiny_model("qwen2")
 
 
@@ -31,11 +32,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_collection_finish(session):
     import background
+
     background.start_needed([item.nodeid for item in session.items])
 
 
 def pytest_sessionfinish(session):
     import background
+
     background.stop_all()
 
 
@@ -52,6 +55,7 @@ def pytest_terminal_summary(terminalreporter):
     the suite's budget is mostly launches (issue 47)."""
     from collections import defaultdict
     from launch import LAUNCHES
+
     if len(_SECONDS_BY_FILE) > 1:
         terminalreporter.write_sep("=", "seconds by test file (setup + call + teardown)")
         for test_file, seconds in sorted(_SECONDS_BY_FILE.items(), key=lambda kv: -kv[1])[:30]:

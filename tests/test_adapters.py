@@ -34,6 +34,7 @@ def bisection():
             low, high = (last + 1, high) if "higher" in said else (low, last - 1) if "lower" in said else (low, high)
         last = (low + high) // 2
         return str(last)  # without brackets: the adapter adds them, as TextArena's wrapper does
+
     return move
 
 
@@ -120,7 +121,8 @@ def test_an_openenv_environment_plays_in_process_through_the_adapter():
     for env in same:
         env.reset(seed=42)
     assert same[0].env.target == same[1].env.target
-    assert named_arguments(GuessNumberEnvironment().reset, {"seed": 3, "prompt": "x", "episode_id": None}) == \
-        {"seed": 3}
+    assert named_arguments(GuessNumberEnvironment().reset, {"seed": 3, "prompt": "x", "episode_id": None}) == {
+        "seed": 3
+    }
     with pytest.raises(TypeError, match="set env_class and action_class"):
         OpenEnvAdapter()

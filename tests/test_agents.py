@@ -7,8 +7,15 @@ import threading
 import pytest
 
 from dsgrpo.rollout.agents import AgentRollout, agent_reward, assemble
-from dsgrpo.rollout.openai_endpoint import Call, Choice, Episode, Episodes, RequestError, _answer_matches, \
-    normal_message
+from dsgrpo.rollout.openai_endpoint import (
+    Call,
+    Choice,
+    Episode,
+    Episodes,
+    RequestError,
+    _answer_matches,
+    normal_message,
+)
 
 
 def call(prompt, ids, extends, lp=-0.5, version=4, answer=None):
@@ -16,8 +23,11 @@ def call(prompt, ids, extends, lp=-0.5, version=4, answer=None):
 
 
 def test_an_episode_that_appends_trains_as_one_sequence_with_the_tokens_between_masked():
-    calls = [call([1, 2], [10, 11, 2], False), call([1, 2, 10, 11, 2, 50, 51], [12, 2], True),
-             call([1, 2, 10, 11, 2, 50, 51, 12, 2, 60], [13], True)]
+    calls = [
+        call([1, 2], [10, 11, 2], False),
+        call([1, 2, 10, 11, 2, 50, 51], [12, 2], True),
+        call([1, 2, 10, 11, 2, 50, 51, 12, 2, 60], [13], True),
+    ]
     seq = assemble(calls, [9])
     assert seq["prompt_ids"] == [1, 2]
     assert seq["completion_ids"] == [10, 11, 2, 50, 51, 12, 2, 60, 13]
@@ -52,30 +62,53 @@ def test_an_episode_that_rewrote_its_history_is_split_at_each_rewrite():
 
 
 def test_messages_are_read_as_the_template_reads_them_and_bad_ones_named():
-    given = {"role": "assistant", "content": None, "refusal": None,
-             "tool_calls": [{"id": "call_1", "type": "function",
-                             "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]}
-    assert normal_message(given, 0) == {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]}
-    assert normal_message({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                          1) == {"role": "user", "content": "ab"}
-    assert normal_message({"role": "tool", "content": "5", "name": "add", "tool_call_id": "x"}, 2) == \
-        {"role": "tool", "content": "5", "name": "add"}
-    for bad, match in (({"role": "wizard", "content": "x"}, r"messages\[3\] must be an object whose role"),
-                       ("hello", r"messages\[3\] must be an object"),
-                       ({"role": "user", "content": 5}, r"content must be a string"),
-                       ({"role": "user", "content": [{"type": "image_url"}]}, "only text parts"),
-                       ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]},
-                        "arguments of 'f' are not JSON")):
+    given = {
+        "role": "assistant",
+        "content": None,
+        "refusal": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+        ],
+    }
+    assert normal_message(given, 0) == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}],
+    }
+    assert normal_message(
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, 1
+    ) == {"role": "user", "content": "ab"}
+    assert normal_message({"role": "tool", "content": "5", "name": "add", "tool_call_id": "x"}, 2) == {
+        "role": "tool",
+        "content": "5",
+        "name": "add",
+    }
+    for bad, match in (
+        ({"role": "wizard", "content": "x"}, r"messages\[3\] must be an object whose role"),
+        ("hello", r"messages\[3\] must be an object"),
+        ({"role": "user", "content": 5}, r"content must be a string"),
+        ({"role": "user", "content": [{"type": "image_url"}]}, "only text parts"),
+        (
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]},
+            "arguments of 'f' are not JSON",
+        ),
+    ):
         with pytest.raises(RequestError, match=match) as err:
             normal_message(bad, 3)
         status, body = err.value.reply()
-        assert status == 400 and body["error"]["param"] == "messages" and body["error"]["type"] == \
-            "invalid_request_error"
+        assert (
+            status == 400 and body["error"]["param"] == "messages" and body["error"]["type"] == "invalid_request_error"
+        )
     sent = normal_message(given, 0)
     assert _answer_matches(sent, normal_message(dict(given, content=""), 0))
-    assert not _answer_matches(sent, {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 4}}}]})
+    assert not _answer_matches(
+        sent,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 4}}}],
+        },
+    )
     assert not _answer_matches(sent, {"role": "user", "content": ""}) and not _answer_matches(None, sent)
 
 
@@ -98,7 +131,7 @@ def test_a_split_episode_spends_one_budget_over_its_chains():
     before it."""
     calls = [call([1, 2], [10, 2], False), call([1, 7], [11, 2], False), call([1, 7, 11, 2, 5], [12], True)]
     whole = Episode(64, whole_episode=True, calls=list(calls))
-    assert whole.spent(extends=True) == 2       # a call continuing the second chain: the first chain's 2 tokens
+    assert whole.spent(extends=True) == 2  # a call continuing the second chain: the first chain's 2 tokens
     assert whole.spent(extends=False) == 2 + 4  # a third chain: both chains' (the second: 11 2 5 12)
     assert Episode(64, whole_episode=True).spent(extends=False) == 0
     assert Episode(64, calls=list(calls)).spent(extends=False) == 0
@@ -107,6 +140,7 @@ def test_a_split_episode_spends_one_budget_over_its_chains():
 def test_agent_rollout_refuses_what_cannot_run_and_its_reward_reads_the_column():
     async def agent(client, row):
         return 1.0
+
     assert AgentRollout(agent).reports_tool_counts
     with pytest.raises(TypeError, match="must take \\(client, row\\)"):
         AgentRollout(lambda client: 1.0)
@@ -128,25 +162,56 @@ def test_a_streamed_answer_reassembles_to_the_whole_one_in_openais_own_client():
     from dsgrpo.http import json_server
     from dsgrpo.rollout.openai_endpoint import _answer
 
-    calls = [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}},
-             {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 1}'}}]
-    chat = {"id": "chatcmpl-x", "object": "chat.completion", "created": 1, "model": "policy",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "Let me add.", "tool_calls": calls},
-                         "finish_reason": "tool_calls", "logprobs": None},
-                        {"index": 1, "message": {"role": "assistant", "content": "It is 5."},
-                         "finish_reason": "stop", "logprobs": None}],
-            "usage": {"prompt_tokens": 7, "completion_tokens": 11, "total_tokens": 18}}
-    text = {"id": "cmpl-x", "object": "text_completion", "created": 1, "model": "policy",
-            "choices": [{"index": 0, "text": " 4 5 6", "finish_reason": "length", "logprobs": None}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}}
-    server = json_server({("POST", "/v1/chat/completions"): lambda body: _answer(body, chat),
-                          ("POST", "/v1/completions"): lambda body: _answer(body, text)}, "127.0.0.1", 0, None, 2**20)
+    calls = [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 1}'}},
+    ]
+    chat = {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "policy",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Let me add.", "tool_calls": calls},
+                "finish_reason": "tool_calls",
+                "logprobs": None,
+            },
+            {
+                "index": 1,
+                "message": {"role": "assistant", "content": "It is 5."},
+                "finish_reason": "stop",
+                "logprobs": None,
+            },
+        ],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 11, "total_tokens": 18},
+    }
+    text = {
+        "id": "cmpl-x",
+        "object": "text_completion",
+        "created": 1,
+        "model": "policy",
+        "choices": [{"index": 0, "text": " 4 5 6", "finish_reason": "length", "logprobs": None}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+    }
+    server = json_server(
+        {
+            ("POST", "/v1/chat/completions"): lambda body: _answer(body, chat),
+            ("POST", "/v1/completions"): lambda body: _answer(body, text),
+        },
+        "127.0.0.1",
+        0,
+        None,
+        2**20,
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="x", max_retries=0)
         whole = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "2+3?"}])
-        with client.chat.completions.stream(model="policy", messages=[{"role": "user", "content": "2+3?"}],
-                                            stream_options={"include_usage": True}) as stream:
+        with client.chat.completions.stream(
+            model="policy", messages=[{"role": "user", "content": "2+3?"}], stream_options={"include_usage": True}
+        ) as stream:
             streamed = stream.get_final_completion()
         assert [c.message.content for c in streamed.choices] == [c.message.content for c in whole.choices]
         assert [c.finish_reason for c in streamed.choices] == ["tool_calls", "stop"]

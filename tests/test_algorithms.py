@@ -11,8 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsgrpo.algorithms import (
-    compute_advantages, dynamic_sampling_filter, entropy_from_logits, entropy_mask, kl_divergence,
-    kl_penalized_token_rewards, policy_loss, sampler_correction, soft_overlong_penalty,
+    compute_advantages,
+    dynamic_sampling_filter,
+    entropy_from_logits,
+    entropy_mask,
+    kl_divergence,
+    kl_penalized_token_rewards,
+    policy_loss,
+    sampler_correction,
+    soft_overlong_penalty,
 )
 
 NAN = float("nan")
@@ -23,9 +30,11 @@ def close(a, b, atol=1e-5):
 
 
 def test_algorithms_import_without_heavy_dependencies():
-    code = ("import sys, dsgrpo.algorithms, dsgrpo; "
-            "bad = [m for m in ('deepspeed', 'vllm', 'transformers') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, dsgrpo.algorithms, dsgrpo; "
+        "bad = [m for m in ('deepspeed', 'vllm', 'transformers') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -77,11 +86,16 @@ def test_advantage_errors_name_the_problem():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 5), min_size=8, max_size=8), st.lists(st.floats(-10, 10), min_size=2, max_size=2),
-       st.lists(st.floats(0.5, 20), min_size=2, max_size=2))
+@given(
+    st.lists(st.integers(0, 5), min_size=8, max_size=8),
+    st.lists(st.floats(-10, 10), min_size=2, max_size=2),
+    st.lists(st.floats(0.5, 20), min_size=2, max_size=2),
+)
 def test_group_advantages_invariant_to_per_group_shift_and_scale(values, shifts, scales):
     r = torch.tensor(values, dtype=torch.float64).view(2, 4)
-    moved = r * torch.tensor(scales, dtype=torch.float64).view(2, 1) + torch.tensor(shifts, dtype=torch.float64).view(2, 1)
+    moved = r * torch.tensor(scales, dtype=torch.float64).view(2, 1) + torch.tensor(shifts, dtype=torch.float64).view(
+        2, 1
+    )
     a, _ = compute_advantages(r.reshape(-1, 1), 4)
     b, _ = compute_advantages(moved.reshape(-1, 1), 4)
     # exact but for the 1e-4 guard: |Δ| ≤ |z| · 1e-4 · |1/σ - 1/(cσ)|, σ ≥ 0.5 for integer rewards → < 1e-3
@@ -155,23 +169,32 @@ def test_kl_estimators_by_hand(estimator, expected):
 def test_kl_term_added_to_the_loss():
     # old = current (w = 1), A = 0 → the loss is β · masked mean of k3; with β = 0.1 and k3 = 0.106531
     logp = torch.tensor([[-1.0, -1.0]])
-    loss, m = policy_loss(logp, None, torch.zeros(1), torch.tensor([[1.0, 0.0]]), beta=0.1,
-                          ref_per_token_logps=torch.tensor([[-1.5, 7.0]]))
+    loss, m = policy_loss(
+        logp,
+        None,
+        torch.zeros(1),
+        torch.tensor([[1.0, 0.0]]),
+        beta=0.1,
+        ref_per_token_logps=torch.tensor([[-1.5, 7.0]]),
+    )
     assert close(loss, 0.0106531) and close(m["kl"], 0.106531)
     with pytest.raises(ValueError, match="ref_per_token_logps"):
         policy_loss(logp, None, torch.zeros(1), torch.ones(1, 2), beta=0.1)
 
 
-@pytest.mark.parametrize("mode, lo, hi, expected", [
-    # old - sampler = (0.5, -1.0) → ρ = (1.648721, 0.367879); sequence: sum = -0.5 → ρ = 0.606531
-    ("token_truncate", None, 1.5, [[1.5, 0.367879]]),
-    ("token_mask", None, 1.5, [[0.0, 0.367879]]),
-    ("token_mask", 0.5, 3.0, [[1.648721, 0.0]]),
-    ("sequence_truncate", None, 0.5, [[0.5]]),
-    ("sequence_truncate", 0.7, 3.0, [[0.7]]),
-    ("sequence_mask", None, 0.5, [[0.0]]),
-    ("sequence_mask", 0.5, 3.0, [[0.606531]]),
-])
+@pytest.mark.parametrize(
+    "mode, lo, hi, expected",
+    [
+        # old - sampler = (0.5, -1.0) → ρ = (1.648721, 0.367879); sequence: sum = -0.5 → ρ = 0.606531
+        ("token_truncate", None, 1.5, [[1.5, 0.367879]]),
+        ("token_mask", None, 1.5, [[0.0, 0.367879]]),
+        ("token_mask", 0.5, 3.0, [[1.648721, 0.0]]),
+        ("sequence_truncate", None, 0.5, [[0.5]]),
+        ("sequence_truncate", 0.7, 3.0, [[0.7]]),
+        ("sequence_mask", None, 0.5, [[0.0]]),
+        ("sequence_mask", 0.5, 3.0, [[0.606531]]),
+    ],
+)
 def test_sampler_correction_by_hand(mode, lo, hi, expected):
     rho = sampler_correction(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2), mode, lo, hi)
     assert close(rho, expected)
@@ -180,10 +203,19 @@ def test_sampler_correction_by_hand(mode, lo, hi, expected):
 def test_sampler_correction_multiplies_the_per_token_term():
     # old = current: term = -A per token; token_truncate ρ = (1.5, 0.367879) → loss = -A · (1.5 + 0.367879) / 2
     logp = torch.tensor([[-1.0, -2.0]])
-    loss, m = policy_loss(logp, None, torch.tensor([1.0]), torch.ones(1, 2), sampler_per_token_logps=torch.tensor([[-1.5, -1.0]]),
-                          vllm_is_mode="token_truncate", vllm_is_clip_max=1.5)
+    loss, m = policy_loss(
+        logp,
+        None,
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        sampler_per_token_logps=torch.tensor([[-1.5, -1.0]]),
+        vllm_is_mode="token_truncate",
+        vllm_is_clip_max=1.5,
+    )
     assert close(loss, -(1.5 + 0.367879) / 2)
-    assert close(m["sampling/importance_sampling_ratio/max"], 1.5) and close(m["sampling/importance_sampling_ratio/min"], 0.367879)
+    assert close(m["sampling/importance_sampling_ratio/max"], 1.5) and close(
+        m["sampling/importance_sampling_ratio/min"], 0.367879
+    )
 
 
 def test_unknown_variants_list_the_known_ones():
@@ -231,8 +263,16 @@ def test_vespo_by_hand():
     assert close(logp.grad, [[-1.089248 / 3, -1.089248 / 3], [2 / 3, 0.0]])
     # the sampler correction enters φ (a token ρ of e^0.5 on row 1 makes its log w 0.5), not the product
     sampler = torch.tensor([[-1.2, -1.7], [-1.0, -1.0]])  # old - sampler = (0, 0 | 0.5, masked)
-    loss2, _ = policy_loss(torch.tensor(LOGP), old, adv, mask, loss_type="vespo", sampler_per_token_logps=sampler,
-                           vllm_is_mode="token_truncate", vllm_is_clip_max=10.0)
+    loss2, _ = policy_loss(
+        torch.tensor(LOGP),
+        old,
+        adv,
+        mask,
+        loss_type="vespo",
+        sampler_per_token_logps=sampler,
+        vllm_is_mode="token_truncate",
+        vllm_is_clip_max=10.0,
+    )
     phi1 = math.exp(2 + 3 * 0.5 - 2 * math.exp(0.5))  # k = 3, λ = 2, log w = 0.5
     assert close(loss2, (3 * 1.089248 - phi1 * 1.0) / 3)
 
@@ -245,8 +285,10 @@ def test_off_policy_mask_by_hand():
     sampler = torch.tensor([[-1.0, -2.0], [0.0, 9.0]])
     loss, _ = policy_loss(logp, old, adv, mask, sampler_per_token_logps=sampler, off_policy_mask_threshold=0.1)
     assert close(loss, -0.646939)
-    assert close(policy_loss(logp, old, adv, mask, sampler_per_token_logps=sampler,
-                             off_policy_mask_threshold=0.6)[0], HAND["dapo"])  # 0.5 ≤ 0.6: kept
+    assert close(
+        policy_loss(logp, old, adv, mask, sampler_per_token_logps=sampler, off_policy_mask_threshold=0.6)[0],
+        HAND["dapo"],
+    )  # 0.5 ≤ 0.6: kept
 
 
 def test_bias_corrected_kl_by_hand():
@@ -266,8 +308,15 @@ def test_bias_corrected_kl_by_hand():
     # at r = -0.5: 0.5·β, against (1 - e^-0.5)·β = 0.393469·β without the correction
     for corrected, expected in ((True, 0.5), (False, 0.393469)):
         x = torch.tensor([[-1.0]], requires_grad=True)
-        policy_loss(x, None, torch.zeros(1), torch.ones(1, 1), beta=0.1, ref_per_token_logps=torch.tensor([[-1.5]]),
-                    kl_bias_correction=corrected)[0].backward()
+        policy_loss(
+            x,
+            None,
+            torch.zeros(1),
+            torch.ones(1, 1),
+            beta=0.1,
+            ref_per_token_logps=torch.tensor([[-1.5]]),
+            kl_bias_correction=corrected,
+        )[0].backward()
         assert close(x.grad, [[0.1 * expected]])
 
 
@@ -304,10 +353,21 @@ def test_padding_never_overflows_into_nan():
     for loss_type in ("grpo", "dapo", "cispo", "sapo", "luspo", "vespo", "dr_grpo", "bnpo"):
         for level in ("token", "sequence"):
             x = logp.detach().clone().requires_grad_()
-            loss, _ = policy_loss(x, old, torch.tensor([1.0]), mask, loss_type=loss_type, importance_sampling_level=level,
-                                  beta=0.1, ref_per_token_logps=ref, kl_bias_correction=True, max_completion_length=2,
-                                  sampler_per_token_logps=sampler, vllm_is_mode="token_truncate",
-                                  off_policy_mask_threshold=0.5)
+            loss, _ = policy_loss(
+                x,
+                old,
+                torch.tensor([1.0]),
+                mask,
+                loss_type=loss_type,
+                importance_sampling_level=level,
+                beta=0.1,
+                ref_per_token_logps=ref,
+                kl_bias_correction=True,
+                max_completion_length=2,
+                sampler_per_token_logps=sampler,
+                vllm_is_mode="token_truncate",
+                off_policy_mask_threshold=0.5,
+            )
             loss.backward()
             assert torch.isfinite(loss) and torch.isfinite(x.grad).all() and x.grad[0, 1] == 0, (loss_type, level)
 
@@ -329,11 +389,21 @@ def test_gradient_matches_autograd_of_the_written_formula():
     ref = logp.detach() + torch.randn(4, 6, dtype=torch.float64) * 0.2
     adv = torch.randn(4, dtype=torch.float64)
     mask = (torch.rand(4, 6) > 0.3).double()
-    loss, _ = policy_loss(logp, old, adv, mask, epsilon_low=0.2, epsilon_high=0.28, beta=0.05, ref_per_token_logps=ref,
-                          num_items_in_batch=mask.sum() * 2, num_processes=2)
-    g, = torch.autograd.grad(loss, logp)
+    loss, _ = policy_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        beta=0.05,
+        ref_per_token_logps=ref,
+        num_items_in_batch=mask.sum() * 2,
+        num_processes=2,
+    )
+    (g,) = torch.autograd.grad(loss, logp)
     expected = _written_formula(logp, old, adv, mask, 0.2, 0.28, 0.05, ref, mask.sum())
-    g2, = torch.autograd.grad(expected, logp)
+    (g2,) = torch.autograd.grad(expected, logp)
     assert torch.allclose(loss, expected, atol=1e-12) and torch.allclose(g, g2, atol=1e-12)
 
 
@@ -364,25 +434,41 @@ def test_dapo_micro_batches_and_ranks_sum_to_the_full_batch_loss(seed, split):
     per_rank = []
     for r in range(ranks):  # rank r holds a contiguous shard, cut into `micro` micro-batches
         rows = torch.arange(B).view(ranks, micro, -1)[r]
-        per_rank.append(sum(policy_loss(logp[i], old[i], adv[i], mask[i], num_items_in_batch=n_items,
-                                        num_processes=ranks)[0] for i in rows))
+        per_rank.append(
+            sum(
+                policy_loss(logp[i], old[i], adv[i], mask[i], num_items_in_batch=n_items, num_processes=ranks)[0]
+                for i in rows
+            )
+        )
     assert torch.allclose(torch.stack(per_rank).mean(), full, atol=1e-10)
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]),
-       st.sampled_from(["token", "sequence"]), st.sampled_from([None, "token_mask", "sequence_truncate"]))
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]),
+    st.sampled_from(["token", "sequence"]),
+    st.sampled_from([None, "token_mask", "sequence_truncate"]),
+)
 def test_a_masked_token_never_changes_the_loss(seed, loss_type, level, is_mode):
     g = torch.Generator().manual_seed(seed)
-    logp = (torch.randn(3, 4, generator=g, dtype=torch.float64) * 0.3 - 1)
+    logp = torch.randn(3, 4, generator=g, dtype=torch.float64) * 0.3 - 1
     old = logp + torch.randn(3, 4, generator=g, dtype=torch.float64) * 0.2
     sampler = old + torch.randn(3, 4, generator=g, dtype=torch.float64) * 0.1
     ref = logp + torch.randn(3, 4, generator=g, dtype=torch.float64) * 0.1
     adv = torch.randn(3, generator=g, dtype=torch.float64)
     mask = torch.ones(3, 4, dtype=torch.float64)
     mask[0, 3] = mask[2, 1] = 0.0
-    kw = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.1, ref_per_token_logps=ref,
-              sampler_per_token_logps=sampler, vllm_is_mode=is_mode, epsilon_high=0.28, max_completion_length=4)
+    kw = dict(
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        beta=0.1,
+        ref_per_token_logps=ref,
+        sampler_per_token_logps=sampler,
+        vllm_is_mode=is_mode,
+        epsilon_high=0.28,
+        max_completion_length=4,
+    )
     x = logp.clone().requires_grad_()
     loss, _ = policy_loss(x, old, adv, mask, **kw)
     loss.backward()
@@ -390,7 +476,13 @@ def test_a_masked_token_never_changes_the_loss(seed, loss_type, level, is_mode):
     scrambled[0, 3], scrambled[2, 1] = 5.0, -30.0
     noisy_old, noisy_ref, noisy_sampler = old.clone(), ref.clone(), sampler.clone()
     noisy_old[0, 3] = noisy_ref[2, 1] = noisy_sampler[0, 3] = 9.0
-    loss2, _ = policy_loss(scrambled, noisy_old, adv, mask, **dict(kw, ref_per_token_logps=noisy_ref, sampler_per_token_logps=noisy_sampler))
+    loss2, _ = policy_loss(
+        scrambled,
+        noisy_old,
+        adv,
+        mask,
+        **dict(kw, ref_per_token_logps=noisy_ref, sampler_per_token_logps=noisy_sampler),
+    )
     assert torch.allclose(loss, loss2, atol=1e-12)
     assert x.grad[0, 3] == 0 and x.grad[2, 1] == 0
 

@@ -39,14 +39,19 @@ def fine_tune_tool_caller(out: str, steps: int = 300) -> str:
     for prompt, (name, arguments, answer, reply) in CALLS.items():
         user = [{"role": "user", "content": prompt}]
         messages = user + [
-            {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
-                                                                 "function": {"name": name, "arguments": arguments}}]},
-            {"role": "tool", "content": answer}, {"role": "assistant", "content": reply}]
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
+            },
+            {"role": "tool", "content": answer},
+            {"role": "assistant", "content": reply},
+        ]
         head = tok.apply_chat_template(user, tools=schemas, tokenize=False, add_generation_prompt=True)
         full = tok.apply_chat_template(messages, tools=schemas, tokenize=False)
         ids = tok(full, add_special_tokens=False, return_tensors="pt")["input_ids"]
         labels = ids.clone()
-        labels[:, :len(tok(head, add_special_tokens=False)["input_ids"])] = -100
+        labels[:, : len(tok(head, add_special_tokens=False)["input_ids"])] = -100
         examples.append((ids, labels))
     torch.manual_seed(0)
     # 1e-3: at 3e-3 the loss oscillated back up near the end on an AVX-512 machine (0.02 → 0.2) and the model
@@ -66,16 +71,26 @@ def fine_tune_tool_caller(out: str, steps: int = 300) -> str:
 def start_fine_tune(folder):
     """fine_tune_tool_caller in a process of its own (tests/background.py starts it beside the unit tests)."""
     import background
+
     model = os.path.join(folder, "model")
-    wait = background.command([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from test_api_dist "
-                               "import fine_tune_tool_caller; fine_tune_tool_caller(sys.argv[2])",
-                               os.path.dirname(os.path.abspath(__file__)), model], folder)
+    wait = background.command(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); from test_api_dist "
+            "import fine_tune_tool_caller; fine_tune_tool_caller(sys.argv[2])",
+            os.path.dirname(os.path.abspath(__file__)),
+            model,
+        ],
+        folder,
+    )
     return lambda: (wait(), model)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     import background
+
     proc, model = background.result("tool_caller_model")
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path_factory.mktemp("api_checks")
@@ -128,8 +143,9 @@ def test_environments_act_per_rollout_with_their_methods_as_tools_and_own_a_rewa
         assert len(history) == 2 and all(h["tools/call_frequency"] >= 0.5 for h in history), history
         assert all(0.2 <= h["tools/failure_frequency"] <= 0.9 for h in history), history
         # the environment's failures are named: explode raises (env/errors), stall outlives tool_timeout_s
-        assert sum(h["env/errors"] + h["env/timeouts"] for h in history) > 0 and \
-            all(h["episode/turns"] >= 1 for h in history), history
+        assert sum(h["env/errors"] + h["env/timeouts"] for h in history) > 0 and all(
+            h["episode/turns"] >= 1 for h in history
+        ), history
         check_tool_rows(run["rows"])
         # one instance per rollout, reset with its own row; the instance's state is what its tool turns did
         assert run["instances"] == run["distinct"] == run["batch_rows"] > 0 and run["env_prompts_match"]
@@ -171,8 +187,13 @@ def test_adapted_environments_play_through_the_trainer(results):
         assert len(history) == 2 and all(h["env/errors"] == 0 for h in history), history
         assert set(run["kinds"]) <= {"GuessNumber", "TextArenaGame"} and all(0.0 <= r <= 1.0 for r in run["rewards"])
         for prompt in run["prompts"]:  # what the policy was prompted with: the row's prompt + its game's opening
-            kind = ("openenv" if "Guess my number between 1 and 100" in prompt else
-                    "textarena" if "playing Guess The Number" in prompt or "playing Tower of Hanoi" in prompt else None)
+            kind = (
+                "openenv"
+                if "Guess my number between 1 and 100" in prompt
+                else "textarena"
+                if "playing Guess The Number" in prompt or "playing Tower of Hanoi" in prompt
+                else None
+            )
             assert kind, prompt[-300:]
             dealt[kind] += 1
     assert dealt["openenv"] > 0 and dealt["textarena"] > 0, dealt
@@ -234,8 +255,9 @@ def test_partial_rollouts_carry_episodes_over_the_sync_with_their_environments_a
             check_tool_rows(run["rows"])
             assert run["seen"] and all(same_length and distinct for same_length, distinct in run["seen"])
             scored_here = [b for b in run["batches"] if "env_adds" in b]  # (stolen groups left theirs behind)
-            assert scored_here and all(b["instances"] == b["rows"] and b["env_adds"] == b["answered"]
-                                       for b in scored_here), run["batches"]
+            assert scored_here and all(
+                b["instances"] == b["rows"] and b["env_adds"] == b["answered"] for b in scored_here
+            ), run["batches"]
             assert sum(b["mixed"] for b in run["batches"]) > 0, run["batches"]
             crossed += sum(b["crossed"] for b in run["batches"])
             # step 1 trains tokens of the initial weights only: the sampler's log-probs are the trainer's
@@ -300,15 +322,18 @@ def test_the_best_checkpoint_is_kept_recorded_through_a_resume_and_becomes_the_f
             assert abs(e["eval_avg@4"] - e["eval_reward"]) <= 1e-6  # the mean reward of all samples
             # maj@1: a sample alone, right when correct and it states an answer (one without abstains: wrong)
             assert 0.0 <= e["eval_maj@1"] <= e["eval_pass@1"] + 1e-9 and 0.0 <= e["eval_maj@4"] <= 1.0, e
-        assert any(e["eval_pass@4"] > e["eval_pass@1"] for e in run["evals"]) or \
-            all(e["eval_pass@1"] in (0.0, 1.0) for e in run["evals"])  # more samples find more, unless all or none
+        assert any(e["eval_pass@4"] > e["eval_pass@1"] for e in run["evals"]) or all(
+            e["eval_pass@1"] in (0.0, 1.0) for e in run["evals"]
+        )  # more samples find more, unless all or none
     assert ranks[0]["final_vs_best"] <= 1e-6  # load_best_model_at_end: the final model is checkpoint-2's
-    assert ranks[0]["final_vs_last"] > 1e-4   # which the three later steps had moved away from
+    assert ranks[0]["final_vs_last"] > 1e-4  # which the three later steps had moved away from
 
 
 def test_evaluation_never_moves_training_and_greedy_evaluation_is_seed_free(results):
     for run in part(results, "eval_rng_and_greedy"):
-        assert len(run["rows"]["no_eval"]) == 3 and run["rows"]["no_eval"][0]["loss"] == run["rows"]["no_eval"][0]["loss"]
+        assert (
+            len(run["rows"]["no_eval"]) == 3 and run["rows"]["no_eval"][0]["loss"] == run["rows"]["no_eval"][0]["loss"]
+        )
         assert run["rows"]["greedy_eval"] == run["rows"]["no_eval"]  # step for step, to the last bit
         assert [e["step"] for e in run["evals"]] == [1, 2, 3]
         for e in run["evals"]:  # one greedy completion per prompt: pass@1 and avg@1
@@ -337,13 +362,16 @@ def test_a_resume_says_once_what_another_dataset_or_reward_list_changes_and_can_
                 assert "starts from its first prompt at round 2" in r[key]["said"][0]
         if rank == 0:
             msg = r["rewards"]["said"][0]
-            assert "reward functions ['digit_fraction'] -> ['digit_fraction', 'digit_fraction_1']" in msg or \
-                "reward functions ['digit_fraction'] ->" in msg
+            assert (
+                "reward functions ['digit_fraction'] -> ['digit_fraction', 'digit_fraction_1']" in msg
+                or "reward functions ['digit_fraction'] ->" in msg
+            )
             assert "reward_weights None -> [1.0, 0.5]" in msg
     ranks = part(results, "resume_guards")
 
     def trained(key):
         return sorted({p for r in ranks for p in r[key]["prompts"]})
+
     # without the reset the new set's round-2 prompts train (rows 8..11 of 'Spell word'); with it, its first four
     assert trained("changed") == sorted(f"Spell word {i}:" for i in range(8, 12))
     assert trained("reset") == trained("alias") == sorted(f"Spell word {i}:" for i in range(0, 4))
@@ -371,8 +399,9 @@ def test_agents_run_their_own_loop_through_the_openai_endpoint(results):
         for name in ("malformed_messages", "bad_role"):
             assert bad[name][0] == 400 and bad[name][1]["error"]["param"] == "messages", bad[name]
             assert bad[name][1]["error"]["type"] == "invalid_request_error"
-        assert bad["too_many_tokens"][0] == 400 and bad["too_many_tokens"][1]["error"]["code"] == \
-            "context_length_exceeded"
+        assert (
+            bad["too_many_tokens"][0] == 400 and bad["too_many_tokens"][1]["error"]["code"] == "context_length_exceeded"
+        )
         assert bad["unknown_episode"][0] == 404 and bad["unknown_episode"][1]["error"]["code"] == "unknown_episode"
         assert bad["stream_options"][0] == 400 and bad["stream_options"][1]["error"]["param"] == "stream_options"
         # the append rows' second calls were streamed (stream=true, usage chunk) and their chains still extend
@@ -387,7 +416,7 @@ def test_agents_run_their_own_loop_through_the_openai_endpoint(results):
         assert r["extends"][0] is False and all(r["extends"][1:]) and r["turns"] == r["calls"], r
         assert ("<tool_response>" in r["inserted"]) == bool(r["answers"][0].get("tool_calls")), r
         text_turns = [a for a in r["answers"][:2] if not a.get("tool_calls")]
-        assert ("Say it again." in r["inserted"]) == bool(text_turns[:r["calls"] - 1]) and r["length"] <= 256
+        assert ("Say it again." in r["inserted"]) == bool(text_turns[: r["calls"] - 1]) and r["length"] <= 256
     assert any("\n5\n</tool_response>" in r["inserted"] for r in appended)
     for r in rewritten:  # the agent replaced its history after the tool call: split there, every call trains
         starts = [i for i, e in enumerate(r["extends"]) if not e]

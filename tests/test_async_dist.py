@@ -12,8 +12,8 @@ from launch import part, torchrun
 
 pytestmark = pytest.mark.dist
 
-MAX_STALENESS = 1        # every run of the script but `equivalence` (0)
-IN_FLIGHT = 2 * 1        # claimed groups not yet pooled, at most: one chunk per rank, async_chunk_groups=1
+MAX_STALENESS = 1  # every run of the script but `equivalence` (0)
+IN_FLIGHT = 2 * 1  # claimed groups not yet pooled, at most: one chunk per rank, async_chunk_groups=1
 
 
 COLOCATE_CHECKS = "equivalence,straggler,dynamic_sampling,resume,learning,worker_error"
@@ -53,9 +53,13 @@ def nominal_rank(position, plan):
 def runs_with_plans(results, rank=0):
     """(name, plans, max_staleness) of every recorded run, as rank `rank` recorded them."""
     eq, st, rs = (part(results, name)[rank] for name in ("equivalence", "straggler", "resume"))
-    return [("equivalence", eq["plans"], 0), ("straggler/balanced", st["balanced"]["plans"], MAX_STALENESS),
-            ("straggler/fixed", st["fixed"]["plans"], MAX_STALENESS), ("resume/before", rs["plans_a"], MAX_STALENESS),
-            ("resume/after", rs["plans_b"], MAX_STALENESS)]
+    return [
+        ("equivalence", eq["plans"], 0),
+        ("straggler/balanced", st["balanced"]["plans"], MAX_STALENESS),
+        ("straggler/fixed", st["fixed"]["plans"], MAX_STALENESS),
+        ("resume/before", rs["plans_a"], MAX_STALENESS),
+        ("resume/after", rs["plans_b"], MAX_STALENESS),
+    ]
 
 
 # ------------------------------------------------------------------ 1. max_staleness=0, no balancing == GRPOTrainer
@@ -64,8 +68,10 @@ def test_on_policy_async_equals_the_synchronous_trainer(results):
         assert e["weights_moved"] > 1e-3  # the comparison is not vacuous
         assert e["max_weight_diff"] <= 2e-5, e["max_weight_diff"]
         assert len(e["sync_rewards"]) == len(e["async_rewards"]) == 4
-        assert all(abs(a - b) <= 1e-6 for a, b in zip(e["sync_rewards"], e["async_rewards"])), \
-            (e["sync_rewards"], e["async_rewards"])
+        assert all(abs(a - b) <= 1e-6 for a, b in zip(e["sync_rewards"], e["async_rewards"])), (
+            e["sync_rewards"],
+            e["async_rewards"],
+        )
         assert [p["round"] for p in e["plans"]] == [0, 1, 2, 3]
         for plan in e["plans"]:
             P = len(plan["groups"])
@@ -80,8 +86,10 @@ def test_balancing_moves_work_off_the_straggler(results):
     s = part(results, "straggler")[0]
     for name in ("balanced", "fixed"):
         run = s[name]
-        print(f"\n[straggler/{name}] wall {run['wall_s']:.1f} s, mean time/wait_for_rollout "
-              f"{mean([h['time/wait_for_rollout'] for h in steps(run['history'])]):.2f} s")  # shown, never asserted
+        print(
+            f"\n[straggler/{name}] wall {run['wall_s']:.1f} s, mean time/wait_for_rollout "
+            f"{mean([h['time/wait_for_rollout'] for h in steps(run['history'])]):.2f} s"
+        )  # shown, never asserted
     balanced, fixed = steps(s["balanced"]["history"]), steps(s["fixed"]["history"])
     assert sum(h["async/groups_stolen"] for h in balanced) > 0
     last = balanced[-1]
@@ -99,7 +107,10 @@ def test_logged_rollout_metrics_match_the_plans(results):
         for plan, h in zip(plans, history):
             assert h["step"] == plan["round"] + 1
             g = plan["groups"]
-            assert h["async/groups_stolen"] == sum(holder != nominal_rank(p, plan) for _, p, holder, _ in g), (name, plan)
+            assert h["async/groups_stolen"] == sum(holder != nominal_rank(p, plan) for _, p, holder, _ in g), (
+                name,
+                plan,
+            )
             assert h["async/groups_moved"] == sum(holder != trainer for _, _, holder, trainer in g), (name, plan)
             lags = [plan["round"] - v for v, _, _, _ in g]
             assert h["async/staleness/max"] == max(lags) and abs(h["async/staleness/mean"] - mean(lags)) < 1e-9
@@ -112,14 +123,17 @@ def test_staleness_stays_within_the_bound(results):
         for plan in plans:
             lags = [plan["round"] - v for v, _, _, _ in plan["groups"]]
             assert 0 <= min(lags) and max(lags) <= bound, (name, plan)
-    histories = {"straggler/balanced": part(results, "straggler")[0]["balanced"]["history"],
-                 "straggler/fixed": part(results, "straggler")[0]["fixed"]["history"],
-                 "dynamic_sampling": part(results, "dynamic_sampling")[0]["history"],
-                 "learning": part(results, "learning")[0]["history"]}
+    histories = {
+        "straggler/balanced": part(results, "straggler")[0]["balanced"]["history"],
+        "straggler/fixed": part(results, "straggler")[0]["fixed"]["history"],
+        "dynamic_sampling": part(results, "dynamic_sampling")[0]["history"],
+        "learning": part(results, "learning")[0]["history"],
+    }
     for name, history in histories.items():
         assert steps(history), name
-        assert all(0 <= h["async/staleness/mean"] <= h["async/staleness/max"] <= MAX_STALENESS
-                   for h in steps(history)), name
+        assert all(
+            0 <= h["async/staleness/mean"] <= h["async/staleness/max"] <= MAX_STALENESS for h in steps(history)
+        ), name
 
 
 def test_no_group_is_trained_twice_and_both_ranks_cut_the_same_plans(results):

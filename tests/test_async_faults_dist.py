@@ -36,8 +36,13 @@ def chain(request, tmp_path_factory):
     faulted = torchrun(SCRIPT, str(root / "chain"), placement, FAULTS[placement], timeout=600, check=False)
     latest = (root / "chain" / "latest").read_text().strip()
     torchrun(SCRIPT, str(root / "chain"), placement, timeout=600)
-    return {"placement": placement, "reference": attempts(root / "reference")[0], "chain": attempts(root / "chain"),
-            "faulted": faulted, "latest": latest}
+    return {
+        "placement": placement,
+        "reference": attempts(root / "reference")[0],
+        "chain": attempts(root / "chain"),
+        "faulted": faulted,
+        "latest": latest,
+    }
 
 
 def test_the_fault_stops_the_run_in_bounded_time_naming_the_rank(chain):
@@ -51,8 +56,9 @@ def test_the_fault_stops_the_run_in_bounded_time_naming_the_rank(chain):
         assert "dies mid-chunk, on purpose" in first["message"]
     else:  # the generating process is gone: the trainer's collective with it fails
         assert first["how"] == "rank lost", first
-        assert re.match(r"lost rank 1 \(pid \d+ on \S+\) in phase '[a-z ]+' at step \d+: the process is gone",
-                        first["message"]), first["message"]
+        assert re.match(
+            r"lost rank 1 \(pid \d+ on \S+\) in phase '[a-z ]+' at step \d+: the process is gone", first["message"]
+        ), first["message"]
     assert seconds <= 2 * 60, seconds  # 2 × ddp_timeout
     assert chain["latest"] == "checkpoint-2"
 

@@ -130,8 +130,9 @@ def test_plan_properties(case):
     assert plan.chosen == everything[:N]
     chosen_positions = [p for _, p, _ in plan.chosen]
     assert sorted(plan.destination) == sorted(chosen_positions)  # each chosen group has exactly one destination
-    assert [plan.trained_on(r) for r in range(world)] == [sorted(p for p, d in plan.destination.items() if d == r)
-                                                          for r in range(world)]
+    assert [plan.trained_on(r) for r in range(world)] == [
+        sorted(p for p, d in plan.destination.items() if d == r) for r in range(world)
+    ]
     assert [len(plan.trained_on(r)) for r in range(world)] == [share] * world
     mine = {r: sorted(p for _, p, h in plan.chosen if h == r) for r in range(world)}
     moved = [p for _, p, h in plan.chosen if plan.destination[p] != h]
@@ -147,9 +148,13 @@ def test_plan_properties(case):
 # --------------------------------------------------------------------------------------- the pool
 def make_group(position, version, rank=0, G=2, tool_mask=False, rewards=None):
     completions = [[position, r, 9][: 1 + (position + r) % 3] for r in range(G)]  # lengths 1..3
-    rollout = Rollout([[100 + position]] * G, completions, [[-0.5 * (t + 1) for t in range(len(c))] for c in completions],
-                      [len(c) == 3 for c in completions],
-                      [[1, 0, 1][: len(c)] for c in completions] if tool_mask else None)
+    rollout = Rollout(
+        [[100 + position]] * G,
+        completions,
+        [[-0.5 * (t + 1) for t in range(len(c))] for c in completions],
+        [len(c) == 3 for c in completions],
+        [[1, 0, 1][: len(c)] for c in completions] if tool_mask else None,
+    )
     return Group(position, 50 + position, version, rank, rollout, rewards)
 
 
@@ -179,8 +184,12 @@ def test_pool_json_round_trip_keeps_rollouts_rewards_and_tool_masks():
     assert back.summary() == pool.summary()
     for before in (scored, plain):
         after = back.take([before.position])[0]
-        assert (after.position, after.prompt_index, after.version, after.rank) == \
-            (before.position, before.prompt_index, before.version, before.rank)
+        assert (after.position, after.prompt_index, after.version, after.rank) == (
+            before.position,
+            before.prompt_index,
+            before.version,
+            before.rank,
+        )
         assert after.rollout == before.rollout  # every field, tool_mask included
         if before.rewards is None:
             assert after.rewards is None
@@ -194,10 +203,16 @@ def test_tool_turns_and_rollout_func_columns_survive_the_pool():
     """What tools and a rollout_func add to a rollout (messages, per-row tool counts, extra columns) travels with a
     group through a checkpoint or a split-placement exchange (JSON), and is kept by the row slicing and the batch
     concatenation the async trainer does."""
-    rollout = Rollout([[1], [1], [2], [2]], [[5], [6, 7], [8], [9]], [[-0.1], [-0.2, 0.0], [-0.3], [-0.4]],
-                      [False, True, False, False], tool_mask=[[1], [1, 0], [1], [1]],
-                      messages=[[{"role": "assistant", "content": f"m{i}"}] for i in range(4)],
-                      tool_counts=[[0, 0], [2, 1], [1, 0], [0, 0]], columns={"tag": ["a", "b", "c", "d"]})
+    rollout = Rollout(
+        [[1], [1], [2], [2]],
+        [[5], [6, 7], [8], [9]],
+        [[-0.1], [-0.2, 0.0], [-0.3], [-0.4]],
+        [False, True, False, False],
+        tool_mask=[[1], [1, 0], [1], [1]],
+        messages=[[{"role": "assistant", "content": f"m{i}"}] for i in range(4)],
+        tool_counts=[[0, 0], [2, 1], [1, 0], [0, 0]],
+        columns={"tag": ["a", "b", "c", "d"]},
+    )
     first, second = rollout.rows(slice(0, 2)), rollout.rows(slice(2, 4))
     assert first.columns == {"tag": ["a", "b"]} and second.tool_counts == [[1, 0], [0, 0]]
     back = Group.from_json(json.loads(json.dumps(Group(7, 3, 1, 0, second).to_json()))).rollout
@@ -225,8 +240,22 @@ def test_zero_std_groups_by_hand():
     #   g4: all NaN              → NaN, NaN                    → True
     #   g5: (NaN, NaN), (0, 0)   → NaN, 0    an unknown reward is not a 0 one, still one known → True
     # unweighted: g0 → 1, 2; g1 → 3, 1; g2 → 2, 1: False; g3..g5 as above
-    rewards = torch.tensor([[1, 0], [0, 2], [1, 2], [1, 0], [NAN, 2], [1, NAN],
-                            [NAN, NAN], [3, 0], [NAN, NAN], [NAN, NAN], [NAN, NAN], [0, 0]])
+    rewards = torch.tensor(
+        [
+            [1, 0],
+            [0, 2],
+            [1, 2],
+            [1, 0],
+            [NAN, 2],
+            [1, NAN],
+            [NAN, NAN],
+            [3, 0],
+            [NAN, NAN],
+            [NAN, NAN],
+            [NAN, NAN],
+            [0, 0],
+        ]
+    )
     assert zero_std_groups(rewards, 2, [1.0, 0.5]) == [True, False, True, True, True, True]
     assert zero_std_groups(rewards, 2) == [False, False, False, True, True, True]
     # G = 3: (NaN, NaN) then 1, 1 → two known totals that agree → True; 1, 2 → False
@@ -237,8 +266,9 @@ def test_zero_std_groups_by_hand():
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 4), st.data())
 def test_zero_std_groups_agree_with_the_trainers_count(G, K, groups, data):
     values = st.sampled_from([0.0, 0.5, 1.0, NAN])
-    rewards = torch.tensor(data.draw(st.lists(st.lists(values, min_size=K, max_size=K),
-                                              min_size=G * groups, max_size=G * groups)))
+    rewards = torch.tensor(
+        data.draw(st.lists(st.lists(values, min_size=K, max_size=K), min_size=G * groups, max_size=G * groups))
+    )
     weights = data.draw(st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=K, max_size=K))
     _, stats = compute_advantages(rewards, G, reward_weights=weights)
     expected = torch.isclose(stats["std_per_group"], torch.zeros(groups)).tolist()
@@ -278,8 +308,15 @@ def test_ranks_racing_at_the_staleness_bound_never_claim_past_it():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = td.TCPStore("127.0.0.1", port, 2, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
-    counters = [ClaimCounter(shared=True, store=td.PrefixStore("race/", td.TCPStore(
-        "127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=30)))) for _ in range(2)]
+    counters = [
+        ClaimCounter(
+            shared=True,
+            store=td.PrefixStore(
+                "race/", td.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=30))
+            ),
+        )
+        for _ in range(2)
+    ]
     assert all(c.shared for c in counters)
     for bound in (12, 40, 41):  # the allowance grows, as a new version loads
         claimed = [[] for _ in counters]
@@ -292,6 +329,7 @@ def test_ranks_racing_at_the_staleness_bound_never_claim_past_it():
                 if start == end:
                     return
                 claimed[i].extend(range(start, end))
+
         threads = [threading.Thread(target=claimer, args=(i,)) for i in range(len(counters))]
         for t in threads:
             t.start()
@@ -314,16 +352,32 @@ class FakeGenerator:
     def generate(self, prompt_ids, counts, sampling, seeds=None):
         self.calls.append((prompt_ids, counts, seeds))
         rows = [(p, j, r) for j, (p, n) in enumerate(zip(prompt_ids, counts)) for r in range(n)]
-        return Rollout([p for p, _, _ in rows], [[p[0], j, r] for p, j, r in rows],
-                       [[-0.1, 0.0, -0.3] for _ in rows], [False] * len(rows), [[1, 0, 1] for _ in rows])
+        return Rollout(
+            [p for p, _, _ in rows],
+            [[p[0], j, r] for p, j, r in rows],
+            [[-0.1, 0.0, -0.3] for _ in rows],
+            [False] * len(rows),
+            [[1, 0, 1] for _ in rows],
+        )
 
 
 def make_worker(*, balanced=True, rank=0, chunk=3, score=None, drop=False, P=4, G=2, world=2):
     stream = PromptStream(ToySource(10), P, G, world, seed=3, shuffle=True)
-    return RolloutWorker(sampler=GeneratorSampler(FakeGenerator(), None), prompts=stream.source, stream=stream,
-                         counter=ClaimCounter(shared=False), pool=GroupPool(), score=score,
-                         balanced=balanced, chunk_groups=chunk, max_staleness=1, drop_zero_std=drop,
-                         reward_weights=None, rank=rank, version=0)
+    return RolloutWorker(
+        sampler=GeneratorSampler(FakeGenerator(), None),
+        prompts=stream.source,
+        stream=stream,
+        counter=ClaimCounter(shared=False),
+        pool=GroupPool(),
+        score=score,
+        balanced=balanced,
+        chunk_groups=chunk,
+        max_staleness=1,
+        drop_zero_std=drop,
+        reward_weights=None,
+        rank=rank,
+        version=0,
+    )
 
 
 def test_claims_stop_at_the_staleness_bound():
@@ -386,7 +440,7 @@ def test_rollout_rows_concatenate_tool_masks():
     # the mask reaches the loss: tool-result tokens (0 in the mask) are out of completion_mask
     mask = out.tensors(pad_id=0)["completion_mask"]
     for i, m in enumerate(out.tool_mask):
-        assert mask[i, : len(m)].tolist() == [float(x) for x in m] and mask[i, len(m):].sum() == 0
+        assert mask[i, : len(m)].tolist() == [float(x) for x in m] and mask[i, len(m) :].sum() == 0
     plain, none = as_rollout_rows([b, make_group(7, 0, rewards=None)])
     assert plain.tool_mask is None and none is None  # one unscored group: rewards are computed later
     assert as_rollout_rows([]) == (Rollout([], [], [], []), None)
@@ -394,6 +448,7 @@ def test_rollout_rows_concatenate_tool_masks():
 
 def test_one_worker_claims_a_whole_round_per_call_and_many_a_quarter_of_their_share():
     from dsgrpo.rollout.async_source import default_chunk_groups
-    assert default_chunk_groups(8, workers=1) == 8     # no one to balance against: one engine call per round
-    assert default_chunk_groups(16, workers=2) == 2    # a quarter of each worker's 8
+
+    assert default_chunk_groups(8, workers=1) == 8  # no one to balance against: one engine call per round
+    assert default_chunk_groups(16, workers=2) == 2  # a quarter of each worker's 8
     assert default_chunk_groups(4, workers=4) == 1

@@ -32,6 +32,7 @@ SCRIPT = "tests/dist_scripts/ckpt_run.py"
 
 def weights(path):
     from safetensors.torch import load_file
+
     return load_file(os.path.join(path, "model.safetensors"))
 
 
@@ -47,8 +48,12 @@ def runs(tmp_path_factory):
         env = {"CKPT_DDP_TIMEOUT": str(DDP_TIMEOUT)} if fault.endswith(":stop") else CHAOS_ENV
         proc = torchrun(SCRIPT, str(chain), fault, timeout=600, check=False, env=env)
         assert proc.returncode != 0, f"{fault}: the injected fault did not stop the run"
-        seen[fault] = {"stderr": proc.stderr, "latest": (chain / "latest").read_text().strip(),
-                       "listing": sorted(os.listdir(chain)), "ended": time.time()}
+        seen[fault] = {
+            "stderr": proc.stderr,
+            "latest": (chain / "latest").read_text().strip(),
+            "listing": sorted(os.listdir(chain)),
+            "ended": time.time(),
+        }
     torchrun(SCRIPT, str(chain), timeout=600)
     return {"ref": ref, "chain": chain, "seen": seen}
 
@@ -63,6 +68,7 @@ def survivor_report(stderr: str, fault: str, ended: float = 0.0):
     """(seconds from the fault to the survivor's report, the report) from the two marked lines ckpt_run prints, or,
     when the survivor's watcher ended it (no SURVIVOR line), its `dsgrpo: error:` line and the time the run ended."""
     import re
+
     died = re.search(r"^FAULT rank (\d) (?:dies|stops) at \S+ t=([\d.]+)$", stderr, re.M)
     said = re.search(r"SURVIVOR rank (\d) t=([\d.]+): (.*)$", stderr, re.M)
     watched = re.search(r"^dsgrpo: error: (lost rank \d .*its watcher ends it.*)$", stderr, re.M)
@@ -96,6 +102,7 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(runs):
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst <= 1e-6, worst
     from dsgrpo.testing import tiny_model
+
     moved = max((a[k] - v).abs().max().item() for k, v in weights(tiny_model("qwen2")).items())
     assert moved > 1e-3  # training really changed the weights
     ref = json.load(open(runs["ref"] / "final_logps.json"))
@@ -113,14 +120,30 @@ def test_a_rank_killed_under_the_deepspeed_launcher_is_named(tmp_path):
     allreduce runs over /dev/shm segments it never unlinks: dsgrpo unlinks them once mapped, so even a killed job
     leaves none (compat.unlink_deepspeed_cpu_shm_segment)."""
     out = tmp_path / "run"
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONPATH": REPO,
-           "OMP_NUM_THREADS": "1", "CKPT_DDP_TIMEOUT": str(DDP_TIMEOUT)}
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "PYTHONPATH": REPO,
+        "OMP_NUM_THREADS": "1",
+        "CKPT_DDP_TIMEOUT": str(DDP_TIMEOUT),
+    }
     env.pop("DEEPSPEED_TIMEOUT", None)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
     port = 29400 + os.getpid() % 90
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port),
-           os.path.join(REPO, SCRIPT), str(out), "backward@3:1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        "2",
+        "--master_port",
+        str(port),
+        os.path.join(REPO, SCRIPT),
+        str(out),
+        "backward@3:1",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode != 0
     seconds, report = survivor_report(proc.stdout + proc.stderr, "backward@3:1")
@@ -156,8 +179,13 @@ def test_resume_at_an_epoch_boundary_trains_the_remaining_steps(runs):
 
 def test_export_loads_in_vllm_with_the_policys_logprobs(runs, tmp_path):
     out = tmp_path / "exported"
-    proc = subprocess.run([sys.executable, "-m", "dsgrpo.cli", "export", str(runs["chain"] / "checkpoint-6"), str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dsgrpo.cli", "export", str(runs["chain"] / "checkpoint-6"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "can run code" in proc.stderr  # a checkpoint's shards are pickles: said once
     exported = weights(out)
@@ -172,11 +200,17 @@ ids = [1, 5, 9, 12, 30, 31, 32, 33, 34]
 res = llm.generate([{{"prompt_token_ids": ids}}], SamplingParams(max_tokens=1, prompt_logprobs=0))
 print("LOGPS", json.dumps([res[0].prompt_logprobs[i][ids[i]].logprob for i in range(4, 9)]))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=dict(os.environ, OMP_NUM_THREADS="2"))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="2"),
+    )
     line = [l for l in proc.stdout.splitlines() if l.startswith("LOGPS")]
     assert line, proc.stderr[-3000:]
-    vllm_logps = json.loads(line[0][len("LOGPS "):])
+    vllm_logps = json.loads(line[0][len("LOGPS ") :])
     policy = json.load(open(runs["chain"] / "final_logps.json"))["logps"]
     assert max(abs(a - b) for a, b in zip(vllm_logps, policy)) <= 1e-4
 
@@ -187,29 +221,54 @@ def test_bad_resumes_are_refused_and_touch_nothing(runs, tmp_path):
     from dsgrpo import GRPOConfig, GRPOTrainer
     from dsgrpo.checkpoint import CheckpointCanRunCodeWarning, CheckpointError
     from dsgrpo.testing import tiny_model
+
     chain = runs["chain"]
     before = {p: os.path.getmtime(chain / p) for p in os.listdir(chain)}
     data = Dataset.from_list([{"prompt": "x"}])
 
     def trainer(**kw):
-        base = dict(output_dir=str(chain), per_device_train_batch_size=4, num_generations=2, seed=3, max_steps=8,
-                    use_vllm=False, gradient_checkpointing=False)
-        return GRPOTrainer(tiny_model("qwen2"), lambda prompts, completions, **k: [0.0] * len(completions),
-                           args=GRPOConfig(**{**base, **kw}), train_dataset=data)
+        base = dict(
+            output_dir=str(chain),
+            per_device_train_batch_size=4,
+            num_generations=2,
+            seed=3,
+            max_steps=8,
+            use_vllm=False,
+            gradient_checkpointing=False,
+        )
+        return GRPOTrainer(
+            tiny_model("qwen2"),
+            lambda prompts, completions, **k: [0.0] * len(completions),
+            args=GRPOConfig(**{**base, **kw}),
+            train_dataset=data,
+        )
 
     with pytest.raises(CheckpointError, match=r"num_generations: checkpoint 2, this run 4"):
         trainer(num_generations=4, resume_from_checkpoint="latest")
     # one rank may continue two ranks' checkpoint, but only with a round's prompts and steps kept (4 prompts)
-    with pytest.raises(CheckpointError, match=r"prompts_per_round: checkpoint 4, this run 2.*on 1 rank\(s\) set "
-                                              r"per_device_train_batch_size × gradient_accumulation_steps = 8"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"prompts_per_round: checkpoint 4, this run 2.*on 1 rank\(s\) set "
+        r"per_device_train_batch_size × gradient_accumulation_steps = 8",
+    ):
         trainer(resume_from_checkpoint=str(chain / "checkpoint-6"))
     with pytest.warns(CheckpointCanRunCodeWarning, match="not written by this run.*can run code"):  # said once
         with pytest.raises(CheckpointError, match=r"prompts_per_round"):
             trainer(output_dir=str(tmp_path / "elsewhere"), resume_from_checkpoint=str(chain / "checkpoint-6"))
     with pytest.raises(CheckpointError, match="model_config"):
-        GRPOTrainer(tiny_model("llama"), lambda prompts, completions, **k: [0.0] * len(completions),
-                    args=GRPOConfig(output_dir=str(chain), per_device_train_batch_size=4, num_generations=2, seed=3,
-                                    use_vllm=False, resume_from_checkpoint="latest"), train_dataset=data)
+        GRPOTrainer(
+            tiny_model("llama"),
+            lambda prompts, completions, **k: [0.0] * len(completions),
+            args=GRPOConfig(
+                output_dir=str(chain),
+                per_device_train_batch_size=4,
+                num_generations=2,
+                seed=3,
+                use_vllm=False,
+                resume_from_checkpoint="latest",
+            ),
+            train_dataset=data,
+        )
     with pytest.raises(CheckpointError, match="no such directory"):
         trainer(resume_from_checkpoint=str(tmp_path / "checkpoint-99"))
     partial = tmp_path / "checkpoint-6"
@@ -227,14 +286,27 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_before_any_engine(runs,
     from dsgrpo import GRPOConfig, GRPOTrainer
     from dsgrpo.checkpoint_integrity import CheckpointError, DamagedCheckpointError, damage
     from dsgrpo.testing import tiny_model
+
     chain = runs["chain"]
     assert damage(str(chain / "checkpoint-6")) is None  # the chain's own checkpoints are intact
 
     def trainer(out, resume):
-        args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=2, seed=3, max_steps=8,
-                          use_vllm=False, gradient_checkpointing=False, resume_from_checkpoint=resume)
-        return GRPOTrainer(tiny_model("qwen2"), lambda prompts, completions, **k: [0.0] * len(completions), args=args,
-                           train_dataset=Dataset.from_list([{"prompt": "x"}]))
+        args = GRPOConfig(
+            output_dir=str(out),
+            per_device_train_batch_size=4,
+            num_generations=2,
+            seed=3,
+            max_steps=8,
+            use_vllm=False,
+            gradient_checkpointing=False,
+            resume_from_checkpoint=resume,
+        )
+        return GRPOTrainer(
+            tiny_model("qwen2"),
+            lambda prompts, completions, **k: [0.0] * len(completions),
+            args=args,
+            train_dataset=Dataset.from_list([{"prompt": "x"}]),
+        )
 
     truncated = tmp_path / "truncated" / "checkpoint-6"
     shutil.copytree(chain / "checkpoint-6", truncated)
@@ -242,12 +314,19 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_before_any_engine(runs,
     size = shard.stat().st_size
     with open(shard, "r+b") as fh:
         fh.truncate(size // 2)
-    with pytest.raises(DamagedCheckpointError, match=f"engine/zero_pp_rank_1_mp_rank_00_optim_states.pt has "
-                                                     f"{size // 2} bytes, {size} were written") as err:
+    with pytest.raises(
+        DamagedCheckpointError,
+        match=f"engine/zero_pp_rank_1_mp_rank_00_optim_states.pt has {size // 2} bytes, {size} were written",
+    ) as err:
         trainer(tmp_path / "out1", str(truncated))
     assert "It was not loaded" in str(err.value)
-    export = subprocess.run([sys.executable, "-m", "dsgrpo.cli", "export", str(truncated), str(tmp_path / "x")],
-                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    export = subprocess.run(
+        [sys.executable, "-m", "dsgrpo.cli", "export", str(truncated), str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert export.returncode == 2 and "optim_states.pt has" in export.stderr and "Traceback" not in export.stderr
 
     # one changed byte in the trainer state, and `latest` pointing at it: the older intact checkpoint is named
@@ -258,12 +337,15 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_before_any_engine(runs,
     state = out / "checkpoint-6" / "trainer_state.json"
     raw = bytearray(state.read_bytes())
     at = raw.index(b'"global_step": 6') + len(b'"global_step": ')
-    raw[at:at + 1] = b"7"  # still valid JSON, and the wrong step: only the checksum can tell
+    raw[at : at + 1] = b"7"  # still valid JSON, and the wrong step: only the checksum can tell
     state.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError) as err:
         trainer(out, "latest")
     text = str(err.value)
-    assert f"the newest checkpoint, {out / 'checkpoint-6'}, is damaged: trainer_state.json does not match its sha256" in text
+    assert (
+        f"the newest checkpoint, {out / 'checkpoint-6'}, is damaged: trainer_state.json does not match its sha256"
+        in text
+    )
     assert f"The newest intact one is {out / 'checkpoint-5'}: resume from it with resume_from_checkpoint=" in text
 
 
@@ -287,9 +369,10 @@ def test_a_write_that_fails_on_one_rank_only_fails_the_save_on_both_without_a_ha
 
 def test_a_full_disk_fails_the_save_on_every_rank_and_keeps_latest(tmp_path):
     from dsgrpo.checkpoint_integrity import damage
+
     small, tiny = tmp_path / "small", tmp_path / "tiny"
     tmpfs(small, "12m")  # one checkpoint (6.6 MiB) fits, a second does not
-    tmpfs(tiny, "4m")    # not even the first
+    tmpfs(tiny, "4m")  # not even the first
     try:
         proc = torchrun(SCRIPT, str(small / "run"), timeout=600, check=False)
         assert proc.returncode != 0
@@ -311,4 +394,3 @@ def test_a_full_disk_fails_the_save_on_every_rank_and_keeps_latest(tmp_path):
     finally:
         for path in (small, tiny):
             subprocess.run(["umount", "-l", str(path)])
-

@@ -20,12 +20,15 @@ def test_every_example_config_loads_and_validates(path, monkeypatch):
     assert "launch_scripts/train.sh" in open(path).read()
     if "peft_config" in run:  # the mapping becomes the LoraConfig the trainer gets
         from dsgrpo.engines.lora import as_lora_config
+
         assert as_lora_config(run["peft_config"]).r == run["peft_config"]["r"]
 
 
 def test_overrides_reach_run_keys_and_config_fields(tmp_path):
-    run, cfg = load_run_config(os.path.join(REPO, "examples", "cpu_demo.yaml"),
-                               ["--max_steps", "7", "--model=/some/where", "--train_dataset", "task:copy_digits"])
+    run, cfg = load_run_config(
+        os.path.join(REPO, "examples", "cpu_demo.yaml"),
+        ["--max_steps", "7", "--model=/some/where", "--train_dataset", "task:copy_digits"],
+    )
     assert cfg.max_steps == 7 and run["model"] == "/some/where"
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: x\ntrain_dataset: task:copy_digits\n")
@@ -37,6 +40,7 @@ def test_overrides_reach_run_keys_and_config_fields(tmp_path):
 
 def test_reward_sources_and_tasks_from_yaml():
     from dsgrpo.tasks import copy_digits_reward
+
     assert reward_source("dsgrpo.tasks:copy_digits_reward") is copy_digits_reward
     assert reward_source("accuracy_reward") == "accuracy_reward"  # resolved by the reward stack
     remote = reward_source({"remote": "http://127.0.0.1:9/score", "timeout": 3, "retries": 1})
@@ -93,9 +97,12 @@ def test_a_configuration_error_is_one_block_on_rank_0_and_exit_2(tmp_path, capsy
     monkeypatch.setenv("RANK", "0")
     assert main(["train", cfg]) == 2
     err = capsys.readouterr().err
-    assert err == ("dsgrpo: error: Unknown config key 'learning_rat'. Did you mean 'learning_rate'?\n"
-                   "(--debug or DSGRPO_DEBUG=1 shows the traceback)\n")
+    assert err == (
+        "dsgrpo: error: Unknown config key 'learning_rat'. Did you mean 'learning_rate'?\n"
+        "(--debug or DSGRPO_DEBUG=1 shows the traceback)\n"
+    )
     from dsgrpo import dist
+
     with monkeypatch.context() as m:  # every rank fails alike; one copy of the message is enough
         m.setattr(dist, "is_main", lambda: False)  # (a test before this one may have made a world of one)
         assert main(["train", cfg]) == 2
@@ -115,8 +122,9 @@ def test_bad_yaml_names_file_line_and_column(tmp_path, capsys, monkeypatch):
     cfg = write(tmp_path / "bad.yaml", "model: x\ntrain_dataset: [task:copy_digits\nreward_funcs: y\n")
     assert main(["train", cfg]) == 2
     err = capsys.readouterr().err.splitlines()[0]
-    assert err.startswith(f"dsgrpo: error: {cfg}:3:13: invalid YAML: while parsing a flow sequence; expected ',' or "
-                          "']'"), err
+    assert err.startswith(
+        f"dsgrpo: error: {cfg}:3:13: invalid YAML: while parsing a flow sequence; expected ',' or ']'"
+    ), err
     cfg = write(tmp_path / "indent.yaml", "model: x\n  beta: 0.1\n")
     assert main(["plan", cfg]) == 2
     assert f"{cfg}:2:7: invalid YAML: mapping values are not allowed here." in capsys.readouterr().err
@@ -168,19 +176,40 @@ def test_train_sh_finds_the_venv_and_reports_an_input_error_once(tmp_path):
     start, the dataset lacks a prompt column: one error block (rank 0), exit 2, no traceback."""
     import subprocess
     import sys
+
     venv_python = os.path.join(REPO, ".venv", "bin", "python")
     if os.path.realpath(sys.executable) != os.path.realpath(venv_python):
         pytest.skip("the suite runs outside the checkout's .venv")
     data = tmp_path / "q.jsonl"
     data.write_text('{"question": "1+1"}\n{"question": "2+2"}\n')
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                            "MASTER_PORT", "PYTHONPATH", "VIRTUAL_ENV")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHON", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "PYTHONPATH", "VIRTUAL_ENV")
+    }
     env.update(PATH="/usr/local/bin:/usr/bin:/bin", MASTER_PORT=str(29800 + os.getpid() % 150), DEEPSPEED_TIMEOUT="3")
     from dsgrpo.testing import tiny_model
-    proc = subprocess.run(["bash", os.path.join(REPO, "launch_scripts", "train.sh"), "examples/cpu_demo.yaml",
-                           "--model", tiny_model("qwen2"), "--train_dataset", str(data), "--use_vllm", "false",
-                           "--output_dir", str(tmp_path / "out")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    proc = subprocess.run(
+        [
+            "bash",
+            os.path.join(REPO, "launch_scripts", "train.sh"),
+            "examples/cpu_demo.yaml",
+            "--model",
+            tiny_model("qwen2"),
+            "--train_dataset",
+            str(data),
+            "--use_vllm",
+            "false",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0] == f"dsgrpo train.sh: python {venv_python} (from the checkout's .venv)"
     assert proc.returncode == 2, out[-3000:]
@@ -195,15 +224,23 @@ def test_dsgrpo_train_runs_a_world_of_one(tmp_path):
     import sys
 
     from dsgrpo.testing import tiny_model
+
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(f"model: {tiny_model('qwen2')}\ntrain_dataset: task:copy_digits\n"
-                   "reward_funcs: [dsgrpo.tasks:copy_digits_reward]\nmax_steps: 2\nper_device_train_batch_size: 4\n"
-                   "num_generations: 2\nmax_completion_length: 4\nuse_vllm: false\ngradient_checkpointing: false\n"
-                   "logging_steps: 1\n")
+    cfg.write_text(
+        f"model: {tiny_model('qwen2')}\ntrain_dataset: task:copy_digits\n"
+        "reward_funcs: [dsgrpo.tasks:copy_digits_reward]\nmax_steps: 2\nper_device_train_batch_size: 4\n"
+        "num_generations: 2\nmax_completion_length: 4\nuse_vllm: false\ngradient_checkpointing: false\n"
+        "logging_steps: 1\n"
+    )
     script = os.path.join(os.path.dirname(sys.executable), "dsgrpo")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    proc = subprocess.run([script, "train", str(cfg), "--output_dir", str(tmp_path / "out")], capture_output=True,
-                          text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [script, "train", str(cfg), "--output_dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "learning curve" in proc.stdout and "Model saved to" in proc.stdout
     lines = [json.loads(l) for l in open(tmp_path / "out" / "metrics.jsonl")]

@@ -27,16 +27,16 @@ def test_a_kept_gradient_accumulator_remembers_the_shape_its_leaf_had():
     fails and the pinning can go."""
     full = torch.randn(4, 3)
     p = torch.nn.Parameter(full.clone())
-    p.data = torch.empty(0)                       # partitioned
-    kept = p.clone()                              # the user's copy holds an accumulator made at shape [0]
-    p.data = full.clone()                         # gathered for a forward
+    p.data = torch.empty(0)  # partitioned
+    kept = p.clone()  # the user's copy holds an accumulator made at shape [0]
+    p.data = full.clone()  # gathered for a forward
     with pytest.raises(RuntimeError, match="invalid gradient.*compatible with \\[0\\]"):
         (p * 2).sum().backward()
     q = torch.nn.Parameter(full.clone())
-    pinned = q.view_as(q).grad_fn.next_functions[0][0]   # made while whole, and kept
+    pinned = q.view_as(q).grad_fn.next_functions[0][0]  # made while whole, and kept
     q.data = torch.empty(0)
     kept = q.clone()
-    assert kept.grad_fn.next_functions[0][0] is pinned   # the user's copy reuses it
+    assert kept.grad_fn.next_functions[0][0] is pinned  # the user's copy reuses it
     q.data = full.clone()
     (q * 2).sum().backward()
     assert torch.equal(q.grad, torch.full((4, 3), 2.0))
@@ -45,11 +45,16 @@ def test_a_kept_gradient_accumulator_remembers_the_shape_its_leaf_had():
 def test_a_moved_symbol_is_reported():
     gone = compat.Pin("deepspeed.runtime.compiler:no_such_function", "deepspeed 0.19.8", "test")
     assert "is gone" in compat.check_pin(gone)
-    renamed_arg = compat.Pin("vllm.distributed.parallel_state:init_distributed_environment", "vllm 0.32.0", "test",
-                             params=("no_such_argument",))
+    renamed_arg = compat.Pin(
+        "vllm.distributed.parallel_state:init_distributed_environment",
+        "vllm 0.32.0",
+        "test",
+        params=("no_such_argument",),
+    )
     assert "no_such_argument" in compat.check_pin(renamed_arg)
-    changed = compat.Pin("deepspeed.runtime.compiler:is_compiling", "deepspeed 0.19.8", "test",
-                         source_has=("text that is not there",))
+    changed = compat.Pin(
+        "deepspeed.runtime.compiler:is_compiling", "deepspeed 0.19.8", "test", source_has=("text that is not there",)
+    )
     assert "no longer contains" in compat.check_pin(changed)
 
 
@@ -58,9 +63,13 @@ def test_version_check_names_what_differs():
     assert compat.untested_versions(tested) == {}
     assert compat.untested_versions({**tested, "torch": "2.13.0+cpu"}) == {}  # a local build tag is the same release
     assert compat.untested_versions({**tested, "vllm": "0.33.1", "deepspeed": "0.19.80"}) == {
-        "vllm": "0.33.1", "deepspeed": "0.19.80"}
-    assert compat.untested_versions() == {}, "this environment is not the tested one: update compat.TESTED " \
-                                            "only after tests/test_compat.py and the dist tests pass"
+        "vllm": "0.33.1",
+        "deepspeed": "0.19.80",
+    }
+    assert compat.untested_versions() == {}, (
+        "this environment is not the tested one: update compat.TESTED "
+        "only after tests/test_compat.py and the dist tests pass"
+    )
 
 
 def test_untested_versions_warn_once_in_one_line(monkeypatch, capsys):
@@ -74,10 +83,25 @@ def test_untested_versions_warn_once_in_one_line(monkeypatch, capsys):
 
 # The spellings of the internals pinned above. Outside dsgrpo/compat/ none may appear in dsgrpo's code (comments and
 # docstrings aside): a new touch of an internal belongs in dsgrpo/compat/ with a pin.
-PRIVATE_SPELLINGS = [r"_get_default_store", r"\bds_id\b", r"\bds_shape\b", r"\bds_numel\b", r"\bds_tensor\b", r"collective_rpc",
-                     r"unset_hf_deepspeed_config", r"HfDeepSpeedConfig\(", r"deepspeed\.comm\.torch",
-                     r"parallel_state", r"\._name_or_path", r"\.llm_engine\b", r"\.is_compiling\s*=", r"get_delta_weight",
-                     r"peft\.tuners", r"model_loader\.reload", r"__struct_fields__"]
+PRIVATE_SPELLINGS = [
+    r"_get_default_store",
+    r"\bds_id\b",
+    r"\bds_shape\b",
+    r"\bds_numel\b",
+    r"\bds_tensor\b",
+    r"collective_rpc",
+    r"unset_hf_deepspeed_config",
+    r"HfDeepSpeedConfig\(",
+    r"deepspeed\.comm\.torch",
+    r"parallel_state",
+    r"\._name_or_path",
+    r"\.llm_engine\b",
+    r"\.is_compiling\s*=",
+    r"get_delta_weight",
+    r"peft\.tuners",
+    r"model_loader\.reload",
+    r"__struct_fields__",
+]
 
 
 def _code_lines(path):
@@ -200,8 +224,16 @@ def test_the_watchers_store_client_speaks_tcpstores_wire_protocol(libuv):
     import datetime
 
     import torch.distributed as tdist
-    server = tdist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, wait_for_workers=False, use_libuv=libuv,
-                            timeout=datetime.timedelta(seconds=10))
+
+    server = tdist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size=1,
+        is_master=True,
+        wait_for_workers=False,
+        use_libuv=libuv,
+        timeout=datetime.timedelta(seconds=10),
+    )
     wire = compat.StoreWire("127.0.0.1", server.port, timeout_s=5)
     try:
         server.set("dsgrpo/alive/0", b'{"count": 1}')
@@ -219,9 +251,12 @@ def test_a_rank_under_deepspeeds_runner_follows_the_runner(tmp_path):
     import subprocess
     import sys
     import time
+
     runner_script = tmp_path / "deepspeed"  # what `deepspeed --num_gpus N` runs: bin/deepspeed
-    runner_script.write_text("import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; "
-                             "time.sleep(30)', '-m', 'deepspeed.launcher.launch'])\n")
+    runner_script.write_text(
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; "
+        "time.sleep(30)', '-m', 'deepspeed.launcher.launch'])\n"
+    )
     runner = subprocess.Popen([sys.executable, str(runner_script), "--num_gpus", "2"])
     node_launcher = None
     try:

@@ -9,17 +9,52 @@ from dsgrpo import GRPOConfig
 from dsgrpo.config import load_deepspeed_config, parse_cli_overrides
 
 TRL_DEFAULTS = dict(
-    learning_rate=1e-6, num_generations=8, max_completion_length=512, temperature=1.0, top_p=1.0, top_k=0,
-    min_p=None, repetition_penalty=1.0, beta=0.0, epsilon=0.2, epsilon_high=None, delta=None, loss_type="dapo",
-    importance_sampling_level="token", scale_rewards="group", multi_objective_aggregation="sum_then_normalize",
-    reward_weights=None, mask_truncated_completions=False, num_iterations=1, steps_per_generation=None,
-    generation_batch_size=None, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3,
-    vllm_tensor_parallel_size=1, vllm_enable_sleep_mode=False, vllm_importance_sampling_correction=True,
-    vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=3.0, logging_steps=10,
-    shuffle_dataset=True, log_completions=False, seed=42, max_grad_norm=1.0,
-    weight_decay=0.0, lr_scheduler_type="linear", warmup_ratio=0.0, warmup_steps=0, eval_strategy="no",
-    num_generations_eval=None, max_steps=-1, num_train_epochs=3.0, per_device_train_batch_size=8,
-    gradient_accumulation_steps=1, save_steps=500, save_total_limit=None, resume_from_checkpoint=None,
+    learning_rate=1e-6,
+    num_generations=8,
+    max_completion_length=512,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    min_p=None,
+    repetition_penalty=1.0,
+    beta=0.0,
+    epsilon=0.2,
+    epsilon_high=None,
+    delta=None,
+    loss_type="dapo",
+    importance_sampling_level="token",
+    scale_rewards="group",
+    multi_objective_aggregation="sum_then_normalize",
+    reward_weights=None,
+    mask_truncated_completions=False,
+    num_iterations=1,
+    steps_per_generation=None,
+    generation_batch_size=None,
+    vllm_mode="colocate",
+    vllm_gpu_memory_utilization=0.3,
+    vllm_tensor_parallel_size=1,
+    vllm_enable_sleep_mode=False,
+    vllm_importance_sampling_correction=True,
+    vllm_importance_sampling_mode="sequence_mask",
+    vllm_importance_sampling_clip_max=3.0,
+    logging_steps=10,
+    shuffle_dataset=True,
+    log_completions=False,
+    seed=42,
+    max_grad_norm=1.0,
+    weight_decay=0.0,
+    lr_scheduler_type="linear",
+    warmup_ratio=0.0,
+    warmup_steps=0,
+    eval_strategy="no",
+    num_generations_eval=None,
+    max_steps=-1,
+    num_train_epochs=3.0,
+    per_device_train_batch_size=8,
+    gradient_accumulation_steps=1,
+    save_steps=500,
+    save_total_limit=None,
+    resume_from_checkpoint=None,
 )
 
 
@@ -42,8 +77,15 @@ def test_scale_rewards_accepts_booleans_like_trl():
 
 
 def test_yaml_round_trip(tmp_path):
-    cfg = GRPOConfig(beta=0.04, loss_type="grpo", reward_weights=[1.0, 0.5], top_k=5, report_to=["wandb"],
-                     deepspeed={"zero_optimization": {"stage": 2}}, output_dir=str(tmp_path / "out"))
+    cfg = GRPOConfig(
+        beta=0.04,
+        loss_type="grpo",
+        reward_weights=[1.0, 0.5],
+        top_k=5,
+        report_to=["wandb"],
+        deepspeed={"zero_optimization": {"stage": 2}},
+        output_dir=str(tmp_path / "out"),
+    )
     path = tmp_path / "resolved.yaml"
     cfg.save(str(path))
     assert GRPOConfig.from_yaml(str(path)) == cfg
@@ -63,24 +105,30 @@ def test_cli_overrides_win_over_yaml(tmp_path):
         GRPOConfig.from_yaml(str(path), ["--max_steps", "1e2"])
 
 
-@pytest.mark.parametrize("kwargs, exc, words", [
-    ({"num_generation": 4}, TypeError, None),  # plain dataclass construction: Python's own error
-    ({"num_generations": 1}, ValueError, ["num_generations=1", "at least 2"]),
-    ({"loss_type": "ppo"}, ValueError, ["loss_type='ppo'", "dapo", "cispo"]),
-    ({"importance_sampling_level": "seq"}, ValueError, ["importance_sampling_level", "sequence"]),
-    ({"scale_rewards": "batchwise"}, ValueError, ["scale_rewards", "group"]),
-    ({"vllm_importance_sampling_mode": "token"}, ValueError, ["vllm_importance_sampling_mode", "token_truncate"]),
-    ({"multi_objective_aggregation": "sum"}, ValueError, ["multi_objective_aggregation", "normalize_then_sum"]),
-    ({"learning_rate": "fast"}, TypeError, ["learning_rate='fast'", "float"]),
-    ({"num_generations": 4.0}, TypeError, ["num_generations=4.0", "int"]),
-    ({"per_device_train_batch_size": 3, "num_generations": 2}, ValueError, ["not divisible by num_generations=2"]),
-    ({"generation_batch_size": 12, "per_device_train_batch_size": 8, "num_generations": 4}, ValueError,
-     ["generation_batch_size=12", "per_device_train_batch_size", "multiple of 8"]),
-    ({"generation_batch_size": 16, "steps_per_generation": 2}, ValueError, ["both set", "only one"]),
-    ({"top_p": 0.0}, ValueError, ["top_p=0.0"]),
-    ({"delta": 1.1}, ValueError, ["delta=1.1", "1 + epsilon_high"]),
-    ({"vllm_tensor_parallel_size": 3}, ValueError, ["vllm_tensor_parallel_size=3", "divisor of the world size"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        ({"num_generation": 4}, TypeError, None),  # plain dataclass construction: Python's own error
+        ({"num_generations": 1}, ValueError, ["num_generations=1", "at least 2"]),
+        ({"loss_type": "ppo"}, ValueError, ["loss_type='ppo'", "dapo", "cispo"]),
+        ({"importance_sampling_level": "seq"}, ValueError, ["importance_sampling_level", "sequence"]),
+        ({"scale_rewards": "batchwise"}, ValueError, ["scale_rewards", "group"]),
+        ({"vllm_importance_sampling_mode": "token"}, ValueError, ["vllm_importance_sampling_mode", "token_truncate"]),
+        ({"multi_objective_aggregation": "sum"}, ValueError, ["multi_objective_aggregation", "normalize_then_sum"]),
+        ({"learning_rate": "fast"}, TypeError, ["learning_rate='fast'", "float"]),
+        ({"num_generations": 4.0}, TypeError, ["num_generations=4.0", "int"]),
+        ({"per_device_train_batch_size": 3, "num_generations": 2}, ValueError, ["not divisible by num_generations=2"]),
+        (
+            {"generation_batch_size": 12, "per_device_train_batch_size": 8, "num_generations": 4},
+            ValueError,
+            ["generation_batch_size=12", "per_device_train_batch_size", "multiple of 8"],
+        ),
+        ({"generation_batch_size": 16, "steps_per_generation": 2}, ValueError, ["both set", "only one"]),
+        ({"top_p": 0.0}, ValueError, ["top_p=0.0"]),
+        ({"delta": 1.1}, ValueError, ["delta=1.1", "1 + epsilon_high"]),
+        ({"vllm_tensor_parallel_size": 3}, ValueError, ["vllm_tensor_parallel_size=3", "divisor of the world size"]),
+    ],
+)
 def test_validation_errors(kwargs, exc, words):
     with pytest.raises(exc) as info:
         GRPOConfig(**kwargs)
@@ -130,8 +178,13 @@ def test_deepspeed_config_resolution(tmp_path):
 def test_an_unquoted_no_is_the_string_no_where_the_field_takes_strings():
     # YAML 1.1 reads `no` as False: `save_strategy: no` in a recipe and `--save_strategy no` on a command line
     from dsgrpo.config import parse_cli_overrides
-    cfg = GRPOConfig.from_dict({**parse_cli_overrides(["--save_strategy", "no", "--bf16", "false"]),
-                                **yaml.safe_load("eval_strategy: no\nlogging_strategy: no\n")})
+
+    cfg = GRPOConfig.from_dict(
+        {
+            **parse_cli_overrides(["--save_strategy", "no", "--bf16", "false"]),
+            **yaml.safe_load("eval_strategy: no\nlogging_strategy: no\n"),
+        }
+    )
     assert (cfg.save_strategy, cfg.eval_strategy, cfg.logging_strategy, cfg.bf16) == ("no", "no", "no", False)
 
 
@@ -140,9 +193,10 @@ def test_vllm_enforce_eager_auto_compiles_only_runs_long_enough_to_repay_it():
 
     def cfg(**kw):
         return GRPOConfig(output_dir="/tmp/unused", per_device_train_batch_size=8, num_generations=8, **kw)
-    assert enforce_eager(cfg(max_completion_length=512), total_steps=10) is True       # 5,120 decode steps
-    assert enforce_eager(cfg(max_completion_length=512), total_steps=400) is False     # 204,800
-    assert enforce_eager(cfg(max_completion_length=512), total_steps=None) is True     # unknown (a server)
+
+    assert enforce_eager(cfg(max_completion_length=512), total_steps=10) is True  # 5,120 decode steps
+    assert enforce_eager(cfg(max_completion_length=512), total_steps=400) is False  # 204,800
+    assert enforce_eager(cfg(max_completion_length=512), total_steps=None) is True  # unknown (a server)
     # rounds, not optimizer steps: with num_iterations 2 each round trains two steps
     steps = CPU_COMPILE_MIN_DECODE_STEPS // 100
     assert enforce_eager(cfg(max_completion_length=100), total_steps=steps) is False
@@ -158,8 +212,9 @@ def test_the_best_model_fields_follow_transformers_rules():
     assert GRPOConfig(metric_for_best_model="rewards/f/mean").metric_for_best_model == "eval_rewards/f/mean"
     assert GRPOConfig(metric_for_best_model="eval_loss").greater_is_better is False
     assert GRPOConfig(metric_for_best_model="eval_reward", greater_is_better=False).greater_is_better is False
-    with pytest.raises(ValueError, match="load_best_model_at_end=True needs evaluations at the checkpoints: "
-                                         "eval_strategy='no'"):
+    with pytest.raises(
+        ValueError, match="load_best_model_at_end=True needs evaluations at the checkpoints: eval_strategy='no'"
+    ):
         GRPOConfig(load_best_model_at_end=True)
     with pytest.raises(ValueError, match="save_steps=15 must be a multiple of eval_steps=10"):
         GRPOConfig(load_best_model_at_end=True, eval_strategy="steps", eval_steps=10, save_steps=15)
@@ -199,8 +254,11 @@ def test_a_best_metric_no_evaluation_logs_is_refused_naming_the_ones_it_does():
     from dsgrpo.evaluation import metric_names
 
     args = GRPOConfig(metric_for_best_model="eval_accuracy", eval_strategy="steps")
-    with pytest.raises(ValueError, match=r"metric_for_best_model='eval_accuracy' is not an evaluation metric of this "
-                                         r"run; it logs \['eval_reward', 'eval_rewards/f/mean', 'eval_hard_reward'"):
+    with pytest.raises(
+        ValueError,
+        match=r"metric_for_best_model='eval_accuracy' is not an evaluation metric of this "
+        r"run; it logs \['eval_reward', 'eval_rewards/f/mean', 'eval_hard_reward'",
+    ):
         checkpoint.check_best_metric(args, metric_names(args, ["", "hard"], ["f"]))
     with pytest.raises(ValueError, match="no eval_dataset"):
         checkpoint.check_best_metric(args, metric_names(args, [], ["f"]))
@@ -208,8 +266,13 @@ def test_a_best_metric_no_evaluation_logs_is_refused_naming_the_ones_it_does():
     checkpoint.check_best_metric(args, metric_names(args, ["", "hard"], ["f"]))
     args = GRPOConfig(metric_for_best_model="pass@4", eval_strategy="steps", num_generations=8, eval_pass_at_k=[1, 4])
     checkpoint.check_best_metric(args, metric_names(args, [""], ["f"]))  # eval_pass@4 is logged
-    assert metric_names(args, [""], ["f"]) == ["eval_reward", "eval_rewards/f/mean", "eval_pass@1", "eval_pass@4",
-                                               "eval_avg@8"]
+    assert metric_names(args, [""], ["f"]) == [
+        "eval_reward",
+        "eval_rewards/f/mean",
+        "eval_pass@1",
+        "eval_pass@4",
+        "eval_avg@8",
+    ]
 
 
 def test_a_checkpoint_continues_on_another_world_size_only_with_its_rounds_kept():
@@ -217,30 +280,51 @@ def test_a_checkpoint_continues_on_another_world_size_only_with_its_rounds_kept(
 
     from dsgrpo import checkpoint
     from dsgrpo.errors import CheckpointError
-    model = SimpleNamespace(model_type="qwen2", vocab_size=1024, hidden_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, tie_word_embeddings=False)
+
+    model = SimpleNamespace(
+        model_type="qwen2",
+        vocab_size=1024,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        tie_word_embeddings=False,
+    )
     two = checkpoint.run_identity(GRPOConfig(per_device_train_batch_size=4, num_generations=2), 2, model)
     assert (two["prompts_per_round"], two["steps_per_round"]) == (4, 1)
     # 1 rank × 8, or 1 rank × 4 with accumulation 2: the same round (4 prompts, one optimizer step)
-    for kw in ({"per_device_train_batch_size": 8}, {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}):
+    for kw in (
+        {"per_device_train_batch_size": 8},
+        {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+    ):
         checkpoint.check_can_continue(two, checkpoint.run_identity(GRPOConfig(num_generations=2, **kw), 1, model), "ck")
     one = checkpoint.run_identity(GRPOConfig(per_device_train_batch_size=4, num_generations=2), 1, model)
-    with pytest.raises(CheckpointError, match=r"prompts_per_round: checkpoint 4, this run 2.*on 1 rank\(s\) set "
-                                              r"per_device_train_batch_size × gradient_accumulation_steps = 8"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"prompts_per_round: checkpoint 4, this run 2.*on 1 rank\(s\) set "
+        r"per_device_train_batch_size × gradient_accumulation_steps = 8",
+    ):
         checkpoint.check_can_continue(two, one, "ck")
     eight = checkpoint.run_identity(GRPOConfig(per_device_train_batch_size=8, num_generations=2), 1, model)
-    with pytest.raises(CheckpointError, match=r"on 2 rank\(s\) set .* = 4 \(e.g. per_device_train_batch_size=4, "
-                                              r"gradient_accumulation_steps=1;"):
-        checkpoint.check_can_continue(eight, checkpoint.run_identity(
-            GRPOConfig(per_device_train_batch_size=8, num_generations=2), 2, model), "ck")
+    with pytest.raises(
+        CheckpointError,
+        match=r"on 2 rank\(s\) set .* = 4 \(e.g. per_device_train_batch_size=4, "
+        r"gradient_accumulation_steps=1;",
+    ):
+        checkpoint.check_can_continue(
+            eight, checkpoint.run_identity(GRPOConfig(per_device_train_batch_size=8, num_generations=2), 2, model), "ck"
+        )
     with pytest.raises(CheckpointError, match=r"8 completions per optimizer step, which 3 rank\(s\) cannot share"):
-        checkpoint.check_can_continue(eight, checkpoint.run_identity(
-            GRPOConfig(per_device_train_batch_size=8, num_generations=2), 3, model), "ck")
+        checkpoint.check_can_continue(
+            eight, checkpoint.run_identity(GRPOConfig(per_device_train_batch_size=8, num_generations=2), 3, model), "ck"
+        )
     # a checkpoint of an older dsgrpo (no round in its identity) keeps its world size and geometry
     legacy = {k: v for k, v in two.items() if k not in ("prompts_per_round", "steps_per_round", "num_iterations")}
     with pytest.raises(CheckpointError, match=r"world_size: checkpoint 2, this run 1.*kept the world size"):
-        checkpoint.check_can_continue(legacy, checkpoint.run_identity(
-            GRPOConfig(per_device_train_batch_size=8, num_generations=2), 1, model), "ck")
+        checkpoint.check_can_continue(
+            legacy,
+            checkpoint.run_identity(GRPOConfig(per_device_train_batch_size=8, num_generations=2), 1, model),
+            "ck",
+        )
     checkpoint.check_can_continue(legacy, two, "ck")
 
 
@@ -268,4 +352,6 @@ def test_auto_reduce_buckets_are_hidden_size_squared_but_never_tiny():
     assert bucket(128) == bucket(896) == MIN_REDUCE_BUCKET  # the demo's model, Qwen2.5-0.5B
     assert bucket(2048) == 2048 * 2048 and bucket(4096) == 4096 * 4096  # 1.5B and up: transformers' value
     zero3 = fill_auto_values(load_deepspeed_config("zero3.json"), args, hidden_size=128)["zero_optimization"]
-    assert zero3["reduce_bucket_size"] == MIN_REDUCE_BUCKET and zero3["stage3_prefetch_bucket_size"] == int(0.9 * 128 * 128)
+    assert zero3["reduce_bucket_size"] == MIN_REDUCE_BUCKET and zero3["stage3_prefetch_bucket_size"] == int(
+        0.9 * 128 * 128
+    )

@@ -28,8 +28,15 @@ def test_thread_budget_is_bounded_by_the_cpuset():
 
     def probe(local_world, cpus=None):
         cmd = [sys.executable, "-c", PROBE, str(local_world)]
-        out = subprocess.run((["taskset", "-c", cpus] if cpus else []) + cmd, env=env, cwd=REPO,
-                             capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run(
+            (["taskset", "-c", cpus] if cpus else []) + cmd,
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         return out.stdout.strip().splitlines()[-1]
 
     assert probe(1, cpus=str(first)) == "1 1 1"
@@ -61,9 +68,20 @@ def test_freed_heap_is_kept_between_steps():
     faults here, depending on where other allocations landed (so only the kept side is a bound); kept 768 to 5,120
     (now and then one block is faulted again once). The bound: the ten steps together fault fewer pages than one."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    faults = {mode: int(subprocess.run([sys.executable, "-c", HEAP_PROBE, mode], env=env, cwd=REPO,
-                                       capture_output=True, text=True, timeout=120, check=True).stdout.split()[-1])
-              for mode in ("default", "kept")}
+    faults = {
+        mode: int(
+            subprocess.run(
+                [sys.executable, "-c", HEAP_PROBE, mode],
+                env=env,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            ).stdout.split()[-1]
+        )
+        for mode in ("default", "kept")
+    }
     assert faults["kept"] < 18_200, faults  # fewer than one step's 71 MiB, over all ten
     assert faults["kept"] <= faults["default"], faults
 

@@ -47,11 +47,12 @@ def tok():
     from transformers import AutoTokenizer
 
     from dsgrpo.testing import tiny_tokenizer
+
     return AutoTokenizer.from_pretrained(tiny_tokenizer())
 
 
 def call_text(name, arguments):
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 class ScriptedGenerator:
@@ -68,7 +69,7 @@ class ScriptedGenerator:
         for p in prompt_ids:
             text = self.tok.decode(p)
             ids = self.tok(self.script(text, text.count("<tool_response>")), add_special_tokens=False)["input_ids"]
-            ids = (ids + [self.tok.eos_token_id])[:sampling.max_tokens]
+            ids = (ids + [self.tok.eos_token_id])[: sampling.max_tokens]
             self.sampled.append(ids)
             out.prompt_ids.append(list(p))
             out.completion_ids.append(ids)
@@ -81,14 +82,18 @@ def script(text, answered):
     """Rollout 0 (prompt says 'A'): guesses 3, then 5, then stops. Rollout 1 ('B'): calls the broken tool, then
     stops. Rollout 2 ('C'): answers without a tool."""
     player = text.split("Play ", 1)[1][0]
-    turns = {"A": [call_text("guess", {"number": 3}), call_text("guess", {"number": 5}), "Got it."],
-             "B": [call_text("broken", {"x": 1}), "I give up."], "C": ["Five?"]}[player]
+    turns = {
+        "A": [call_text("guess", {"number": 3}), call_text("guess", {"number": 5}), "Got it."],
+        "B": [call_text("broken", {"x": 1}), "I give up."],
+        "C": ["Five?"],
+    }[player]
     return turns[min(answered, len(turns) - 1)]
 
 
 def prompt_source(tok, rows):
-    return PromptSource(Dataset.from_list(rows), tok, max_prompt_length=None, context_length=None,
-                        max_completion_length=256)
+    return PromptSource(
+        Dataset.from_list(rows), tok, max_prompt_length=None, context_length=None, max_completion_length=256
+    )
 
 
 def test_each_rollout_acts_in_its_own_environment_across_turns(tok):
@@ -107,15 +112,22 @@ def test_each_rollout_acts_in_its_own_environment_across_turns(tok):
     # the environment kept its state across turns; the failing method became a message, not a crash
     assert instances[0].guesses == [3, 5] and instances[1].guesses == [] and instances[2].guesses == []
     counts = [dict(zip(COUNTS, row)) for row in rollout.tool_counts]
-    assert [(c["calls"], c["failures"], c["errors"], c["parse_failures"], c["timeouts"], c["turns"]) for c in counts] \
-        == [(2, 0, 0, 0, 0, 3), (1, 1, 1, 0, 0, 2), (0, 0, 0, 0, 0, 1)]
+    assert [
+        (c["calls"], c["failures"], c["errors"], c["parse_failures"], c["timeouts"], c["turns"]) for c in counts
+    ] == [(2, 0, 0, 0, 0, 3), (1, 1, 1, 0, 0, 2), (0, 0, 0, 0, 0, 1)]
     metrics = ToolStats.of(rollout).metrics()
     assert metrics["env/errors"] == pytest.approx(1 / 3) and metrics["episode/turns"] == pytest.approx(2.0)
-    assert metrics["tools/calls_per_episode"] == pytest.approx(1.0) and metrics["tools/failure_frequency"] == \
-        pytest.approx(1 / 3)
+    assert metrics["tools/calls_per_episode"] == pytest.approx(1.0) and metrics[
+        "tools/failure_frequency"
+    ] == pytest.approx(1 / 3)
     tool_turns = [m for m in rollout.messages[1] if m["role"] == "tool"]
-    assert tool_turns == [{"role": "tool", "name": "broken",
-                           "content": "Error: tool 'broken' raised RuntimeError: the environment fell over"}]
+    assert tool_turns == [
+        {
+            "role": "tool",
+            "name": "broken",
+            "content": "Error: tool 'broken' raised RuntimeError: the environment fell over",
+        }
+    ]
     # token-exact: the trained ids are the sampled ones and the tool turns' rendered ids, in order, and the loss
     # mask is 1 exactly on the sampled ones
     answers = ["higher", "correct"]
@@ -131,8 +143,9 @@ def test_each_rollout_acts_in_its_own_environment_across_turns(tok):
             expected += turn
             expected_mask += [0] * len(turn)
     assert rollout.completion_ids[0] == expected and rollout.tool_mask[0] == expected_mask
-    assert [lp for lp, m in zip(rollout.sampler_logprobs[0], expected_mask) if m] == \
-        [-t / 1000 for t, m in zip(expected, expected_mask) if m]
+    assert [lp for lp, m in zip(rollout.sampler_logprobs[0], expected_mask) if m] == [
+        -t / 1000 for t, m in zip(expected, expected_mask) if m
+    ]
     # each rollout is seeded from its group's seed and place; the reward it owns scores its own state
     assert len(set(generator.calls[0]["seeds"])) == 3
     assert envs.reward_sources[0](environments=instances) == [1.0, 0.0, 0.0]
@@ -165,11 +178,14 @@ def test_a_dict_shows_each_rollout_only_its_environments_tools(tok):
     assert [f.__name__ for f in envs.tools["counter"]] == ["increment"]
     assert [f.__name__ for f in envs.tools["guess"]] == ["broken", "guess"]
     assert len(envs.reward_sources) == 1  # only GuessEnv owns a reward
-    rows = [{"prompt": [{"role": "user", "content": "Play C."}], "target": 5, "environment": "guess"},
-            {"prompt": [{"role": "user", "content": "Play C."}], "target": 0, "environment": "counter"}]
+    rows = [
+        {"prompt": [{"role": "user", "content": "Play C."}], "target": 5, "environment": "guess"},
+        {"prompt": [{"role": "user", "content": "Play C."}], "target": 0, "environment": "counter"},
+    ]
     prompts = prompt_source(tok, rows)
-    rollout = EnvironmentSampler(ScriptedGenerator(tok, script), SamplingConfig(max_tokens=64), tok, envs,
-                                 max_iterations=2).sample(prompts, [0, 1], [1, 1], seeds=None)
+    rollout = EnvironmentSampler(
+        ScriptedGenerator(tok, script), SamplingConfig(max_tokens=64), tok, envs, max_iterations=2
+    ).sample(prompts, [0, 1], [1, 1], seeds=None)
     guess_prompt, counter_prompt = (tok.decode(ids) for ids in rollout.prompt_ids)
     assert '"name": "guess"' in guess_prompt and '"increment"' not in guess_prompt
     assert '"name": "increment"' in counter_prompt and '"guess"' not in counter_prompt
@@ -231,16 +247,17 @@ def test_a_generator_that_follows_a_replaced_generate_passes_settings_through_to
         pass
 
     module, engine = Module(), Engine()
-    follower = FollowsReplacedGenerate(engine, lambda: type("HF", (), {"generate": lambda self, *a, **k: "hf"})(),
-                                       module)
-    follower.native_weights = False                  # a test or a user switching the engine's sync path
+    follower = FollowsReplacedGenerate(
+        engine, lambda: type("HF", (), {"generate": lambda self, *a, **k: "hf"})(), module
+    )
+    follower.native_weights = False  # a test or a user switching the engine's sync path
     assert engine.native_weights is False and follower.native_weights is False
     assert follower.generate([[1]], [1], None) == "engine"
-    original = follower.generate                      # a spy wrapping generate stays on the follower (no recursion)
+    original = follower.generate  # a spy wrapping generate stays on the follower (no recursion)
     follower.generate = lambda *a, **k: "spied " + original(*a, **k)
     assert follower.generate([[1]], [1], None) == "spied engine" and engine.generate() == "engine"
     del follower.__dict__["generate"]
-    module.generate = lambda **k: None               # replaced on the instance: generation follows it
+    module.generate = lambda **k: None  # replaced on the instance: generation follows it
     assert follower.generate([[1]], [1], None) == "hf"
 
 
@@ -256,12 +273,12 @@ class SteppedEngine:
     def submit(self, rid, prompt_ids, sampling, max_tokens, seed):
         self.submitted.append(rid)
         h = len(self.header)
-        start = max(i for i in range(len(prompt_ids) - h + 1) if prompt_ids[i:i + h] == self.header) + h
+        start = max(i for i in range(len(prompt_ids) - h + 1) if prompt_ids[i : i + h] == self.header) + h
         context, so_far = self.tok.decode(prompt_ids[:start]), list(prompt_ids[start:])
         turn = self.tok(self.script(context, context.count("<tool_response>")), add_special_tokens=False)["input_ids"]
         turn = turn + [self.tok.eos_token_id]
-        assert turn[:len(so_far)] == so_far  # a carried turn continues where the round cut it
-        self.queue[rid] = turn[len(so_far):][:max_tokens]
+        assert turn[: len(so_far)] == so_far  # a carried turn continues where the round cut it
+        self.queue[rid] = turn[len(so_far) :][:max_tokens]
 
     def advance(self):
         out = []
@@ -288,8 +305,13 @@ def test_partial_rollouts_carry_an_episode_across_rounds_with_its_environment_al
 
     rows = [{"prompt": [{"role": "user", "content": f"Play {p}."}], "target": 5} for p in "ABC"]
     prompts = prompt_source(tok, rows)
-    sampler = EnvironmentSampler(ScriptedGenerator(tok, script), SamplingConfig(max_tokens=200), tok,
-                                 Environments(GuessEnv, [], timeout_s=5), max_iterations=None)
+    sampler = EnvironmentSampler(
+        ScriptedGenerator(tok, script),
+        SamplingConfig(max_tokens=200),
+        tok,
+        Environments(GuessEnv, [], timeout_s=5),
+        max_iterations=None,
+    )
     whole = sampler.sample(prompts, [0, 1, 2], [1, 1, 1], seeds=None)
 
     turns = sampler.turns(prompts)
@@ -299,7 +321,7 @@ def test_partial_rollouts_carry_an_episode_across_rounds_with_its_environment_al
     a = flight.live[(0, 0)][1]
     assert a.row["prompt"][0]["content"] == "Play A." and a.guesses == []  # reset with its row when it was claimed
     counts = run_round(engine, flight, None, SamplingConfig(max_tokens=200), need=2, version=0)
-    assert flight.complete() == [1, 2] and counts["stopped"] == 1   # B and C done; A cut inside an episode
+    assert flight.complete() == [1, 2] and counts["stopped"] == 1  # B and C done; A cut inside an episode
     done = flight.take(2)
     carried = flight.groups[0].members[0]
     assert a.guesses == [3] and carried.turns == 2 and 0 in carried.mask  # a tool turn answered before the cut
@@ -307,25 +329,27 @@ def test_partial_rollouts_carry_an_episode_across_rounds_with_its_environment_al
 
     saved = flight.state()
     counts = run_round(engine, flight, None, SamplingConfig(max_tokens=200), need=1, version=1)
-    assert flight.live[(0, 0)][1] is a and a.guesses == [3, 5]   # the same instance went on after the "sync"
+    assert flight.live[(0, 0)][1] is a and a.guesses == [3, 5]  # the same instance went on after the "sync"
     rollout = flight.rollout(flight.take(1), None)
     assert rollout.columns["environments"] == [a] and turns.environments.last == [a]
     for key in ("prompt_ids", "completion_ids", "sampler_logprobs", "tool_mask", "messages"):
         assert getattr(rollout, key)[0] == getattr(whole, key)[0], key
-    assert rollout.tool_counts[0][:-1] == whole.tool_counts[0][:-1]   # (the last count is the calls' milliseconds)
-    assert set(rollout.weight_versions[0]) == {0, 1} and not flight.live   # mixed versions; nothing left in flight
+    assert rollout.tool_counts[0][:-1] == whole.tool_counts[0][:-1]  # (the last count is the calls' milliseconds)
+    assert set(rollout.weight_versions[0]) == {0, 1} and not flight.live  # mixed versions; nothing left in flight
 
     resumed = InFlight(1, 200, turns=turns)
-    resumed.load(saved)   # an environment cannot be saved: the episode starts again from reset
+    resumed.load(saved)  # an environment cannot be saved: the episode starts again from reset
     episode = resumed.groups[0].members[0]
     fresh = resumed.live[(0, 0)][1]
     assert resumed.rerun_from_reset == 1 and episode.tokens == [] and episode.turns == 1 and fresh is not a
-    assert fresh.guesses == [] and fresh.row["prompt"][0]["content"] == "Play A." and episode.prompt == whole.prompt_ids[0]
+    assert (
+        fresh.guesses == [] and fresh.row["prompt"][0]["content"] == "Play A." and episode.prompt == whole.prompt_ids[0]
+    )
     run_round(engine, resumed, None, SamplingConfig(max_tokens=200), need=1, version=2)
     again = resumed.rollout(resumed.take(1), None)
     assert again.completion_ids[0] == whole.completion_ids[0] and fresh.guesses == [3, 5]
 
-    stale = InFlight(1, 200, turns=turns)   # an over-stale episode is reset in its own instance
+    stale = InFlight(1, 200, turns=turns)  # an over-stale episode is reset in its own instance
     stale.add(0, prompt_index=0, first_seed=0)
     run_round(engine, stale, None, SamplingConfig(max_tokens=200), need=1, version=0)
     instance = stale.live[(0, 0)][1]

@@ -40,16 +40,22 @@ def test_group_metrics_average_over_prompts_and_count_a_missing_reward_as_wrong(
 
 def test_the_config_refuses_a_k_an_evaluation_cannot_draw_and_an_unknown_correctness_reward():
     assert GRPOConfig(num_generations=8, eval_pass_at_k=[1, 8]).eval_pass_at_k == [1, 8]
-    with pytest.raises(ValueError, match=r"eval_pass_at_k=\[1, 16\]: each k must be a whole number from 1 to the 8 "
-                                         r"samples"):
+    with pytest.raises(
+        ValueError,
+        match=r"eval_pass_at_k=\[1, 16\]: each k must be a whole number from 1 to the 8 "
+        r"samples",
+    ):
         GRPOConfig(num_generations=8, eval_pass_at_k=[1, 16])
     assert GRPOConfig(num_generations=2, num_generations_eval=8, eval_pass_at_k=[8]).eval_pass_at_k == [8]
     with pytest.raises(ValueError, match="each k must be a whole number"):
         GRPOConfig(num_generations=8, eval_pass_at_k=[0])
     args = GRPOConfig(eval_pass_at_k=[1], eval_correctness_reward="accuracy")
     assert check(args, ["format", "accuracy"]) == 1
-    with pytest.raises(ValueError, match=r"eval_correctness_reward='accuracy' is not one of this run's reward "
-                                         r"functions \['format'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"eval_correctness_reward='accuracy' is not one of this run's reward "
+        r"functions \['format'\]",
+    ):
         check(args, ["format"])
     assert check(GRPOConfig(), ["format"]) is None
 
@@ -57,14 +63,16 @@ def test_the_config_refuses_a_k_an_evaluation_cannot_draw_and_an_unknown_correct
 def test_greedy_evaluation_draws_one_completion_per_prompt_and_refuses_more():
     from dsgrpo.evaluation import eval_group, eval_sampling, metric_names
     from dsgrpo.rollout.base import SamplingConfig
+
     args = GRPOConfig(num_generations=8, eval_do_sample=False, eval_pass_at_k=[1])
     assert eval_group(args) == 1 and eval_group(GRPOConfig(num_generations=8)) == 8
     assert metric_names(args, [""], ["f"])[-2:] == ["eval_pass@1", "eval_avg@1"]
     training = SamplingConfig(max_tokens=16, temperature=0.7, top_p=0.9)
     assert eval_sampling(training, args) == SamplingConfig(max_tokens=16, temperature=0.0, top_p=0.9)
     assert eval_sampling(training, GRPOConfig()) is training and training.temperature == 0.7
-    with pytest.raises(ValueError, match="eval_do_sample=False draws one greedy completion per prompt, but "
-                                         "num_generations_eval=4"):
+    with pytest.raises(
+        ValueError, match="eval_do_sample=False draws one greedy completion per prompt, but num_generations_eval=4"
+    ):
         GRPOConfig(eval_do_sample=False, num_generations_eval=4)
     with pytest.raises(ValueError, match=r"eval_pass_at_k=\[1, 4\]: each k must be a whole number from 1 to the 1 "):
         GRPOConfig(eval_do_sample=False, eval_pass_at_k=[1, 4])
@@ -72,6 +80,7 @@ def test_greedy_evaluation_draws_one_completion_per_prompt_and_refuses_more():
 
 def test_majority_vote_follows_the_most_common_answer_in_sets_of_k():
     from dsgrpo.evaluation import final_answer, majority_metrics
+
     assert final_answer("so the total is #### 1,024") == "1024"
     assert final_answer("The answer is $\\frac{1}{2}$") == "1/2"
     assert final_answer("no number here") is None

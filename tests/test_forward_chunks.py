@@ -14,8 +14,13 @@ from dsgrpo.testing import tiny_model
 def full_logits_forward(model, input_ids, attention_mask, T, temperature, truncation):
     """dsgrpo's path before chunking: the [B, T, V] fp32 logits, a log-softmax copy, gather."""
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=T + 1, use_cache=False)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=T + 1,
+        use_cache=False,
+    )
     logits = out.logits[:, :-1, :].float() / temperature
     targets = input_ids[:, -T:]
     sampled = logits if truncation is None else truncate_logits(logits, truncation, keep=targets)
@@ -28,8 +33,8 @@ def batch(seed=0, B=3, P=5, T=7, V=1024):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, V, (B, P + T), generator=g)
     mask = torch.ones(B, P + T, dtype=torch.long)
-    mask[0, :2] = 0          # a left-padded prompt
-    mask[1, -3:] = 0         # right-padded completions
+    mask[0, :2] = 0  # a left-padded prompt
+    mask[1, -3:] = 0  # right-padded completions
     mask[2, -1:] = 0
     return ids, mask, T
 
@@ -37,8 +42,10 @@ def batch(seed=0, B=3, P=5, T=7, V=1024):
 @pytest.fixture(scope="module")
 def models():
     torch.manual_seed(0)
-    return {name: AutoModelForCausalLM.from_pretrained(tiny_model(name), dtype=torch.float32)
-            for name in ("qwen2", "qwen2-tied", "qwen3-moe", "gemma2")}
+    return {
+        name: AutoModelForCausalLM.from_pretrained(tiny_model(name), dtype=torch.float32)
+        for name in ("qwen2", "qwen2-tied", "qwen3-moe", "gemma2")
+    }
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen2-tied", "qwen3-moe", "gemma2"])  # gemma2: soft-capped logits
@@ -58,11 +65,21 @@ def test_chunked_log_probs_and_gradients_equal_the_full_logits_path(models, name
     ref_logps, ref_entropy, ref_full = full_logits_forward(model, ids, mask, T, 0.7, truncation)
     ref_grads = grads_of(((ref_logps + 0.3 * ref_entropy + 0.2 * ref_full) * weights * real).sum())
 
-    f = policy_forward(model, ids, mask, T, 0.7, with_entropy=True, entropy_grad=True, truncation=truncation,
-                       with_full=True, chunk_tokens=chunk)
+    f = policy_forward(
+        model,
+        ids,
+        mask,
+        T,
+        0.7,
+        with_entropy=True,
+        entropy_grad=True,
+        truncation=truncation,
+        with_full=True,
+        chunk_tokens=chunk,
+    )
     for ours, ref in ((f.logps, ref_logps), (f.entropy, ref_entropy), (f.full_logps, ref_full)):
         assert torch.allclose(ours[real], ref[real], atol=1e-6, rtol=0), (ours - ref)[real].abs().max()
-        assert (ours[~real] == 0).all()       # padding is not computed
+        assert (ours[~real] == 0).all()  # padding is not computed
     grads = grads_of(((f.logps + 0.3 * f.entropy + 0.2 * f.full_logps) * weights * real).sum())
     assert grads.keys() == ref_grads.keys() and len(grads) > 10
     for n in grads:  # relative to the gradient's scale: fp32 sums taken in another order differ in their last bits,
@@ -98,6 +115,7 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused(models):
         out = inner(*a, **k)
         out.logits = torch.tanh(out.logits / 2.0) * 2.0
         return out
+
     model.forward = capped
     ids, mask, T = batch()
     with pytest.raises(NotImplementedError, match="after the output head"):

@@ -19,8 +19,13 @@ spec.loader.exec_module(gpu_lock)
 def test_the_lock_pins_the_tested_versions_and_what_deepspeed_needs():
     pins = gpu_lock.read_pins(gpu_lock.LOCK)
     assert gpu_lock.untested(pins) == {}
-    assert {name: pins[name] for name in compat.TESTED} == {"torch": "2.13.0", "deepspeed": "0.19.8", "vllm": "0.32.0",
-                                                            "transformers": "5.19.0", "peft": "0.21.2"}
+    assert {name: pins[name] for name in compat.TESTED} == {
+        "torch": "2.13.0",
+        "deepspeed": "0.19.8",
+        "vllm": "0.32.0",
+        "transformers": "5.19.0",
+        "peft": "0.21.2",
+    }
     assert gpu_lock.deepspeed_requirements_missing(pins) == []
     # gpu.in's own pins are the lock's: regenerate with `make lock-gpu` after changing either
     for line in gpu_lock.requirement_lines(gpu_lock.SOURCE):
@@ -39,6 +44,7 @@ def test_a_drifted_pin_is_caught():
 def start_resolve(folder):
     """`gpu_lock.py check` in a process of its own (tests/background.py starts it beside the unit tests)."""
     import background
+
     return background.command([sys.executable, os.path.join(REPO, "requirements", "gpu_lock.py"), "check"], folder)
 
 
@@ -46,5 +52,6 @@ def start_resolve(folder):
 @pytest.mark.timeout(1800)
 def test_pip_resolves_the_lock_unchanged_for_a_cuda_machine():
     import background
+
     proc = background.result("gpu_lock_resolve")
     assert proc.returncode == 0 and "resolve unchanged" in proc.stdout, proc.stderr[-4000:]

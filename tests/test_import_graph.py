@@ -10,7 +10,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 def module_name(path: str) -> str:
     rel = os.path.relpath(path, os.path.dirname(ROOT))[:-3].replace(os.sep, ".")
-    return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+    return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
 
 
 def imports_of(path: str, name: str) -> set:
@@ -40,8 +40,7 @@ def graph() -> dict:
             if n.endswith(".py"):
                 path = os.path.join(folder, n)
                 files[module_name(path)] = path
-    return {name: {t for t in imports_of(path, name) if t in files and t != name}
-            for name, path in files.items()}
+    return {name: {t for t in imports_of(path, name) if t in files and t != name} for name, path in files.items()}
 
 
 def test_imports_form_no_circle():
@@ -53,11 +52,12 @@ def test_imports_form_no_circle():
         stack.append(m)
         for t in sorted(edges[m]):
             if state.get(t) == 1:
-                circles.append(stack[stack.index(t):] + [t])
+                circles.append(stack[stack.index(t) :] + [t])
             elif t not in state:
                 visit(t)
         stack.pop()
         state[m] = 2
+
     for m in sorted(edges):
         if m not in state:
             visit(m)
@@ -73,8 +73,11 @@ def test_the_configuration_imports_nothing_above_it():
     edges = graph()
     leaves = {m for m, targets in edges.items() if not targets}
     # and a package that only gathers its own leaves (compat/: a module per library, re-exported)
-    allowed = {"dsgrpo.config", "dsgrpo.config_checks"} | leaves | {
-        m for m, targets in edges.items() if targets and all(t.startswith(m + ".") and t in leaves for t in targets)}
+    allowed = (
+        {"dsgrpo.config", "dsgrpo.config_checks"}
+        | leaves
+        | {m for m, targets in edges.items() if targets and all(t.startswith(m + ".") and t in leaves for t in targets)}
+    )
     for name in ("dsgrpo.config", "dsgrpo.config_checks"):
         above = sorted(t for t in edges[name] if t not in allowed)
         assert not above, f"{name} imports {above}"
@@ -82,8 +85,10 @@ def test_the_configuration_imports_nothing_above_it():
 
 def test_trainer_py_stays_one_readable_story():
     lines = open(os.path.join(ROOT, "trainer.py")).read().count("\n")
-    assert lines <= 600, f"dsgrpo/trainer.py has {lines} lines: move start-up steps to startup.py, TRL accessors to " \
-                         "trl_surface.py, stage work to its module"
+    assert lines <= 600, (
+        f"dsgrpo/trainer.py has {lines} lines: move start-up steps to startup.py, TRL accessors to "
+        "trl_surface.py, stage work to its module"
+    )
 
 
 def test_what_a_rank_imports_leaves_scikit_learn_out():
@@ -94,5 +99,7 @@ def test_what_a_rank_imports_leaves_scikit_learn_out():
     import transformers.generation.candidate_generator  # noqa: F401  (where transformers reaches for it)
 
     import dsgrpo.trainer  # noqa: F401
+
     assert "sklearn" not in sys.modules and "scipy" not in sys.modules, (
-        "scikit-learn is installed: `make setup` takes it out (pip uninstall scikit-learn scipy sentence-transformers)")
+        "scikit-learn is installed: `make setup` takes it out (pip uninstall scikit-learn scipy sentence-transformers)"
+    )

@@ -15,12 +15,15 @@ from dsgrpo.testing import tiny_model  # noqa: E402
 
 def base_model():
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32)
 
 
 def trained_adapter(**config):
     """The tiny Qwen2 with a LoRA adapter whose B is random (as after training), so merging changes weights."""
-    model = lora.wrap_with_lora(base_model(), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **config), 0)
+    model = lora.wrap_with_lora(
+        base_model(), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **config), 0
+    )
     torch.manual_seed(1)
     for name, p in model.named_parameters():
         if ".lora_B." in name:
@@ -49,7 +52,9 @@ def test_merged_stream_uses_the_adapters_scaling_rslora():
 def test_checkpoint_names_and_shapes_are_the_base_models():
     model = trained_adapter()
     plain = base_model()
-    assert expected_checkpoint_shapes(model, tied_lm_head=False) == expected_checkpoint_shapes(plain, tied_lm_head=False)
+    assert expected_checkpoint_shapes(model, tied_lm_head=False) == expected_checkpoint_shapes(
+        plain, tied_lm_head=False
+    )
     unit = next(u for u in checkpoint_units(model) if u.name == "model.layers.0.mlp.up_proj.weight")
     assert len(unit.params) == 3  # base weight + lora_A + lora_B, gathered together
 
@@ -57,17 +62,21 @@ def test_checkpoint_names_and_shapes_are_the_base_models():
 def test_peft_model_with_peft_config_is_refused_before_anything_loads(tmp_path):
     model = trained_adapter()
     with pytest.raises(ValueError, match="already a PeftModel and peft_config"):
-        GRPOTrainer(model, lambda completions, **kw: [0.0] * len(completions),
-                    peft_config=peft.LoraConfig(r=4), args=None)
+        GRPOTrainer(
+            model, lambda completions, **kw: [0.0] * len(completions), peft_config=peft.LoraConfig(r=4), args=None
+        )
 
 
-@pytest.mark.parametrize("config, message", [
-    (lambda: peft.IA3Config(target_modules=["q_proj"]), "must be a peft.LoraConfig"),
-    (lambda: peft.LoraConfig(r=4, use_dora=True), "use_dora"),
-    (lambda: peft.LoraConfig(r=4, modules_to_save=["lm_head"]), "modules_to_save"),
-    (lambda: {"r": 4, "lora_alpah": 8}, "peft_config: .*lora_alpah"),
-    (lambda: "lora", "must be a peft.LoraConfig"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (lambda: peft.IA3Config(target_modules=["q_proj"]), "must be a peft.LoraConfig"),
+        (lambda: peft.LoraConfig(r=4, use_dora=True), "use_dora"),
+        (lambda: peft.LoraConfig(r=4, modules_to_save=["lm_head"]), "modules_to_save"),
+        (lambda: {"r": 4, "lora_alpah": 8}, "peft_config: .*lora_alpah"),
+        (lambda: "lora", "must be a peft.LoraConfig"),
+    ],
+)
 def test_bad_peft_configs_name_the_field(config, message):
     with pytest.raises(ValueError, match=message):
         lora.as_lora_config(config())

@@ -47,15 +47,15 @@ def max_diff(a, b):
 def test_adapter_gradients_under_zero3_equal_one_process(results):
     for r in part(results, "lora_gradients"):
         assert r["names_match"]
-        assert r["min_grad_norm"] > 1e-4          # every adapter matrix has a gradient to compare
+        assert r["min_grad_norm"] > 1e-4  # every adapter matrix has a gradient to compare
         assert r["max_diff"] <= 1e-6, r
 
 
 def test_only_the_adapter_trains_and_only_it_has_optimizer_state(results):
     for r in part(results, "lora"):
         assert r["trainable"] and all(".lora_A." in n or ".lora_B." in n for n in r["trainable"])
-        assert r["moved_frozen"] == 0.0               # base weights bit-identical after 3 updates
-        assert r["moved_lora_B"] > 1e-3               # the adapter did move
+        assert r["moved_frozen"] == 0.0  # base weights bit-identical after 3 updates
+        assert r["moved_lora_B"] > 1e-3  # the adapter did move
     ranks = part(results, "lora")
     adapter = ranks[0]["adapter_numel"]
     optimizer = sum(r["optimizer_numel_here"] for r in ranks)  # each rank's fp32 partition of what it optimizes
@@ -67,8 +67,8 @@ def test_reference_is_the_policy_with_adapters_off(results):
     for r in part(results, "lora"):
         assert not r["reference_engine"] and not r["ref_ds_config"]  # no second engine, no second config
         kl = [h["kl"] for h in r["history"]]
-        assert abs(kl[0]) < 1e-7, kl                  # B starts at zero: policy == base at the first step
-        assert kl[1] > 1e-4 and kl[2] > kl[1], kl      # and drifts from it once the adapter trains
+        assert abs(kl[0]) < 1e-7, kl  # B starts at zero: policy == base at the first step
+        assert kl[1] > 1e-4 and kl[2] > kl[1], kl  # and drifts from it once the adapter trains
 
 
 def test_vllm_serves_the_merged_weights_after_every_sync(results):
@@ -98,16 +98,16 @@ def test_merge_sync_gathers_one_layer_at_a_time(results):
 def test_exported_adapter_and_merged_model_reproduce_the_policy(results):
     r = part(results, "lora")[0]
     assert {"adapter_config.json", "adapter_model.safetensors", "merged"} <= set(r["saved_files"])
-    assert "model.safetensors" not in r["saved_files"]    # the adapter alone, not the base model
+    assert "model.safetensors" not in r["saved_files"]  # the adapter alone, not the base model
     assert r["adapter_config"]["r"] == 8 and r["adapter_config"]["peft_type"] == "LORA"
     assert max_diff(r["reloaded_adapter"], r["final_policy"]) <= 1e-5
     assert max_diff(r["reloaded_merged"], r["final_policy"]) <= 1e-5
-    assert max_diff(r["base_model"], r["final_policy"]) > 1e-3   # what would fail if the adapter were lost
+    assert max_diff(r["base_model"], r["final_policy"]) > 1e-3  # what would fail if the adapter were lost
 
 
 def test_checkpoint_holds_the_adapter_and_resumes_exactly(results):
     for r in part(results, "lora"):
-        assert r["checkpoint_bytes"] < r["frozen_numel"] * 4 / 2   # no copy of the frozen base weights
+        assert r["checkpoint_bytes"] < r["frozen_numel"] * 4 / 2  # no copy of the frozen base weights
         assert r["resume_adapter_diff"] == 0.0 and r["resume_frozen_diff"] == 0.0
         assert r["resumed_steps"] == [1, 2, 3]
     for r in part(results, "resume_other_adapter"):
@@ -120,7 +120,7 @@ def test_a_peft_model_passed_as_model_trains_its_adapter(results):
         assert max_diff(r["at_start"]["vllm"], r["expected"]) <= 1e-4
         assert max_diff(r["at_start"]["policy"], r["expected"]) <= 1e-5
         assert not r["reference_engine"]
-        assert r["kl"] > 1e-4   # the reference is the base: the given adapter already moved the policy from it
+        assert r["kl"] > 1e-4  # the reference is the base: the given adapter already moved the policy from it
 
 
 def test_async_trainer_trains_a_lora_policy(results):
@@ -142,8 +142,20 @@ def test_dsgrpo_export_turns_a_lora_checkpoint_into_adapter_and_merged_model(run
     from recorder import policy_logps
 
     out = tmp_path / "exported"
-    proc = subprocess.run([sys.executable, "-m", "dsgrpo.cli", "export", str(run_dir / "lora_resumed" / "checkpoint-3"),
-                           str(out), "--merged"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dsgrpo.cli",
+            "export",
+            str(run_dir / "lora_resumed" / "checkpoint-3"),
+            str(out),
+            "--merged",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "adapter_model.safetensors").exists() and (out / "merged" / "model.safetensors").exists()
     final = part(results, "lora")[0]["final_policy"]  # lora_checks' policy_logps of the trained policy

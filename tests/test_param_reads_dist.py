@@ -40,13 +40,13 @@ def test_reading_the_parameters_changes_nothing(world, request):
     for name, stage in (("auto", 2), ("sharded_zero3", 3)):  # auto: the plan fits whole weights in both worlds
         for run in part(results, name):
             assert run["stage"] == stage, (name, run["stage"])
-            assert run["moved"] > 1e-3, (name, run)        # it trained
-            assert run["max_diff"] <= 1e-7, (name, run)    # and the reads changed nothing
+            assert run["moved"] > 1e-3, (name, run)  # it trained
+            assert run["max_diff"] <= 1e-7, (name, run)  # and the reads changed nothing
             assert run["losses"] == run["losses_plain"] and len(run["losses"]) == 3
 
 
 def test_a_world_of_one_holds_real_weights_that_move_like_trls_tests_expect(one):
-    run, = part(one, "trl_pattern")
+    (run,) = part(one, "trl_pattern")
     assert run["stage"] == 2 and run["ref_stage"] == 0
     assert run["empty"] == [] and run["unchanged"] == []
     assert run["ref_is_module"] and run["no_ref_at_beta_0"]
@@ -60,16 +60,18 @@ def test_training_step_is_called_per_micro_step_with_the_round_rows(world, reque
         rounds = 6 if world == "one" else 3  # 3 epochs of 17 // 6 rounds, or of 17 // 12 over two ranks
         assert run["rounds"] == rounds and run["epoch"] == 3.0
         assert run["calls"] == rounds * 4 * 2 and run["model_is_policy"]  # steps_per_generation 4 × num_iterations 2
+
         # each rank's 24 completions of a round: 6 prompts, each num_generations = 4 times, in dataset order
         def rows(first_prompt):
             return [f"p{i:02d}" for i in range(first_prompt, first_prompt + 6) for _ in range(4)]
+
         assert run["first"] == rows(6 * rank)
         # the 9th call opens round 2: prompts 6-11 in one process; over two ranks epoch 2, which starts again at 0
         assert run["ninth"] == rows(6 if world == "one" else 6 * rank)
 
 
 def test_a_gemma2_policy_syncs_into_vllm_with_soft_capped_logits(one):
-    run, = part(one, "gemma2_vllm")
+    (run,) = part(one, "gemma2_vllm")
     assert run["moved"] > 1e-3
     assert max(abs(a - b) for a, b in zip(run["policy"], run["vllm"])) <= 1e-4, run
 

@@ -7,8 +7,16 @@ import torch
 from dsgrpo import GRPOConfig
 from dsgrpo.algorithms.policy_loss import policy_loss, token_band_mask
 from dsgrpo.rollout.base import Rollout
-from dsgrpo.rollout.partial import (InFlight, as_rollout, parse_request_id, positions_for, request_id, run_round,
-                                    staleness_metrics, SEGMENT_SEED_STRIDE)
+from dsgrpo.rollout.partial import (
+    InFlight,
+    as_rollout,
+    parse_request_id,
+    positions_for,
+    request_id,
+    run_round,
+    staleness_metrics,
+    SEGMENT_SEED_STRIDE,
+)
 from dsgrpo.rollout.partial_source import PartialRolloutSource
 
 
@@ -46,8 +54,7 @@ class ScriptedEngine:
 
 def test_a_round_ends_when_its_share_is_complete_and_the_tail_continues_from_its_prefix():
     G, L = 2, 10
-    scripts = {(0, 0): [1] * 2, (0, 1): [1] * 3, (1, 0): [2] * 9, (1, 1): [2] * 2,
-               (2, 0): [3] * 4, (2, 1): [3] * 1}
+    scripts = {(0, 0): [1] * 2, (0, 1): [1] * 3, (1, 0): [2] * 9, (1, 1): [2] * 2, (2, 0): [3] * 4, (2, 1): [3] * 1}
     engine, flight = ScriptedEngine(scripts), InFlight(G, L)
     for p in range(3):
         flight.add(p, prompt_index=p, first_seed=100 * p)
@@ -68,7 +75,7 @@ def test_a_round_ends_when_its_share_is_complete_and_the_tail_continues_from_its
     rollout = as_rollout(groups, lambda i: [50 + i])
     first = [g.position for g in groups].index(1) * G
     assert rollout.completion_ids[first] == [2] * 9
-    assert rollout.weight_versions[first] == [0] * 4 + [1] * 5   # every token labelled with its segment's version
+    assert rollout.weight_versions[first] == [0] * 4 + [1] * 5  # every token labelled with its segment's version
     assert rollout.weight_versions[first + 1] == [0, 0]
 
 
@@ -101,8 +108,9 @@ def test_in_flight_state_round_trips_and_reshards_without_loss_or_duplicates():
     assert copy.state() == flight.state()
     # a completion without tool turns is written without its mask (all ones) and read back with it
     assert "mask" not in flight.state()[1]["members"][1] and copy.groups[9].members[1].mask == [1, 1]
-    states = [{"partial_rollout": {"next_position": 12, "in_flight": [g]}} for g in flight.state()] + \
-        [{"partial_rollout": {"next_position": 12, "in_flight": []}}]
+    states = [{"partial_rollout": {"next_position": 12, "in_flight": [g]}} for g in flight.state()] + [
+        {"partial_rollout": {"next_position": 12, "in_flight": []}}
+    ]
     source = PartialRolloutSource.__new__(PartialRolloutSource)
     dealt = [source.reshard_state(states, rank, 2)["partial_rollout"] for rank in range(2)]
     assert [g["position"] for d in dealt for g in d["in_flight"]] == [4, 9]
@@ -125,21 +133,25 @@ def test_the_token_band_drops_tokens_whose_ratio_leaves_it_from_the_policy_term(
     assert token_band_mask(old, sampler, (0.5, 5.0)).tolist() == [[1.0, 0.0, 0.0, 1.0]]
     logps = old.clone().requires_grad_(True)
     mask = torch.ones(1, 4)
-    loss, metrics = policy_loss(logps, None, torch.tensor([1.0]), mask, loss_type="dapo",
-                                sampler_per_token_logps=sampler, token_band=(0.5, 5.0))
+    loss, metrics = policy_loss(
+        logps, None, torch.tensor([1.0]), mask, loss_type="dapo", sampler_per_token_logps=sampler, token_band=(0.5, 5.0)
+    )
     loss.backward()
     assert logps.grad[0, 1] == 0 and logps.grad[0, 2] == 0 and logps.grad[0, 0] != 0 and logps.grad[0, 3] != 0
     assert float(metrics["sampling/token_band_masked"]) == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("kw, says", [
-    (dict(partial_rollout=True, vllm_mode="server"), "vllm_mode='colocate'"),
-    (dict(partial_rollout=True, use_vllm=False), "use_vllm=True"),
-    (dict(partial_rollout=True, vllm_tensor_parallel_size=2), "vllm_tensor_parallel_size=1"),
-    (dict(partial_rollout=True, num_iterations=2), "num_iterations=1"),
-    (dict(partial_rollout=True, partial_rollout_token_band=[2.0, 5.0]), "partial_rollout_token_band"),
-    (dict(rollout_overprovision=-1), "rollout_overprovision"),
-])
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        (dict(partial_rollout=True, vllm_mode="server"), "vllm_mode='colocate'"),
+        (dict(partial_rollout=True, use_vllm=False), "use_vllm=True"),
+        (dict(partial_rollout=True, vllm_tensor_parallel_size=2), "vllm_tensor_parallel_size=1"),
+        (dict(partial_rollout=True, num_iterations=2), "num_iterations=1"),
+        (dict(partial_rollout=True, partial_rollout_token_band=[2.0, 5.0]), "partial_rollout_token_band"),
+        (dict(rollout_overprovision=-1), "rollout_overprovision"),
+    ],
+)
 def test_settings_partial_rollouts_cannot_serve_are_refused_naming_the_field(tmp_path, kw, says):
     with pytest.raises(ValueError, match=says.replace("(", r"\(").replace("[", r"\[")):
         GRPOConfig(output_dir=str(tmp_path), report_to="none", **kw).validate(world_size=2)
@@ -164,9 +176,10 @@ def test_a_round_waits_for_the_groups_the_next_one_could_no_longer_train():
 
 def test_a_long_tail_is_a_longest_completion_twice_the_mean_and_16_tokens_beyond_it():
     from dsgrpo.rollout.partial import has_long_tail
-    assert not has_long_tail(8, 4 * 128, 128)        # the demo: 4-token answers, 8 at most: nothing worth cutting
-    assert not has_long_tail(20, 8 * 64, 64)         # 2.5x the mean but only 12 tokens beyond it
-    assert has_long_tail(512, 74 * 16, 16)           # the long-tailed workload: mean 74, one at the cap
-    assert not has_long_tail(120, 70 * 16, 16)       # 1.7x: most slots stay busy to the end
-    assert has_long_tail(140, 70 * 16, 16)           # exactly 2x and 70 beyond
-    assert not has_long_tail(0, 0, 0)                # nothing sampled (a rank with an empty share)
+
+    assert not has_long_tail(8, 4 * 128, 128)  # the demo: 4-token answers, 8 at most: nothing worth cutting
+    assert not has_long_tail(20, 8 * 64, 64)  # 2.5x the mean but only 12 tokens beyond it
+    assert has_long_tail(512, 74 * 16, 16)  # the long-tailed workload: mean 74, one at the cap
+    assert not has_long_tail(120, 70 * 16, 16)  # 1.7x: most slots stay busy to the end
+    assert has_long_tail(140, 70 * 16, 16)  # exactly 2x and 70 beyond
+    assert not has_long_tail(0, 0, 0)  # nothing sampled (a rank with an empty share)

@@ -50,16 +50,16 @@ def test_carried_completions_continue_their_prefix_on_the_new_weights_with_versi
     for rank, r in enumerate(part(results, "run")):
         for before, rd in zip(r["rounds"], r["rounds"][1:]):
             for p, tokens in before["after"].items():  # left in flight after a round ...
-                if p in rd["groups"]:                   # ... and trained in the next one
+                if p in rd["groups"]:  # ... and trained in the next one
                     g = rd["groups"][p]
                     for prefix, completion in zip(tokens, g["completions"]):
-                        assert completion[:len(prefix)] == prefix  # its tokens so far, kept
+                        assert completion[: len(prefix)] == prefix  # its tokens so far, kept
                         carried += bool(prefix)
     for p, (rank, rd, g) in seen.items():
         version = next(x["version"] for x in part(results, "run")[rank]["rounds"] if x["round"] == rd)
         for c, lp, v in zip(g["completions"], g["logprobs"], g["versions"]):
             assert len(c) == len(lp) == len(v)
-            assert v == sorted(v)                                   # versions only grow along a completion
+            assert v == sorted(v)  # versions only grow along a completion
             assert all(version - x <= MAX_STALENESS for x in v), (v, version)  # bounded by the oldest token
             mixed += len(set(v)) > 1
     assert carried > 0 and mixed > 0, (carried, mixed)  # the long tail really finished on new weights
@@ -110,15 +110,15 @@ def test_a_checkpoint_carries_the_groups_in_flight_and_the_resumed_run_continues
         saved = {str(g["position"]): g for g in r["saved"]["partial_rollout"]["in_flight"]}
         assert saved, "nothing was in flight at the checkpoint"
         first = r["rounds"][0]
-        assert set(first["before"]) >= set(saved)       # the resumed source holds them before its first round
+        assert set(first["before"]) >= set(saved)  # the resumed source holds them before its first round
         for p, g in saved.items():
             assert first["before"][p] == [c["tokens"] for c in g["members"]]
         continued = [p for p in saved if p in first["groups"]]
         for p in continued:
             for c, completion in zip(saved[p]["members"], first["groups"][p]["completions"]):
-                assert completion[:len(c["tokens"])] == c["tokens"]
+                assert completion[: len(c["tokens"])] == c["tokens"]
                 # a token sampled before the checkpoint keeps the version it was sampled with
-                assert first["groups"][p]["versions"][c["member"]][:len(c["versions"])] == c["versions"]
+                assert first["groups"][p]["versions"][c["member"]][: len(c["versions"])] == c["versions"]
         if rank == 0:
             assert "prompt group(s) in flight" in r["printed"] and "continue from their prefixes" in r["printed"]
     # across the original run's first 3 rounds and the resumed run's, no position is trained twice
@@ -160,5 +160,5 @@ def test_an_async_checkpoint_keeps_the_groups_in_flight_and_the_resumed_run_trai
             for p, g in rd["groups"].items():
                 if int(p) in in_flight:
                     for c, completion in zip(in_flight[int(p)]["members"], g["completions"]):
-                        continued += bool(c["tokens"]) and completion[:len(c["tokens"])] == c["tokens"]
+                        continued += bool(c["tokens"]) and completion[: len(c["tokens"])] == c["tokens"]
     assert continued > 0  # a prefix saved in flight was continued, not sampled again

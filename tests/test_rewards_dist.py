@@ -31,9 +31,15 @@ def results(tmp_path_factory):
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        torchrun("tests/dist_scripts/reward_checks.py", str(out), timeout=600,
-                 env={"REMOTE_URL": f"http://127.0.0.1:{servers[0].server_address[1]}/score",
-                      "FLAPPING_URL": f"http://127.0.0.1:{servers[1].server_address[1]}/score"})
+        torchrun(
+            "tests/dist_scripts/reward_checks.py",
+            str(out),
+            timeout=600,
+            env={
+                "REMOTE_URL": f"http://127.0.0.1:{servers[0].server_address[1]}/score",
+                "FLAPPING_URL": f"http://127.0.0.1:{servers[1].server_address[1]}/score",
+            },
+        )
     finally:
         for server in servers:
             server.shutdown()

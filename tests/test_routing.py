@@ -13,6 +13,7 @@ MOE = ["qwen3-moe", "qwen2-moe"]
 
 def load(name):
     from transformers import AutoModelForCausalLM
+
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_pretrained(tiny_model(name), dtype=torch.float32)
 
@@ -27,8 +28,11 @@ def experts_used(model):
     handles = []
     for module in model.modules():
         if type(module).__name__.endswith("MoeExperts"):
-            handles.append(module.register_forward_pre_hook(
-                lambda m, args: seen.append((args[1].clone(), args[2].detach().clone()))))
+            handles.append(
+                module.register_forward_pre_hook(
+                    lambda m, args: seen.append((args[1].clone(), args[2].detach().clone()))
+                )
+            )
     return seen, handles
 
 
@@ -98,6 +102,7 @@ def test_minus_one_keeps_the_routers_own_choice_and_is_not_compared():
 
 def test_a_dense_model_has_no_routers_and_bad_routes_are_refused():
     from transformers import AutoModelForCausalLM
+
     dense = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32)
     assert not RoutingTap(dense).is_moe
     tap = RoutingTap(load("qwen3-moe"))
@@ -129,11 +134,14 @@ def test_generate_captures_the_routes_a_full_forward_then_takes_exactly():
     model = load("qwen3-moe")
     engine = types.SimpleNamespace(module=model)
     tap = routing.attach(engine, replace=False)
-    assert routing.tap_of(engine) is tap and routing.attach(types.SimpleNamespace(module=torch.nn.Linear(2, 2)),
-                                                            replace=False) is None
+    assert (
+        routing.tap_of(engine) is tap
+        and routing.attach(types.SimpleNamespace(module=torch.nn.Linear(2, 2)), replace=False) is None
+    )
     tok = AutoTokenizer.from_pretrained(tiny_model("qwen3-moe"))
-    rollout = HFGenerator(engine, tok, zero3=False).generate([[5, 6, 7], [9, 10, 11, 12, 13]], [2, 2],
-                                                             SamplingConfig(max_tokens=6), seeds=[1])
+    rollout = HFGenerator(engine, tok, zero3=False).generate(
+        [[5, 6, 7], [9, 10, 11, 12, 13]], [2, 2], SamplingConfig(max_tokens=6), seeds=[1]
+    )
     layers, k = model.config.num_hidden_layers, model.config.num_experts_per_tok
     for p, c, r in zip(rollout.prompt_ids, rollout.completion_ids, rollout.routes):
         assert r.shape == (len(p) + len(c), layers, k)
@@ -144,8 +152,11 @@ def test_generate_captures_the_routes_a_full_forward_then_takes_exactly():
         mb = Rollout.concat([rollout]).tensors(tok.pad_token_id)
         mb_routes = routes(mb)
         with torch.no_grad(), routing.routed(model, mb_routes):
-            model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                  position_ids=(mb["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+            model(
+                input_ids=mb["input_ids"],
+                attention_mask=mb["attention_mask"],
+                position_ids=(mb["attention_mask"].cumsum(-1) - 1).clamp(min=0),
+            )
         return tap.pop_counts()
 
     own, used, compared = own_agreement(lambda mb: mb["routes"])
@@ -182,7 +193,7 @@ def test_packed_rows_carry_each_sequences_routes_end_to_end():
     r = Rollout([[1, 2], [3, 4, 5], [6]], [[7], [8, 9], [10, 11, 12]], [[0.0], [0.0] * 2, [0.0] * 3], [False] * 3)
     r.routes = [torch.full((n, 2, 1), i, dtype=ROUTE_DTYPE) for i, n in enumerate((3, 5, 4))]
     micro = [r.tensors(pad_id=0)]
-    steps, = layout.plan_steps([layout.sequences_of(micro)], budget=64, hidden=8, pad_id=0, widths=[3])
+    (steps,) = layout.plan_steps([layout.sequences_of(micro)], budget=64, hidden=8, pad_id=0, widths=[3])
     for step in steps:
         if step.empty:
             continue
@@ -259,6 +270,7 @@ def test_routes_stay_for_the_backwards_recomputation_and_no_longer():
     recompute = len(seen)
     hidden = model.model.embed_tokens(ids())
     position = model.model.rotary_emb(hidden, torch.arange(8)[None].expand(2, 8))
+
     def first_layer(h):
         out = layer(h, position_embeddings=position)
         return out[0] if isinstance(out, tuple) else out

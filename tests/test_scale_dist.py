@@ -12,6 +12,7 @@ pytestmark = pytest.mark.dist
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     import background
+
     proc, model = background.result("tool_caller_model")
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path_factory.mktemp("scale_checks")

@@ -13,8 +13,13 @@ from dsgrpo import GRPOConfig
 from dsgrpo.http import HTTPError, json_server, request_json
 from dsgrpo.rollout.base import Rollout, SamplingConfig, decode_routes, encode_routes
 from dsgrpo.rollout.server import main as vllm_serve
-from dsgrpo.rollout.server_client import (ServerGenerator, check_server_context, check_server_model, server_url,
-                                          wait_for_server)
+from dsgrpo.rollout.server_client import (
+    ServerGenerator,
+    check_server_context,
+    check_server_model,
+    server_url,
+    wait_for_server,
+)
 from dsgrpo.testing import _free_port
 
 
@@ -27,6 +32,7 @@ def http_server():
         threading.Thread(target=server.serve_forever, daemon=True).start()
         started.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}"
+
     yield start
     for s in started:
         s.shutdown()
@@ -34,9 +40,11 @@ def http_server():
 
 
 def test_token_size_limit_and_unknown_paths(http_server):
-    url = http_server({("GET", "/health"): lambda _: (200, {"ok": 1}),
-                       ("POST", "/echo"): lambda body: (200, {"got": body["x"]})}, token="secret")
-    assert request_json(url + "/health") == {"ok": 1}            # open without the token
+    url = http_server(
+        {("GET", "/health"): lambda _: (200, {"ok": 1}), ("POST", "/echo"): lambda body: (200, {"got": body["x"]})},
+        token="secret",
+    )
+    assert request_json(url + "/health") == {"ok": 1}  # open without the token
     assert request_json(url + "/echo", {"x": 3}, token="secret") == {"got": 3}
     for token in (None, "wrong"):
         with pytest.raises(HTTPError) as err:
@@ -47,7 +55,7 @@ def test_token_size_limit_and_unknown_paths(http_server):
     assert err.value.status == 413 and "1024 bytes" in str(err.value)
     with pytest.raises(HTTPError) as err:
         request_json(url + "/nope", {}, token="secret")
-    assert err.value.status == 404 and "/echo" not in str(err.value)   # names no route to whoever probes it
+    assert err.value.status == 404 and "/echo" not in str(err.value)  # names no route to whoever probes it
     with pytest.raises(HTTPError) as err:
         request_json(url + "/echo", {"y": 1}, token="secret")
     assert err.value.status == 400 and "missing field 'x'" in str(err.value)
@@ -56,8 +64,11 @@ def test_token_size_limit_and_unknown_paths(http_server):
 def test_model_mismatch_names_the_parameters():
     served = {"model.embed_tokens.weight": [1024, 128], "model.norm.weight": [128]}
     # a tied policy also sends lm_head.weight: extra names are fine
-    check_server_model(served, {"model.embed_tokens.weight": (1024, 128), "model.norm.weight": (128,),
-                                "lm_head.weight": (1024, 128)}, "http://s")
+    check_server_model(
+        served,
+        {"model.embed_tokens.weight": (1024, 128), "model.norm.weight": (128,), "lm_head.weight": (1024, 128)},
+        "http://s",
+    )
     with pytest.raises(ValueError, match=r"different model.*model.embed_tokens.weight.*\(1024, 128\).*\(2048, 128\)"):
         check_server_model(served, {"model.embed_tokens.weight": (2048, 128), "model.norm.weight": (128,)}, "http://s")
     with pytest.raises(ValueError, match=r"server has \['model.norm.weight'\] the policy lacks.*--model"):
@@ -71,11 +82,11 @@ def test_context_and_url():
         check_server_context(256, args, "http://s")
     # without max_prompt_length, the longest training prompt once known (a tool listing makes prompts long)
     unbounded = GRPOConfig(max_completion_length=192, vllm_mode="server")
-    check_server_context(1024, unbounded, "http://s")                      # prompts not known yet: nothing to say
+    check_server_context(1024, unbounded, "http://s")  # prompts not known yet: nothing to say
     check_server_context(1024, unbounded, "http://s", longest_prompt=832)
     with pytest.raises(ValueError, match=r"longest training prompt \(847 tokens.*1039 tokens.*--max-model-len 1039"):
         check_server_context(1024, unbounded, "http://s", longest_prompt=847)
-    assert server_url(args) == "http://127.0.0.1:8000"            # TRL's default host 0.0.0.0: this machine
+    assert server_url(args) == "http://127.0.0.1:8000"  # TRL's default host 0.0.0.0: this machine
     assert server_url(GRPOConfig(vllm_server_host="10.0.0.7", vllm_server_port=9000)) == "http://10.0.0.7:9000"
     assert server_url(GRPOConfig(vllm_server_base_url="http://gen:8001/", vllm_server_port=9000)) == "http://gen:8001"
 
@@ -89,8 +100,9 @@ def test_waiting_says_what_for_and_gives_up_with_the_fields(http_server):
     assert len(said) == 1 and "waiting up to 1.5 s for the vLLM server" in said[0]
 
     port = _free_port()  # a server that comes up while the trainer waits
-    threading.Timer(1.0, lambda: http_server({("GET", "/health"): lambda _: (200, {"status": "ok"})},
-                                             port=port)).start()
+    threading.Timer(
+        1.0, lambda: http_server({("GET", "/health"): lambda _: (200, {"status": "ok"})}, port=port)
+    ).start()
     assert wait_for_server(f"http://127.0.0.1:{port}", None, 30, said.append) == {"status": "ok"}
 
 
@@ -110,7 +122,7 @@ def test_sampling_travels_as_json():
 
 def test_serving_beyond_loopback_needs_a_token_from_the_environment(capsys, monkeypatch):
     monkeypatch.delenv("DSGRPO_VLLM_TOKEN", raising=False)
-    assert vllm_serve(["--model", "/nowhere", "--host", "0.0.0.0"]) == 2   # before any engine is built
+    assert vllm_serve(["--model", "/nowhere", "--host", "0.0.0.0"]) == 2  # before any engine is built
     assert "DSGRPO_VLLM_TOKEN" in capsys.readouterr().err
     # a token on the command line is readable by every local user: refused beyond loopback
     assert vllm_serve(["--model", "/nowhere", "--host", "0.0.0.0", "--token", "t0k"]) == 2
@@ -123,8 +135,12 @@ def test_server_mode_refusals_before_loading(tmp_path):
 
     args = GRPOConfig(output_dir=str(tmp_path), vllm_mode="server", async_placement="split")
     with pytest.raises(ValueError, match="async_placement='colocate'"):
-        AsyncGRPOTrainer(tiny_model("qwen2"), lambda completions, **k: [0.0] * len(completions), args=args,
-                         train_dataset=[{"prompt": "x"}])
+        AsyncGRPOTrainer(
+            tiny_model("qwen2"),
+            lambda completions, **k: [0.0] * len(completions),
+            args=args,
+            train_dataset=[{"prompt": "x"}],
+        )
     # vllm_tensor_parallel_size belongs to colocate mode (as in TRL): with a server it need not divide the world
     GRPOConfig(vllm_mode="server", vllm_tensor_parallel_size=4).validate(world_size=2)
 
@@ -139,7 +155,7 @@ def test_routes_travel_as_int16_base64_and_read_back_exactly():
     rows = _routes([5, 1, 9])
     wire = encode_routes(rows)
     assert wire["tokens"] == [5, 1, 9] and wire["shape"] == [3, 2]
-    assert len(base64.b64decode(wire["data"])) == 2 * 15 * 3 * 2                      # 2 bytes a route
+    assert len(base64.b64decode(wire["data"])) == 2 * 15 * 3 * 2  # 2 bytes a route
     back = decode_routes(wire, [5, 1, 9])
     assert all(torch.equal(a, b) and b.dtype == torch.int16 for a, b in zip(rows, back))
     assert decode_routes(encode_routes([]), []) == []
@@ -151,18 +167,21 @@ def test_routes_travel_as_int16_base64_and_read_back_exactly():
     assert torch.equal(Rollout.from_json(legacy).routes[0], r.routes[0])
 
 
-@pytest.mark.parametrize("tamper, message", [
-    (lambda w: dict(w, format="json"), "format"),
-    (lambda w: dict(w, tokens=[5, 1]), "2 rows"),
-    (lambda w: dict(w, tokens=[5, 1, 10]), "rows of"),
-    (lambda w: dict(w, tokens=[5, -1, 9]), "token counts"),
-    (lambda w: dict(w, shape=[3]), "is not \\[layers, top_k\\]"),
-    (lambda w: dict(w, shape=[6, 1]), None),           # the same bytes as another [layers, k]: the model says (below)
-    (lambda w: dict(w, data=w["data"][:-4]), "bytes of data for 15 tokens"),
-    (lambda w: dict(w, data="%%%" + w["data"][3:]), "not valid base64"),
-    (lambda w: dict(w, data=base64.b64encode(b"\xfe\xff" * (15 * 6)).decode()), "expert index of -2"),
-    (lambda w: [], "0 rows of"),                         # the nested lists of a pool checkpointed before
-])
+@pytest.mark.parametrize(
+    "tamper, message",
+    [
+        (lambda w: dict(w, format="json"), "format"),
+        (lambda w: dict(w, tokens=[5, 1]), "2 rows"),
+        (lambda w: dict(w, tokens=[5, 1, 10]), "rows of"),
+        (lambda w: dict(w, tokens=[5, -1, 9]), "token counts"),
+        (lambda w: dict(w, shape=[3]), "is not \\[layers, top_k\\]"),
+        (lambda w: dict(w, shape=[6, 1]), None),  # the same bytes as another [layers, k]: the model says (below)
+        (lambda w: dict(w, data=w["data"][:-4]), "bytes of data for 15 tokens"),
+        (lambda w: dict(w, data="%%%" + w["data"][3:]), "not valid base64"),
+        (lambda w: dict(w, data=base64.b64encode(b"\xfe\xff" * (15 * 6)).decode()), "expert index of -2"),
+        (lambda w: [], "0 rows of"),  # the nested lists of a pool checkpointed before
+    ],
+)
 def test_routes_that_do_not_fit_the_rows_are_refused_naming_the_source(tamper, message):
     wire = tamper(encode_routes(_routes([5, 1, 9])))
     if message is None:
@@ -173,30 +192,47 @@ def test_routes_that_do_not_fit_the_rows_are_refused_naming_the_source(tamper, m
 
 
 def _server_args(url, **overrides):
-    return GRPOConfig(output_dir="/tmp/unused", vllm_mode="server", vllm_server_base_url=url, vllm_server_timeout=5,
-                      routing_replay="rollout", max_completion_length=4, **overrides)
+    return GRPOConfig(
+        output_dir="/tmp/unused",
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        vllm_server_timeout=5,
+        routing_replay="rollout",
+        max_completion_length=4,
+        **overrides,
+    )
 
 
 def test_a_server_without_routes_is_refused_before_loading_and_its_routes_are_checked(http_server):
     health = {"status": "ok", "model": "m", "world_size": 1, "max_model_len": 64, "checkpoint": {}}
-    plain = http_server({("GET", "/health"): lambda _: (200, health),
-                         ("GET", "/get_world_size"): lambda _: (200, {"world_size": 1})})
+    plain = http_server(
+        {("GET", "/health"): lambda _: (200, health), ("GET", "/get_world_size"): lambda _: (200, {"world_size": 1})}
+    )
     with pytest.raises(ValueError, match="does not return each token's experts.*--routing-replay rollout"):
         ServerGenerator(_server_args(plain))
 
     sent = {}  # what the stand-in server answers to /generate: two completions of one prompt
 
     def generate(body):
-        reply = {"completion_ids": [[7, 8], [9]], "logprobs": [[-1.0, -1.0], [-1.0]], "truncated": [False, False],
-                 "weight_version": body.get("version", "run/0")}
+        reply = {
+            "completion_ids": [[7, 8], [9]],
+            "logprobs": [[-1.0, -1.0], [-1.0]],
+            "truncated": [False, False],
+            "weight_version": body.get("version", "run/0"),
+        }
         reply.update(sent)
         return 200, reply
-    url = http_server({("GET", "/health"): lambda _: (200, dict(health, routes=True)),
-                       ("GET", "/get_world_size"): lambda _: (200, {"world_size": 1}),
-                       ("POST", "/generate"): generate})
+
+    url = http_server(
+        {
+            ("GET", "/health"): lambda _: (200, dict(health, routes=True)),
+            ("GET", "/get_world_size"): lambda _: (200, {"world_size": 1}),
+            ("POST", "/generate"): generate,
+        }
+    )
     gen = ServerGenerator(_server_args(url))
     gen.run_id, gen.pushes = "run", 0
-    rows = _routes([5, 4])                           # prompt of 3 tokens + 2 and + 1 completion tokens
+    rows = _routes([5, 4])  # prompt of 3 tokens + 2 and + 1 completion tokens
     sent["routes"] = encode_routes(rows)
     out = gen.generate([[1, 2, 3]], [2], SamplingConfig(max_tokens=4))
     assert all(torch.equal(a, b) for a, b in zip(out.routes, rows))

@@ -26,6 +26,7 @@ def server(capsys):
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         servers.append(srv)
         return srv.server_address[1]
+
     yield start
     for srv in servers:
         srv.shutdown()
@@ -120,9 +121,11 @@ def test_weight_channel_listens_on_its_address_and_carries_json_only():
     groups = {}
 
     def join(rank):
-        client = store if rank == 0 else dist.Communicator.rendezvous_store("127.0.0.1", port, is_master=False,
-                                                                          timeout_s=10)
+        client = (
+            store if rank == 0 else dist.Communicator.rendezvous_store("127.0.0.1", port, is_master=False, timeout_s=10)
+        )
         groups[rank] = dist.Communicator(client, "g", rank=rank, world=2, timeout_s=10)
+
     threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
     [t.start() for t in threads]
     [t.join() for t in threads]
@@ -130,6 +133,7 @@ def test_weight_channel_listens_on_its_address_and_carries_json_only():
     class Boom:
         def __reduce__(self):
             return (print, ("pickle ran",))
+
     payload = pickle.dumps(Boom())
     results = {}
 
@@ -143,13 +147,19 @@ def test_weight_channel_listens_on_its_address_and_carries_json_only():
             results["got"] = groups[0].broadcast_plain(None, src=1)
         except Exception as exc:  # noqa: BLE001
             results["error"] = exc
+
     threads = [threading.Thread(target=send), threading.Thread(target=receive)]
     [t.start() for t in threads]
     [t.join(30) for t in threads]
     assert "got" not in results and isinstance(results["error"], (UnicodeDecodeError, ValueError))
     # and a manifest is plain data of known dtypes only
     assert manifest_dtype([["w", [2, 3], "torch.float32"]]) is torch.float32
-    for bad in ([["w", [2], "torch.load"]], [["w", [-1], "torch.float32"]], [["w", [2], "torch.float32"],
-                ["v", [2], "torch.bfloat16"]], [["w", "2", "torch.float32"]], {"w": 1}):
+    for bad in (
+        [["w", [2], "torch.load"]],
+        [["w", [-1], "torch.float32"]],
+        [["w", [2], "torch.float32"], ["v", [2], "torch.bfloat16"]],
+        [["w", "2", "torch.float32"]],
+        {"w": 1},
+    ):
         with pytest.raises(ValueError):
             manifest_dtype(bad)

@@ -17,20 +17,39 @@ TOKEN = "test-token-5d1f"
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     import background
+
     proc, tool_model = background.result("tool_caller_model")
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = tmp_path_factory.mktemp("server_checks")
     port, group_port, tool_port, tool_group_port = (_free_port() for _ in range(4))
-    server = ServerProcess(tiny_model("qwen2-tied"), str(out / "server.json"), port=port, group_port=group_port,
-                           token=TOKEN, extra=["--kv-cache-bytes", str(64 << 20), "--max-model-len", "256"])
+    server = ServerProcess(
+        tiny_model("qwen2-tied"),
+        str(out / "server.json"),
+        port=port,
+        group_port=group_port,
+        token=TOKEN,
+        extra=["--kv-cache-bytes", str(64 << 20), "--max-model-len", "256"],
+    )
     # a second server for the environment check: the tool-calling model (untied) and room for its tool-listing prompt
-    tool_server = ServerProcess(tool_model, str(out / "tool_server.json"), port=tool_port, group_port=tool_group_port,
-                                token=TOKEN, extra=["--kv-cache-bytes", str(64 << 20), "--max-model-len", "2048"])
+    tool_server = ServerProcess(
+        tool_model,
+        str(out / "tool_server.json"),
+        port=tool_port,
+        group_port=tool_group_port,
+        token=TOKEN,
+        extra=["--kv-cache-bytes", str(64 << 20), "--max-model-len", "2048"],
+    )
     try:
         side_by_side(server.start, tool_server.start)
-        torchrun("tests/dist_scripts/server_checks.py", str(out), str(out / "server.json"), str(port),
-                 str(group_port), timeout=1200,
-                 env={"DSGRPO_VLLM_TOKEN": TOKEN, "TOOL_SERVER": f"{tool_model},{tool_port},{tool_group_port}"})
+        torchrun(
+            "tests/dist_scripts/server_checks.py",
+            str(out),
+            str(out / "server.json"),
+            str(port),
+            str(group_port),
+            timeout=1200,
+            env={"DSGRPO_VLLM_TOKEN": TOKEN, "TOOL_SERVER": f"{tool_model},{tool_port},{tool_group_port}"},
+        )
     finally:
         ServerProcess.from_state(str(out / "server.json")).kill()  # the one running now (checks restart it)
         tool_server.kill()
@@ -40,7 +59,7 @@ def results(tmp_path_factory):
 def assert_in_step(syncs, count):
     assert len(syncs) == count, syncs
     for s in syncs:
-        assert s["version"] == s["expected"], s          # the server holds exactly the last push
+        assert s["version"] == s["expected"], s  # the server holds exactly the last push
         assert max(abs(a - b) for a, b in zip(s["server"], s["policy"])) <= 1e-4, s
 
 
@@ -142,12 +161,17 @@ def test_refusals_name_the_fix(results):
         assert run["pushed_before_refusal"] is False
 
 
-@pytest.mark.parametrize("layout", [("--tensor-parallel-size", "2"), ("--data-parallel-size", "2")],
-                         ids=["tp2", "dp2"])
+@pytest.mark.parametrize("layout", [("--tensor-parallel-size", "2"), ("--data-parallel-size", "2")], ids=["tp2", "dp2"])
 def test_a_two_rank_server_follows_every_push(tmp_path, layout):
     port, group_port = _free_port(), _free_port()
-    server = ServerProcess(tiny_model("qwen2-tied"), str(tmp_path / "server.json"), port=port, group_port=group_port,
-                           nproc=2, extra=["--kv-cache-bytes", str(64 << 20), *layout])
+    server = ServerProcess(
+        tiny_model("qwen2-tied"),
+        str(tmp_path / "server.json"),
+        port=port,
+        group_port=group_port,
+        nproc=2,
+        extra=["--kv-cache-bytes", str(64 << 20), *layout],
+    )
     if layout[0] == "--tensor-parallel-size":  # what a SIGKILLed TP job on this port left behind (errno 17 before)
         for rank in (0, 1):
             with open(f"/dev/shm/dsgrpo{server.state['master_port']}-tp:0-[0-1]-cpushm_{rank}", "wb") as fh:
@@ -155,15 +179,22 @@ def test_a_two_rank_server_follows_every_push(tmp_path, layout):
     segments_before = set(glob.glob("/dev/shm/psm_*"))
     server.start()
     try:
-        torchrun("tests/dist_scripts/server_parallel_checks.py", str(tmp_path), str(port), str(group_port), nproc=1,
-                 timeout=600)
+        torchrun(
+            "tests/dist_scripts/server_parallel_checks.py",
+            str(tmp_path),
+            str(port),
+            str(group_port),
+            nproc=1,
+            timeout=600,
+        )
     finally:
         server.kill()
     # the engine's shared memory (vLLM's message queue: 24 MiB under tensor parallelism) goes with the killed server
     assert set(glob.glob("/dev/shm/psm_*")) <= segments_before
     run = part([json.load(open(tmp_path / "result-0.json"))], "parallel_server")[0]
     assert (run["health"]["tensor_parallel_size"], run["health"]["data_parallel_size"]) == (
-        (2, 1) if layout[0] == "--tensor-parallel-size" else (1, 2))
+        (2, 1) if layout[0] == "--tensor-parallel-size" else (1, 2)
+    )
     assert run["health"]["routes"] is False  # started without --routing-replay: a replaying trainer is refused
     assert len(run["syncs"]) == 3  # start-up push, after steps 1 and 2
     for s in run["syncs"]:

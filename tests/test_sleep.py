@@ -33,8 +33,10 @@ class SleepyLLM:
             raise RuntimeError("generate on a sleeping engine")
         self.calls.append("generate")
         step = {7: SimpleNamespace(logprob=-0.5)}
-        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7], logprobs=[step], finish_reason="stop")]
-                                * p.n) for p in params]
+        return [
+            SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7], logprobs=[step], finish_reason="stop")] * p.n)
+            for p in params
+        ]
 
     def collective_rpc(self, method, kwargs=None):
         if not self.weights:
@@ -43,8 +45,15 @@ class SleepyLLM:
             list(kwargs["weights_iterator"])
             self.calls.append("reload")
         if callable(method):  # compat's questions to the one worker (its model has an lm_head, nothing to repack)
-            return [method(SimpleNamespace(model_runner=SimpleNamespace(get_model=lambda: SimpleNamespace(
-                lm_head=None, modules=lambda: []))))]
+            return [
+                method(
+                    SimpleNamespace(
+                        model_runner=SimpleNamespace(
+                            get_model=lambda: SimpleNamespace(lm_head=None, modules=lambda: [])
+                        )
+                    )
+                )
+            ]
 
     def reset_prefix_cache(self):
         self.calls.append("reset_prefix_cache")
@@ -99,15 +108,27 @@ class Prompts:
 def source_with(gen, monkeypatch):
     """A GenerationSource around `gen` whose sampling is one generate call (the real samplers are tested elsewhere)."""
 
-    setup = SimpleNamespace(generator=gen, sampler=None, prompts=Prompts(), prompts_per_round=2, tied=False,
-                            placement=SimpleNamespace(trainers=1),
-                            weight_sync=lambda module, g, version: g.load_weights([("w", torch.zeros(1))]))
-    args = SimpleNamespace(order_seed=0, shuffle_dataset=False, num_generations=2, weight_sync_bucket_bytes=1 << 20,
-                           per_device_eval_batch_size=4)
+    setup = SimpleNamespace(
+        generator=gen,
+        sampler=None,
+        prompts=Prompts(),
+        prompts_per_round=2,
+        tied=False,
+        placement=SimpleNamespace(trainers=1),
+        weight_sync=lambda module, g, version: g.load_weights([("w", torch.zeros(1))]),
+    )
+    args = SimpleNamespace(
+        order_seed=0,
+        shuffle_dataset=False,
+        num_generations=2,
+        weight_sync_bucket_bytes=1 << 20,
+        per_device_eval_batch_size=4,
+    )
     src = GenerationSource.__new__(GenerationSource)
     src.setup, src.args = setup, args
-    src._sample = lambda prompts, rows, round_index, group, chunk=None: SimpleNamespace(rollout=gen.generate(
-        [prompts.prompt_ids[r] for r in rows], [group] * len(rows), SAMPLING))
+    src._sample = lambda prompts, rows, round_index, group, chunk=None: SimpleNamespace(
+        rollout=gen.generate([prompts.prompt_ids[r] for r in rows], [group] * len(rows), SAMPLING)
+    )
     return src
 
 
@@ -115,8 +136,8 @@ def test_the_source_sleeps_after_a_round_and_syncs_a_sleeping_engine_even_when_n
     gen = engine()
     src = source_with(gen, monkeypatch)
     src.next_batch(0)
-    assert gen.needs_weights()                 # asleep while training runs
-    src.sync_weights(None, 0, needed=True)     # the round's update
+    assert gen.needs_weights()  # asleep while training runs
+    src.sync_weights(None, 0, needed=True)  # the round's update
     src.next_batch(1)
     # after the last round (or a round without an optimizer step) the sync is skipped, but not for an engine that
     # discarded its weights: an evaluation (or the next round) after it generates on an awake engine

@@ -23,9 +23,14 @@ def slurm(tmp_path_factory):
     if os.getuid() != 0:
         pytest.skip("the local Slurm cluster needs root (munged, slurmd)")
     subprocess.run(["bash", CLUSTER, "start", str(state)], check=True, timeout=300)
-    env = dict(os.environ, SLURM_CONF=str(state / "slurm.conf"),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], PYTHONPATH=REPO,
-               OMP_NUM_THREADS="1", DEEPSPEED_TIMEOUT="3")
+    env = dict(
+        os.environ,
+        SLURM_CONF=str(state / "slurm.conf"),
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+        PYTHONPATH=REPO,
+        OMP_NUM_THREADS="1",
+        DEEPSPEED_TIMEOUT="3",
+    )
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
         env.pop(key, None)
     try:
@@ -33,8 +38,11 @@ def slurm(tmp_path_factory):
     finally:
         subprocess.run(["bash", CLUSTER, "stop", str(state)], timeout=120)
         for _ in range(40):  # SIGKILLed processes take a moment to be reaped
-            left = subprocess.run(["pgrep", "-af", "slurmctld|slurmd|slurmstepd|munged|dsgrpo.train|vllm-serve"],
-                                  capture_output=True, text=True).stdout.strip()
+            left = subprocess.run(
+                ["pgrep", "-af", "slurmctld|slurmd|slurmstepd|munged|dsgrpo.train|vllm-serve"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             if not left:
                 break
             time.sleep(0.25)
@@ -43,10 +51,21 @@ def slurm(tmp_path_factory):
 
 def config(tmp_path, **over):
     from dsgrpo.testing import tiny_model
-    values = dict(model=tiny_model("qwen2"), train_dataset="task:copy_digits",
-                  reward_funcs=["dsgrpo.tasks:copy_digits_reward"], output_dir=str(tmp_path / "run"), max_steps=4,
-                  per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
-                  gradient_checkpointing=False, logging_steps=1, save_steps=2, vllm_kv_cache_bytes=32 * 2**20)
+
+    values = dict(
+        model=tiny_model("qwen2"),
+        train_dataset="task:copy_digits",
+        reward_funcs=["dsgrpo.tasks:copy_digits_reward"],
+        output_dir=str(tmp_path / "run"),
+        max_steps=4,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_steps=2,
+        vllm_kv_cache_bytes=32 * 2**20,
+    )
     values.update(over)
     path = tmp_path / "job.yaml"
     path.write_text("# test job\n" + "".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items()))
@@ -55,9 +74,14 @@ def config(tmp_path, **over):
 
 def submit(env, tmp_path, cfg, *sbatch_args, ranks_per_node=2, **knobs):
     # submitted from the checkout, as a user does: the job finds its .venv there (SLURM_SUBMIT_DIR)
-    out = subprocess.run(["sbatch", "--parsable", f"--chdir={tmp_path}", *sbatch_args, SBATCH, str(cfg)],
-                         env=dict(env, RANKS_PER_NODE=str(ranks_per_node), **knobs), capture_output=True, text=True,
-                         check=True, cwd=REPO)
+    out = subprocess.run(
+        ["sbatch", "--parsable", f"--chdir={tmp_path}", *sbatch_args, SBATCH, str(cfg)],
+        env=dict(env, RANKS_PER_NODE=str(ranks_per_node), **knobs),
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
     return out.stdout.strip().split(";")[0]
 
 
@@ -99,7 +123,11 @@ def test_one_node_job_trains_and_exports(slurm, tmp_path):
     venv_python = os.path.join(REPO, ".venv", "bin", "python")
     if os.path.realpath(sys.executable) == os.path.realpath(venv_python):
         assert log.splitlines()[0] == f"=== python {venv_python} (from the checkout's .venv)", log[:500]
-    assert "=== command: srun --nodes=1 --relative=0 --ntasks-per-node=2" in log and "=== config" in log and "max_steps: 4" in log
+    assert (
+        "=== command: srun --nodes=1 --relative=0 --ntasks-per-node=2" in log
+        and "=== config" in log
+        and "max_steps: 4" in log
+    )
     assert steps(tmp_path / "run") == [1, 2, 3, 4]
     assert (tmp_path / "run" / "model.safetensors").exists() and (tmp_path / "run" / "config.json").exists()
 
@@ -114,8 +142,15 @@ def test_two_node_job_forms_one_world(slurm, tmp_path):
 
 
 def test_one_node_serves_vllm_and_the_other_trains(slurm, tmp_path):
-    job = submit(slurm, tmp_path, config(tmp_path), "--nodes=2", SERVER_NODES="1",
-                 SERVER_ARGS=f"--kv-cache-bytes {32 * 2**20}", DSGRPO_VLLM_TOKEN="tok-7f3a9c")
+    job = submit(
+        slurm,
+        tmp_path,
+        config(tmp_path),
+        "--nodes=2",
+        SERVER_NODES="1",
+        SERVER_ARGS=f"--kv-cache-bytes {32 * 2**20}",
+        DSGRPO_VLLM_TOKEN="tok-7f3a9c",
+    )
     assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "COMPLETED", job_log(tmp_path, job)[-3000:]
     log = job_log(tmp_path, job)
     assert "=== server on node1" in log and "dsgrpo vllm-serve: serving" in log
@@ -154,14 +189,36 @@ def test_preempted_job_checkpoints_requeues_and_resumes(slurm, tmp_path):
 
 def test_train_sh_runs_the_demo_config_on_two_cpu_ranks(tmp_path):
     from dsgrpo.testing import tiny_model
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], PYTHONPATH=REPO,
-               MASTER_PORT=str(29700 + os.getpid() % 200), DEEPSPEED_TIMEOUT="3")
+
+    env = dict(
+        os.environ,
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+        PYTHONPATH=REPO,
+        MASTER_PORT=str(29700 + os.getpid() % 200),
+        DEEPSPEED_TIMEOUT="3",
+    )
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
-    proc = subprocess.run(["bash", os.path.join(REPO, "launch_scripts", "train.sh"), "examples/cpu_demo.yaml",
-                           "--model", tiny_model("qwen2"), "--max_steps", "3", "--logging_steps", "1",
-                           "--output_dir", str(tmp_path / "demo")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            "bash",
+            os.path.join(REPO, "launch_scripts", "train.sh"),
+            "examples/cpu_demo.yaml",
+            "--model",
+            tiny_model("qwen2"),
+            "--max_steps",
+            "3",
+            "--logging_steps",
+            "1",
+            "--output_dir",
+            str(tmp_path / "demo"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "NUM_PROCS=2" in proc.stdout + proc.stderr
     assert steps(tmp_path / "demo") == [1, 2, 3]
@@ -178,15 +235,38 @@ def test_train_sh_gives_its_ranks_the_visible_devices_and_its_sigterm(tmp_path):
     import psutil
 
     from dsgrpo.testing import tiny_model
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], PYTHONPATH=REPO,
-               MASTER_PORT=str(29500 + os.getpid() % 190), DEEPSPEED_TIMEOUT="3", CUDA_VISIBLE_DEVICES="5,7")
+
+    env = dict(
+        os.environ,
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+        PYTHONPATH=REPO,
+        MASTER_PORT=str(29500 + os.getpid() % 190),
+        DEEPSPEED_TIMEOUT="3",
+        CUDA_VISIBLE_DEVICES="5,7",
+    )
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
-    proc = subprocess.Popen(["bash", os.path.join(REPO, "launch_scripts", "train.sh"), "examples/cpu_demo.yaml",
-                             "--model", tiny_model("qwen2"), "--max_steps", "1000", "--logging_steps", "1",
-                             "--output_dir", str(tmp_path / "demo")],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            "bash",
+            os.path.join(REPO, "launch_scripts", "train.sh"),
+            "examples/cpu_demo.yaml",
+            "--model",
+            tiny_model("qwen2"),
+            "--max_steps",
+            "1000",
+            "--logging_steps",
+            "1",
+            "--output_dir",
+            str(tmp_path / "demo"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
@@ -195,8 +275,11 @@ def test_train_sh_gives_its_ranks_the_visible_devices_and_its_sigterm(tmp_path):
         while not any(line.startswith("step 2/") for line in list(lines)) and time.time() < deadline:
             assert proc.poll() is None, "".join(lines)[-3000:]
             time.sleep(0.5)
-        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                 if any(a.startswith("--local_rank=") for a in p.cmdline())]
+        ranks = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if any(a.startswith("--local_rank=") for a in p.cmdline())
+        ]
         assert len(ranks) == 2, "".join(lines)[-3000:]
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -217,19 +300,31 @@ def test_a_rank_killed_under_srun_is_named_and_the_job_fails_in_bounded_time(slu
     phase, and exit (3), so the job fails instead of hanging until its time limit."""
     import re
     from datetime import datetime
+
     env = {k: v for k, v in slurm.items() if k != "DEEPSPEED_TIMEOUT"}  # ddp_timeout decides
     cfg = config(tmp_path, reward_funcs=["fault_rewards:digits_or_fault"], ddp_timeout=30, save_steps=1)
-    job = submit(env, tmp_path, cfg, "--nodes=1", PYTHONPATH=f"{REPO}:{REPO}/tests/dist_scripts", FAULT_RANK="1",
-                 FAULT_STEP="2", FAULT_SIGNAL="KILL")
+    job = submit(
+        env,
+        tmp_path,
+        cfg,
+        "--nodes=1",
+        PYTHONPATH=f"{REPO}:{REPO}/tests/dist_scripts",
+        FAULT_RANK="1",
+        FAULT_STEP="2",
+        FAULT_SIGNAL="KILL",
+    )
     assert wait_state(slurm, job, {"COMPLETED", "FAILED", "CANCELLED"}) == "FAILED", job_log(tmp_path, job)[-3000:]
     log = job_log(tmp_path, job)
     fault = re.search(r"FAULT rank 1 SIGKILL in reward at step 2 t=([\d.]+)", log)
     assert fault, log[-3000:]
-    said = re.search(r"^0: dsgrpo: error: (lost rank 1 \(pid \d+ on \S+\) in phase 'reward' at step 2: the process "
-                     r"is gone \(killed or crashed\).*)$", log, re.M)
+    said = re.search(
+        r"^0: dsgrpo: error: (lost rank 1 \(pid \d+ on \S+\) in phase 'reward' at step 2: the process "
+        r"is gone \(killed or crashed\).*)$",
+        log,
+        re.M,
+    )
     assert said, log[-3000:]
     ended = datetime.strptime(job_field(slurm, job, "EndTime"), "%Y-%m-%dT%H:%M:%S").timestamp()
     assert ended - float(fault.group(1)) <= 2 * 30, (ended - float(fault.group(1)), said.group(1))
     assert "=== finished with exit code" in log and "exit code 0" not in log
     assert (tmp_path / "run" / "latest").read_text().strip() == "checkpoint-2"
-

@@ -21,12 +21,20 @@ trl_utils = pytest.importorskip("trl.trainer.utils")
 def trl_count(rows, world, per_device, G, spg, iters, GA, epochs, max_steps):
     """What TRL 1.16 does: (max_steps, batches per process per epoch, micro-steps of each optimizer step in order)."""
     generation_batch = per_device * world * spg
-    sampler = trl_utils.RepeatSampler(list(range(rows)), mini_repeat_count=G, batch_size=generation_batch // G,
-                                      repeat_count=iters * spg, shuffle=False)
+    sampler = trl_utils.RepeatSampler(
+        list(range(rows)),
+        mini_repeat_count=G,
+        batch_size=generation_batch // G,
+        repeat_count=iters * spg,
+        shuffle=False,
+    )
     # the sampler is global; each process's dataloader takes every world-th batch of per_device × spg samples
     batches_per_process = len(sampler) // (per_device * spg) // world
-    stand_in = SimpleNamespace(get_total_train_batch_size=lambda a: per_device * GA * world, get_sp_size=lambda: 1,
-                               num_examples=lambda dl: len(sampler))
+    stand_in = SimpleNamespace(
+        get_total_train_batch_size=lambda a: per_device * GA * world,
+        get_sp_size=lambda: 1,
+        num_examples=lambda dl: len(sampler),
+    )
     args = SimpleNamespace(max_steps=max_steps, gradient_accumulation_steps=GA, num_train_epochs=epochs)
     values = transformers.Trainer.set_initial_training_values(stand_in, args, range(batches_per_process))
     _, per_epoch, _, _, _, steps_in_epoch, total = values
@@ -42,10 +50,17 @@ def trl_count(rows, world, per_device, G, spg, iters, GA, epochs, max_steps):
 
 
 def plan_of(rows, world, per_device, G, spg, iters, GA, epochs, max_steps, generation_batch_size=None):
-    args = GRPOConfig(per_device_train_batch_size=per_device, num_generations=G, num_iterations=iters,
-                      gradient_accumulation_steps=GA, num_train_epochs=epochs, max_steps=max_steps,
-                      **({"generation_batch_size": generation_batch_size} if generation_batch_size else
-                         {"steps_per_generation": spg}))
+    args = GRPOConfig(
+        per_device_train_batch_size=per_device,
+        num_generations=G,
+        num_iterations=iters,
+        gradient_accumulation_steps=GA,
+        num_train_epochs=epochs,
+        max_steps=max_steps,
+        **(
+            {"generation_batch_size": generation_batch_size} if generation_batch_size else {"steps_per_generation": spg}
+        ),
+    )
     prompts_per_round = args.resolved_generation_batch_size(world) // G
     rounds = rows // prompts_per_round if rows >= prompts_per_round else rows / prompts_per_round
     return StepPlan.from_args(args, prompts_per_round, args.resolved_steps_per_generation(world), rounds)
@@ -72,7 +87,7 @@ def dsgrpo_windows(plan: StepPlan):
 
 # (rows, world, per_device, G, spg, iters, GA, epochs, max_steps)
 CASES = [
-    (17, 1, 6, 4, 4, 2, 3, 3, -1),    # TRL's test_prepare_input_called_with_correct_data: 48 training_step calls
+    (17, 1, 6, 4, 4, 2, 3, 3, -1),  # TRL's test_prepare_input_called_with_correct_data: 48 training_step calls
     (17, 1, 6, 4, 4, 2, 3, 3, 10),
     (17, 1, 6, 4, 4, 2, 3, 1.5, -1),
     (100, 2, 4, 4, 3, 1, 2, 2, -1),
@@ -81,9 +96,12 @@ CASES = [
     (64, 2, 4, 4, 8, 1, 8, 1, 20),
     (30, 1, 4, 4, 5, 2, 3, 2.5, -1),
 ]
-CASES += [(rows, world, 4, 4, spg, iters, GA, epochs, max_steps)
-          for rows, world, spg, iters, GA, epochs, max_steps in itertools.product(
-              (13, 40), (1, 2), (1, 2, 3, 4), (1, 2), (1, 2, 3, 5), (1, 2.5), (-1, 7))]
+CASES += [
+    (rows, world, 4, 4, spg, iters, GA, epochs, max_steps)
+    for rows, world, spg, iters, GA, epochs, max_steps in itertools.product(
+        (13, 40), (1, 2), (1, 2, 3, 4), (1, 2), (1, 2, 3, 5), (1, 2.5), (-1, 7)
+    )
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
@@ -114,7 +132,7 @@ def test_the_trl_test_counts_48_micro_steps_in_18_optimizer_steps():
 
 
 def test_generation_batch_size_sets_the_round_as_trl_does():
-    a = plan_of(40, 2, 4, 4, None, 1, 2, 1, -1, generation_batch_size=24)   # spg 3 on 2 ranks
+    a = plan_of(40, 2, 4, 4, None, 1, 2, 1, -1, generation_batch_size=24)  # spg 3 on 2 ranks
     b = plan_of(40, 2, 4, 4, 3, 1, 2, 1, -1)
     assert a == b and a.prompts_per_round == 6 and a.micro_per_round == 3
 

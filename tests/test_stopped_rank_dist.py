@@ -32,8 +32,14 @@ DDP_TIMEOUT = 10
 # (a rank stopped in the sync: rank 0 syncs its own engine, then waits in the round's end, where it used to say
 # 'startup': the agreement on what follows a round ran outside any phase)
 # (the step is the heartbeat's, optimizer steps done: 1 while step 2 is made, 2 once its update is done)
-PHASES = {"generate": ("generate", "reward", 1), "reward": ("reward", "reward", 1), "reduce": ("train", "train", 1),
-          "step": ("train", "train", 1), "sync": ("sync", "round end", 2), "checkpoint": ("checkpoint", "checkpoint", 2)}
+PHASES = {
+    "generate": ("generate", "reward", 1),
+    "reward": ("reward", "reward", 1),
+    "reduce": ("train", "train", 1),
+    "step": ("train", "train", 1),
+    "sync": ("sync", "round end", 2),
+    "checkpoint": ("checkpoint", "checkpoint", 2),
+}
 
 
 def alive(pid: int) -> bool:
@@ -52,13 +58,21 @@ def start_then_kill(launcher, sig, tmp_path):
         env.pop(key, None)
     path = tmp_path / f"{launcher[0]}.log"
     with open(path, "ab") as log:  # (appending: every process writes at the end, whoever reads it meanwhile)
-        proc = subprocess.Popen([sys.executable, "-m", *launcher, IDLE], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *launcher, IDLE],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
     pids, deadline = {}, time.time() + 120
     try:
         while len(pids) < 2 and time.time() < deadline and proc.poll() is None:
             time.sleep(0.2)
-            pids = {int(w[1]): int(w[2]) for w in (line.split() for line in open(path)) if len(w) == 3 and w[0] == "READY"}
+            pids = {
+                int(w[1]): int(w[2]) for w in (line.split() for line in open(path)) if len(w) == 3 and w[0] == "READY"
+            }
         assert len(pids) == 2, f"{launcher[0]}: the ranks did not start\n{open(path).read()[-3000:]}"
         os.kill(proc.pid, sig)
         killed, gone = time.time(), None
@@ -87,14 +101,19 @@ def stopped(tmp_path_factory):
     def run(phase):
         def launch():
             # the collectives wait DEEPSPEED_TIMEOUT (launch's 3 minutes): only the watcher can end them in time
-            proc = torchrun(SCRIPT, str(root / phase), phase, timeout=240, check=False,
-                            env={"STOP_DDP_TIMEOUT": str(DDP_TIMEOUT)})
+            proc = torchrun(
+                SCRIPT, str(root / phase), phase, timeout=240, check=False, env={"STOP_DDP_TIMEOUT": str(DDP_TIMEOUT)}
+            )
             return proc, time.time()
+
         return launch
+
     runner = ["deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port())]
     torchrun_ = ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
-    launcher_kills = (lambda: start_then_kill(runner, signal.SIGTERM, root),
-                      lambda: start_then_kill(torchrun_, signal.SIGKILL, root))
+    launcher_kills = (
+        lambda: start_then_kill(runner, signal.SIGTERM, root),
+        lambda: start_then_kill(torchrun_, signal.SIGKILL, root),
+    )
     *ended, by_runner, by_torchrun = side_by_side(*(run(p) for p in PHASES), *launcher_kills)
     return {**dict(zip(PHASES, ended)), "runner": by_runner, "torchrun": by_torchrun}
 

@@ -15,9 +15,9 @@ def test_the_held_out_numbers_are_distinct_and_never_in_the_training_set():
     held = list(tasks.copy_digits_heldout()["answer"])
     assert len(held) == 200 == len(set(held)) and not set(held) & train
     assert all(len(x) == 3 and x.isdigit() for x in held)
-    assert held == list(tasks.copy_digits_heldout()["answer"])      # the same set every time
+    assert held == list(tasks.copy_digits_heldout()["answer"])  # the same set every time
     with pytest.raises(ValueError, match="only 1 3-digit|ask for fewer"):
-        tasks.copy_digits_heldout(10 ** 3)
+        tasks.copy_digits_heldout(10**3)
 
 
 def test_the_warm_ups_wrong_answer_scores_nothing():
@@ -37,13 +37,13 @@ def test_the_warm_up_leaves_a_model_that_copies_sometimes_and_never_greedily(tmp
     with open(os.path.join(out, "warmup.json")) as fh:
         assert json.load(fh) == tasks.WARMUP_RECIPE
     stamp = os.path.getmtime(os.path.join(out, "model.safetensors"))
-    assert tasks.main(["warmup", "--out", out]) == 0                   # same recipe: kept
+    assert tasks.main(["warmup", "--out", out]) == 0  # same recipe: kept
     assert os.path.getmtime(os.path.join(out, "model.safetensors")) == stamp
     built = []
     monkeypatch.setattr(tasks, "copy_warmup", lambda base, out, **kw: built.append(kw))
-    os.remove(os.path.join(out, "warmup.json"))                        # an older demo's model (no recipe): rebuilt
+    os.remove(os.path.join(out, "warmup.json"))  # an older demo's model (no recipe): rebuilt
     assert tasks.main(["warmup", "--out", out]) == 0
-    assert built == [{}] and "another warm-up recipe" in capsys.readouterr().out      # {}: the recipe as it is
+    assert built == [{}] and "another warm-up recipe" in capsys.readouterr().out  # {}: the recipe as it is
 
 
 # ------------------------------------------------------------------------------------ the environment example
@@ -57,10 +57,10 @@ def play(locked, calls):
 def test_the_door_keeps_its_state_across_calls_and_rewards_no_wasted_call():
     assert play(True, ["unlock", "walk_through"]) == (" The door is locked.", ["unlocked", "you are through"], 1.0)
     assert play(True, ["walk_through"]) == (" The door is locked.", ["the door is locked"], 0.0)
-    assert play(True, ["walk_through", "unlock", "walk_through"])[2] == 0.0   # through, one call wasted
+    assert play(True, ["walk_through", "unlock", "walk_through"])[2] == 0.0  # through, one call wasted
     assert play(False, ["walk_through"]) == (" The door is open.", ["you are through"], 1.0)
     assert play(False, ["unlock", "walk_through"])[2] == 0.0
-    assert play(False, [])[2] == 0.0 and play(True, ["unlock"])[2] == 0.0     # never through
+    assert play(False, [])[2] == 0.0 and play(True, ["unlock"])[2] == 0.0  # never through
     rows = tasks.door_dataset()
     assert len(rows) == 512 and 0.4 < sum(rows["locked"]) / 512 < 0.6
     assert rows[0]["prompt"] == [{"role": "user", "content": tasks.DOOR_PROMPT}]
@@ -97,7 +97,7 @@ def test_the_warm_up_trains_the_assistants_turns_only_on_the_templates_tokens():
     assert "tool_response" not in trained and "locked" not in trained and "unlocked" not in trained
     # the prompt's system turn lists both tools and is never trained
     head = tok.apply_chat_template(messages[:1], tools=schemas, tokenize=False, add_generation_prompt=True)
-    assert '"walk_through"' in head and all(y == -100 for y in labels[:len(tok(head)["input_ids"])])
+    assert '"walk_through"' in head and all(y == -100 for y in labels[: len(tok(head)["input_ids"])])
 
 
 def test_the_shared_prompt_runs_once_with_the_same_loss_and_gradients(monkeypatch):
@@ -112,20 +112,22 @@ def test_the_shared_prompt_runs_once_with_the_same_loss_and_gradients(monkeypatc
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     door = tasks.Door()
     schemas = tool_schemas([door.unlock, door.walk_through])
-    ids, labels = zip(*(tasks.assistant_only(tok, tasks.door_transcript(k % 2 == 0, k % 3 == 0), schemas)
-                        for k in range(5)))
+    ids, labels = zip(
+        *(tasks.assistant_only(tok, tasks.door_transcript(k % 2 == 0, k % 3 == 0), schemas) for k in range(5))
+    )
 
     def loss_and_grad():
         model.zero_grad()
         loss = tasks._causal_lm_loss(model, tok.pad_token_id, ids, labels)
         loss.backward()
         return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
     calls = []
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda *a, **kw: calls.append(kw["input_ids"].shape) or forward(*a, **kw))
     shared, shared_grad = loss_and_grad()
     assert len(calls) == 2 and calls[0][0] == 1 and calls[0][1] >= tasks.SHARED_PREFIX_MIN  # the prompt ran once
-    monkeypatch.setattr(tasks, "SHARED_PREFIX_MIN", 10 ** 9)
+    monkeypatch.setattr(tasks, "SHARED_PREFIX_MIN", 10**9)
     plain, plain_grad = loss_and_grad()
     assert len(calls) == 3
     assert abs(shared - plain) < 1e-5 and torch.allclose(shared_grad, plain_grad, atol=1e-6, rtol=1e-4)

@@ -27,7 +27,9 @@ def test_tokenizer_is_chatml_with_eos_and_pad():
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer())
     assert len(tok) <= 2048
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.pad_token_id != tok.eos_token_id
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 3 + 4?"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(tok("Repeat 384 please.")["input_ids"]) == "Repeat 384 please."
 
@@ -71,7 +73,7 @@ def test_a_built_tiny_model_is_reused_and_an_incomplete_one_rebuilt(tmp_path, mo
     real_build = testing.build_model
     monkeypatch.setattr(testing, "build_model", lambda *a, **k: built.append(a) or real_build(*a, **k))
     assert tiny_model("qwen2", cache_dir=str(tmp_path)) == path and built == []
-    os.remove(weights)                                     # a build that died before publishing its weights
+    os.remove(weights)  # a build that died before publishing its weights
     assert tiny_model("qwen2", cache_dir=str(tmp_path)) == path and len(built) == 1 and os.path.isfile(weights)
 
 
@@ -91,8 +93,14 @@ for path in {paths!r}:
     print("OK", path)
     del llm
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400,
-                          env=dict(os.environ, OMP_NUM_THREADS="2"), cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=dict(os.environ, OMP_NUM_THREADS="2"),
+        cwd=REPO,
+    )
     assert proc.stdout.count("OK") == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
@@ -139,7 +147,12 @@ alone = [ids for i in range(len(long)) for ids in gen.generate([long[i]], [2], s
 assert together == alone
 print("OK")
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400,
-                          env=dict(os.environ, OMP_NUM_THREADS="2"), cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=dict(os.environ, OMP_NUM_THREADS="2"),
+        cwd=REPO,
+    )
     assert "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
-

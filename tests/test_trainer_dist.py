@@ -62,11 +62,32 @@ def test_callbacks_and_metrics_jsonl_use_trl_names(results):
     records = [json.loads(l) for l in open(results["out"] / "vllm_run" / "metrics.jsonl")]
     lines = [r for r in records if "reward" in r]
     assert [l["step"] for l in lines] == list(range(1, run["max_steps"] + 1))
-    names = {"reward", "reward_std", "frac_reward_zero_std", "rewards/digit_fraction_with_column/mean",
-             "rewards/digit_fraction_with_column/std", "completions/mean_length", "completions/min_length",
-             "completions/max_length", "completions/clipped_ratio", "kl", "entropy", "clip_ratio/low_mean",
-             "clip_ratio/high_mean", "clip_ratio/region_mean", "loss", "grad_norm", "learning_rate", "num_tokens",
-             "time/generate", "time/reward", "time/reference", "time/train", "time/sync", "completion_tok_per_s"}
+    names = {
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "rewards/digit_fraction_with_column/mean",
+        "rewards/digit_fraction_with_column/std",
+        "completions/mean_length",
+        "completions/min_length",
+        "completions/max_length",
+        "completions/clipped_ratio",
+        "kl",
+        "entropy",
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "clip_ratio/region_mean",
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "num_tokens",
+        "time/generate",
+        "time/reward",
+        "time/reference",
+        "time/train",
+        "time/sync",
+        "completion_tok_per_s",
+    }
     assert names <= set(lines[0]), names - set(lines[0])
     assert lines[-1]["num_tokens"] > lines[0]["num_tokens"] > 0
 
@@ -89,6 +110,7 @@ def test_exported_model_loads_in_transformers_and_vllm(results):
     from launch import REPO
     import subprocess
     import sys
+
     path = str(results["out"] / "vllm_run")
     code = f"""
 import os
@@ -101,8 +123,14 @@ llm = LLM(model={path!r}, dtype="float32", enforce_eager=True, kv_cache_memory_b
 out = llm.generate(["Write some numbers 3:"], SamplingParams(max_tokens=4, temperature=0))
 print("GENERATED", len(out[0].outputs[0].token_ids))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env=dict(os.environ, OMP_NUM_THREADS="2"))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="2"),
+    )
     assert "GENERATED" in proc.stdout, proc.stderr[-3000:]
 
 

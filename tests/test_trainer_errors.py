@@ -15,18 +15,28 @@ def reward(prompts, completions, **kw):
 
 
 def args(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, num_generations=2,
-                max_completion_length=4, use_vllm=False, gradient_checkpointing=False)
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        use_vllm=False,
+        gradient_checkpointing=False,
+    )
     return GRPOConfig(**{**base, **kw})
 
 
 PROMPTS = Dataset.from_list([{"prompt": "count: 1 2 3"}, {"prompt": "write a number"}])
 
 
-@pytest.mark.parametrize("dataset, words", [
-    (Dataset.from_list([{"question": "hi"}]), ["no 'prompt' column", "question", "Rename"]),
-    (Dataset.from_list([{"prompt": "x"}]).select([]), ["empty"]),
-])
+@pytest.mark.parametrize(
+    "dataset, words",
+    [
+        (Dataset.from_list([{"question": "hi"}]), ["no 'prompt' column", "question", "Rename"]),
+        (Dataset.from_list([{"prompt": "x"}]).select([]), ["empty"]),
+    ],
+)
 def test_dataset_errors(tmp_path, dataset, words):
     with pytest.raises(ValueError) as info:
         GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=dataset)
@@ -36,6 +46,7 @@ def test_dataset_errors(tmp_path, dataset, words):
 
 def test_conversational_prompts_need_a_chat_template(tmp_path):
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
     tok.chat_template = None
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]}])
@@ -83,49 +94,81 @@ def test_tools_and_rollout_func_misuse_is_refused_before_loading(tmp_path):
     with pytest.raises(ValueError, match="tools need conversational prompts"):
         GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, tools=[calculator])
     with pytest.raises(ValueError, match="calculator_without_docs"):
+
         def calculator_without_docs(a, b):
             return a + b
-        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS,
-                    tools=[calculator_without_docs])
+
+        GRPOTrainer(
+            tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, tools=[calculator_without_docs]
+        )
     with pytest.raises(ValueError, match="rollout_func replaces the trainer's generation"):
-        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, tools=[calculator],
-                    rollout_func=lambda prompts, trainer: {})
+        GRPOTrainer(
+            tiny_model("qwen2"),
+            reward,
+            args=args(tmp_path),
+            train_dataset=PROMPTS,
+            tools=[calculator],
+            rollout_func=lambda prompts, trainer: {},
+        )
     with pytest.raises(TypeError, match="rollout_func must be a function"):
         GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), train_dataset=PROMPTS, rollout_func="mine")
     # partial rollouts: a rollout_func's completions cannot be cut token by token; agent_rollout's pause between
     # calls on GRPOTrainer (rollout/agent_partial.py), while AsyncGRPOTrainer runs them beside training already
     from dsgrpo import AsyncGRPOTrainer, agent_reward, agent_rollout
+
     with pytest.raises(ValueError, match="partial_rollout=True continues completions token by token"):
-        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path, partial_rollout=True, use_vllm=True), train_dataset=PROMPTS,
-                    rollout_func=lambda prompts, trainer: {})
+        GRPOTrainer(
+            tiny_model("qwen2"),
+            reward,
+            args=args(tmp_path, partial_rollout=True, use_vllm=True),
+            train_dataset=PROMPTS,
+            rollout_func=lambda prompts, trainer: {},
+        )
     with pytest.raises(ValueError, match="agent_rollout on AsyncGRPOTrainer"):
-        AsyncGRPOTrainer(tiny_model("qwen2"), agent_reward, args=args(tmp_path, partial_rollout=True, use_vllm=True),
-                         train_dataset=PROMPTS, rollout_func=agent_rollout(lambda client, row: 1.0))
+        AsyncGRPOTrainer(
+            tiny_model("qwen2"),
+            agent_reward,
+            args=args(tmp_path, partial_rollout=True, use_vllm=True),
+            train_dataset=PROMPTS,
+            rollout_func=agent_rollout(lambda client, row: 1.0),
+        )
 
 
 def test_missing_pad_token_falls_back_to_eos_with_a_warning(tmp_path):
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
     tok.pad_token = None
     with pytest.warns(UserWarning, match="no pad token; using eos"), pytest.raises(ValueError, match="prompt"):
-        GRPOTrainer(tiny_model("qwen2"), reward, args=args(tmp_path), processing_class=tok,
-                    train_dataset=Dataset.from_list([{"text": "x"}]))
+        GRPOTrainer(
+            tiny_model("qwen2"),
+            reward,
+            args=args(tmp_path),
+            processing_class=tok,
+            train_dataset=Dataset.from_list([{"text": "x"}]),
+        )
     assert tok.pad_token == tok.eos_token
 
 
 @pytest.mark.slow
 def test_non_finite_training_stops_with_the_step_named(tmp_path):
     import torch
+
     cfg = args(tmp_path, max_steps=4, logging_steps=1)
     trainer = GRPOTrainer(tiny_model("qwen2"), reward, args=cfg, train_dataset=PROMPTS)
+
     # from the second optimizer step on, the training forward (the only one with autograd on) yields NaN logits:
     # the output head's, which engines/forward.py applies chunk by chunk
     def poison(module, inputs, output):
         if torch.is_grad_enabled() and trainer.state.global_step >= 1:
             return output * float("nan")
         return output
+
     trainer.policy.module.get_output_embeddings().register_forward_hook(poison)
-    with pytest.raises(RuntimeError, match=r"Non-finite training values at optimizer step 2: \{'grad_norm': (nan|inf).*Last checkpoint: none saved yet"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Non-finite training values at optimizer step 2: \{'grad_norm': (nan|inf).*Last checkpoint: none saved yet",
+    ):
         trainer.train()
     assert trainer.state.global_step == 1  # the failed step is not counted
     assert [json.loads(l)["step"] for l in open(tmp_path / "out" / "metrics.jsonl")] == [1]  # written so far: kept
@@ -140,6 +183,7 @@ def test_unsupported_reward_sources_are_refused_before_loading(tmp_path):
 
 def test_model_instance_without_a_tokenizer_is_refused(tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model("qwen2")))
     model.name_or_path = str(tmp_path)  # built in memory: nothing to load a tokenizer from
     with pytest.raises(ValueError, match="(?s)has no tokenizer .*Pass processing_class"):
@@ -156,22 +200,36 @@ def test_quantization_config_is_refused_on_cpu_before_any_load(tmp_path, capsys)
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    assert list(inspect.signature(GRPOTrainer.__init__).parameters) == \
-        list(inspect.signature(TRLTrainer.__init__).parameters)            # positional order as TRL's
+    assert list(inspect.signature(GRPOTrainer.__init__).parameters) == list(
+        inspect.signature(TRLTrainer.__init__).parameters
+    )  # positional order as TRL's
     four_bit = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")
     missing = str(tmp_path / "not_loaded")
-    with pytest.raises(ValueError, match=r"quantization_config \(4-bit, bitsandbytes\).*need a CUDA device.*"
-                                         r"Drop quantization_config"):
+    with pytest.raises(
+        ValueError,
+        match=r"quantization_config \(4-bit, bitsandbytes\).*need a CUDA device.*"
+        r"Drop quantization_config",
+    ):
         GRPOTrainer(missing, reward, args=args(tmp_path), train_dataset=PROMPTS, quantization_config=four_bit)
     with pytest.raises(ValueError, match=r"\(8-bit, bitsandbytes\)"):
-        GRPOTrainer(missing, reward, train_dataset=PROMPTS,
-                    args=args(tmp_path, model_init_kwargs={"quantization_config": {"load_in_8bit": True}}))
+        GRPOTrainer(
+            missing,
+            reward,
+            train_dataset=PROMPTS,
+            args=args(tmp_path, model_init_kwargs={"quantization_config": {"load_in_8bit": True}}),
+        )
     with pytest.raises(ValueError, match="set both as a GRPOTrainer argument and in args.model_init_kwargs"):
-        GRPOTrainer(missing, reward, train_dataset=PROMPTS, quantization_config=four_bit,
-                    args=args(tmp_path, model_init_kwargs={"quantization_config": {"load_in_4bit": True}}))
+        GRPOTrainer(
+            missing,
+            reward,
+            train_dataset=PROMPTS,
+            quantization_config=four_bit,
+            args=args(tmp_path, model_init_kwargs={"quantization_config": {"load_in_4bit": True}}),
+        )
     from dsgrpo import quantization
+
     loaded = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"))
     assert "ignored" in quantization.check(loaded, four_bit, None)
-    loaded.is_loaded_in_4bit = True   # what transformers sets on a bitsandbytes-loaded model
+    loaded.is_loaded_in_4bit = True  # what transformers sets on a bitsandbytes-loaded model
     with pytest.raises(ValueError, match="a model loaded in 4 bits"):
         quantization.check(loaded, None, None)

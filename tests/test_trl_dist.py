@@ -67,7 +67,9 @@ def test_every_loss_type_trains_end_to_end(results):
 
 def test_truncated_completions_leave_the_loss(results):
     for run in part(results, "mask_truncated"):
-        seen = [(t, n, c) for m in run["masks"] for t, n, c in zip(m["truncated"], m["row_tokens"], m["completion_tokens"])]
+        seen = [
+            (t, n, c) for m in run["masks"] for t, n, c in zip(m["truncated"], m["row_tokens"], m["completion_tokens"])
+        ]
         assert any(t for t, _, _ in seen)
         for truncated, kept, tokens in seen:
             assert kept == (0.0 if truncated else tokens)
@@ -95,8 +97,13 @@ def test_schedule_save_strategy_epoch_and_fractional_logging(results):
     import torch
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    ref = get_scheduler("cosine_with_min_lr", opt, num_warmup_steps=2, num_training_steps=5,
-                        scheduler_specific_kwargs={"min_lr_rate": 0.1})
+    ref = get_scheduler(
+        "cosine_with_min_lr",
+        opt,
+        num_warmup_steps=2,
+        num_training_steps=5,
+        scheduler_specific_kwargs={"min_lr_rate": 0.1},
+    )
     expected = []
     for _ in range(5):  # logged after the scheduler stepped, as TRL logs it: the rate of the next step
         opt.step(), ref.step()
@@ -146,8 +153,14 @@ def test_the_entropy_quantile_is_one_threshold_over_all_ranks(results):
 def test_the_trainer_surface_trl_users_call(results):
     for rank, run in enumerate(part(results, "surface")):
         seen = run["seen"]
-        assert seen == {"model": "Qwen2ForCausalLM", "tokenizer": "Qwen2Tokenizer", "optimizer": True,
-                        "scheduler": "LambdaLR", "args": "GRPOConfig", "epoch": 0.125}
+        assert seen == {
+            "model": "Qwen2ForCausalLM",
+            "tokenizer": "Qwen2Tokenizer",
+            "optimizer": True,
+            "scheduler": "LambdaLR",
+            "args": "GRPOConfig",
+            "epoch": 0.125,
+        }
         assert "dropped_ran" not in seen and run["model_is_module"]
         evals = run["evals"]
         assert len(evals) == 1 and {"eval_small_reward", "eval_other_reward"} <= set(evals[0])

@@ -15,22 +15,23 @@ trl = pytest.importorskip("trl")
 # field → why dsgrpo's default differs from TRL's (the README's "Coming from TRL" table lists the same)
 DELIBERATE = {
     "deepspeed": "dsgrpo always runs DeepSpeed; its default 'auto' is ZeRO-3 over several ranks and ZeRO-2 in a world "
-                 "of one (TRL: None, no DeepSpeed; None means 'auto' here)",
+    "of one (TRL: None, no DeepSpeed; None means 'auto' here)",
     "use_vllm": "dsgrpo is built around a colocated vLLM engine (TRL: False, generation with transformers)",
     "gradient_checkpointing": "'auto': the memory planner turns recomputation off when activations fit (TRL: True, "
-                              "a third more compute whenever they fit); true/false are TRL's",
+    "a third more compute whenever they fit); true/false are TRL's",
 }
 
 
 # defaults that TRL's and transformers' own __post_init__ resolve, as ours does: (declared → resolved)
 RESOLVED_AT_CONSTRUCTION = {
-    "output_dir": {None: "trainer_output"},   # transformers' default folder
-    "pad_to_multiple_of": {"auto": None},     # "auto" pads only on Trainium
+    "output_dir": {None: "trainer_output"},  # transformers' default folder
+    "pad_to_multiple_of": {"auto": None},  # "auto" pads only on Trainium
 }
 
 
 def trl_fields():
     from trl import GRPOConfig as TRLConfig
+
     return {f.name: f for f in dataclasses.fields(TRLConfig)}
 
 
@@ -141,27 +142,33 @@ use_bias_correction_kl: true
 def test_a_recipe_with_every_previously_refused_key_loads(capsys):
     cfg = GRPOConfig.from_dict(yaml.safe_load(RECIPE))
     assert (cfg.save_steps, cfg.lr_scheduler_kwargs, cfg.gradient_checkpointing_kwargs) == (
-        0.1, {"min_lr_rate": 0.1}, {"use_reentrant": False})
+        0.1,
+        {"min_lr_rate": 0.1},
+        {"use_reentrant": False},
+    )
     # ddp_find_unused_parameters has no meaning under DeepSpeed: one warning line names it
     lines = [line for line in capsys.readouterr().err.splitlines() if "ddp_find_unused_parameters" in line]
     assert len(lines) == 1 and "DeepSpeed" in lines[0]
 
 
-@pytest.mark.parametrize("overrides", [
-    # GRPOConfig(...) calls in TRL's own documentation that dsgrpo refused before
-    dict(loss_type="sapo", sapo_temperature_neg=1.05, sapo_temperature_pos=1.0),
-    dict(loss_type="luspo", importance_sampling_level="sequence"),
-    dict(loss_type="vespo", vespo_k_pos=2.0, vllm_importance_sampling_mode="token_truncate"),
-    dict(entropy_coef=0.01, use_adaptive_entropy=True, entropy_target=0.5),
-    dict(off_policy_mask_threshold=0.5),
-    dict(vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_mode="token_mask"),
-    dict(cast_lm_head_to_fp32=True, ds3_gather_for_generation=False),
-    dict(vllm_mode="server", vllm_server_base_url="http://localhost:8000", vllm_server_timeout=60),
-    dict(steps_per_generation=16, gradient_accumulation_steps=16),
-    dict(sync_ref_model=True, ref_model_mixup_alpha=0.9, ref_model_sync_steps=64),
-    dict(top_entropy_quantile=0.2),
-    dict(use_bias_correction_kl=False, beta=0.1),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # GRPOConfig(...) calls in TRL's own documentation that dsgrpo refused before
+        dict(loss_type="sapo", sapo_temperature_neg=1.05, sapo_temperature_pos=1.0),
+        dict(loss_type="luspo", importance_sampling_level="sequence"),
+        dict(loss_type="vespo", vespo_k_pos=2.0, vllm_importance_sampling_mode="token_truncate"),
+        dict(entropy_coef=0.01, use_adaptive_entropy=True, entropy_target=0.5),
+        dict(off_policy_mask_threshold=0.5),
+        dict(vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_mode="token_mask"),
+        dict(cast_lm_head_to_fp32=True, ds3_gather_for_generation=False),
+        dict(vllm_mode="server", vllm_server_base_url="http://localhost:8000", vllm_server_timeout=60),
+        dict(steps_per_generation=16, gradient_accumulation_steps=16),
+        dict(sync_ref_model=True, ref_model_mixup_alpha=0.9, ref_model_sync_steps=64),
+        dict(top_entropy_quantile=0.2),
+        dict(use_bias_correction_kl=False, beta=0.1),
+    ],
+)
 def test_trl_documentation_configs_load(overrides):
     cfg = GRPOConfig(**overrides)
     for key, value in overrides.items():
@@ -169,8 +176,9 @@ def test_trl_documentation_configs_load(overrides):
 
 
 def test_json_strings_for_dict_fields_as_trls_cli_passes_them():
-    cfg = GRPOConfig.from_dict({"model_init_kwargs": '{"attn_implementation": "sdpa"}',
-                                "generation_kwargs": '{"top_k": 10}'})
+    cfg = GRPOConfig.from_dict(
+        {"model_init_kwargs": '{"attn_implementation": "sdpa"}', "generation_kwargs": '{"top_k": 10}'}
+    )
     assert cfg.model_init_kwargs == {"attn_implementation": "sdpa"} and cfg.generation_kwargs == {"top_k": 10}
     with pytest.raises(ValueError, match="generation_kwargs.*JSON"):
         GRPOConfig(generation_kwargs="{top_k: 10")

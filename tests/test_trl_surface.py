@@ -3,7 +3,6 @@ learning-rate schedules against transformers' own, callbacks, the Hub pusher's s
 stand-in for the Hub's API: a unit test of the pusher's own logic), model preparation, streaming prompts,
 sampling overrides and the config's refusals and warnings."""
 
-
 import math
 
 import pytest
@@ -15,8 +14,8 @@ from dsgrpo.schedule import Schedule, lr_scheduler_factory, resolve_steps, warmu
 
 # ------------------------------------------------------------------------------------------------ the schedule
 def test_fractional_steps_resolve_against_the_run():
-    assert resolve_steps(0.1, 45) == 5    # ceil(4.5), transformers' rule
-    assert resolve_steps(0.5, 1) == 1     # never 0
+    assert resolve_steps(0.1, 45) == 5  # ceil(4.5), transformers' rule
+    assert resolve_steps(0.5, 1) == 1  # never 0
     assert resolve_steps(20, 45) == 20 and resolve_steps(None, 45) is None
 
 
@@ -34,10 +33,11 @@ def due_steps(args, total, rounds_per_epoch=None, steps_per_round=1):
 
 
 def test_strategies_steps_epoch_and_no():
-    args = GRPOConfig(logging_steps=0.25, save_steps=0.5, eval_strategy="steps", eval_steps=3, eval_delay=4,
-                      logging_first_step=True)
+    args = GRPOConfig(
+        logging_steps=0.25, save_steps=0.5, eval_strategy="steps", eval_steps=3, eval_delay=4, logging_first_step=True
+    )
     out = due_steps(args, 8)
-    assert out["log"] == [1, 2, 4, 6, 8]   # 0.25 of 8 = every 2, the first step asked for, and the last
+    assert out["log"] == [1, 2, 4, 6, 8]  # 0.25 of 8 = every 2, the first step asked for, and the last
     assert out["save"] == [4, 8] and out["eval"] == [6]  # eval every 3, not before step 4
     args = GRPOConfig(logging_strategy="epoch", save_strategy="epoch", eval_strategy="epoch")
     out = due_steps(args, 6, rounds_per_epoch=2)  # an epoch every 2 rounds
@@ -46,10 +46,17 @@ def test_strategies_steps_epoch_and_no():
     assert due_steps(args, 4) == {"log": [], "eval": [], "save": []}
 
 
-@pytest.mark.parametrize("name, kwargs", [("linear", {}), ("cosine", {}), ("constant_with_warmup", {}),
-                                          ("cosine_with_min_lr", {"min_lr_rate": 0.1}),
-                                          ("warmup_stable_decay", {"num_decay_steps": 3}),
-                                          ("polynomial", {"power": 2.0})])
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("linear", {}),
+        ("cosine", {}),
+        ("constant_with_warmup", {}),
+        ("cosine_with_min_lr", {"min_lr_rate": 0.1}),
+        ("warmup_stable_decay", {"num_decay_steps": 3}),
+        ("polynomial", {"power": 2.0}),
+    ],
+)
 def test_learning_rate_schedules_are_transformers_own(name, kwargs):
     from transformers import get_scheduler
 
@@ -97,8 +104,10 @@ def test_vespo_left_unset_corrects_token_by_token_and_says_so_once(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "vllm_importance_sampling_mode='token_truncate'" in lines[0]
     assert GRPOConfig().vllm_importance_sampling_mode == "sequence_mask"  # TRL's default for every other loss
-    assert GRPOConfig(loss_type="vespo", vllm_importance_sampling_mode="token_mask").vllm_importance_sampling_mode \
+    assert (
+        GRPOConfig(loss_type="vespo", vllm_importance_sampling_mode="token_mask").vllm_importance_sampling_mode
         == "token_mask"
+    )
     assert capsys.readouterr().err == ""  # said only when dsgrpo chose
 
 
@@ -120,33 +129,48 @@ def test_report_to_all_means_the_installed_sinks():
 
 def test_report_to_a_sink_that_is_not_installed_names_the_fix(monkeypatch):
     import importlib.util
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trackio" else real(name, *a))
-    with pytest.raises(ValueError, match=r"report_to names 'trackio' but the trackio package is not installed: "
-                                         r"`pip install trackio`"):
+    with pytest.raises(
+        ValueError,
+        match=r"report_to names 'trackio' but the trackio package is not installed: "
+        r"`pip install trackio`",
+    ):
         GRPOConfig(report_to=["tensorboard", "trackio"])
     with pytest.raises(ValueError, match="dsgrpo has no 'mlflow' sink yet"):
         GRPOConfig(report_to="mlflow")
 
 
 def test_model_load_kwargs_carry_trust_remote_code_and_leave_dtype_to_the_engines():
-    cfg = GRPOConfig(model_init_kwargs={"attn_implementation": "eager", "torch_dtype": "bfloat16"},
-                     trust_remote_code=True)
+    cfg = GRPOConfig(
+        model_init_kwargs={"attn_implementation": "eager", "torch_dtype": "bfloat16"}, trust_remote_code=True
+    )
     assert cfg.model_load_kwargs == {"attn_implementation": "eager", "trust_remote_code": True}
     # the trainer says so once, naming the precision the engines use and the fix
     line = cfg.ignored_dtype(torch.float32)
-    assert "torch_dtype='bfloat16' is not used" in line and "in float32 (chosen by bf16=None" in line and "bf16=True" in line
+    assert (
+        "torch_dtype='bfloat16' is not used" in line
+        and "in float32 (chosen by bf16=None" in line
+        and "bf16=True" in line
+    )
     assert GRPOConfig(bf16=True, model_init_kwargs={"dtype": torch.bfloat16}).ignored_dtype(torch.bfloat16) is None
-    assert GRPOConfig(model_init_kwargs={"dtype": "auto"}).ignored_dtype(torch.float32).startswith(
-        "model_init_kwargs dtype='auto' is not used")
+    assert (
+        GRPOConfig(model_init_kwargs={"dtype": "auto"})
+        .ignored_dtype(torch.float32)
+        .startswith("model_init_kwargs dtype='auto' is not used")
+    )
     assert GRPOConfig().ignored_dtype(torch.float32) is None
 
 
 def test_generation_kwargs_override_the_sampling_fields():
     from dsgrpo.rollout.base import SamplingConfig
 
-    s = SamplingConfig.from_args(GRPOConfig(top_k=5, generation_kwargs={"top_k": 10, "max_new_tokens": 7,
-                                                                         "num_beams": 1, "presence_penalty": 0.5}))
+    s = SamplingConfig.from_args(
+        GRPOConfig(
+            top_k=5, generation_kwargs={"top_k": 10, "max_new_tokens": 7, "num_beams": 1, "presence_penalty": 0.5}
+        )
+    )
     assert (s.top_k, s.max_tokens) == (10, 7)
     assert s.extra == {"num_beams": 1, "presence_penalty": 0.5}
 
@@ -157,8 +181,9 @@ def test_only_the_keys_each_backend_knows_reach_it():
     from dsgrpo.rollout.hf_generate import hf_generate_kwargs
     from dsgrpo.rollout.vllm_engine import vllm_sampling_kwargs
 
-    s = SamplingConfig.from_args(GRPOConfig(generation_kwargs={"num_beams": 1, "presence_penalty": 0.5},
-                                            vllm_structured_outputs_regex="[0-9]+"))
+    s = SamplingConfig.from_args(
+        GRPOConfig(generation_kwargs={"num_beams": 1, "presence_penalty": 0.5}, vllm_structured_outputs_regex="[0-9]+")
+    )
     vllm = vllm_sampling_kwargs(s)
     assert vllm["presence_penalty"] == 0.5 and "num_beams" not in vllm and vllm["structured_outputs"].regex == "[0-9]+"
     assert hf_generate_kwargs(s) == {"num_beams": 1}
@@ -181,8 +206,9 @@ def test_callbacks_are_added_popped_and_removed_like_transformers():
     handler.context.update(model="M", optimizer="O")
     control = handler.fire("on_step_end", None, TrainerState(global_step=3), TrainerControl())
     cb = handler.callbacks[0]
-    assert control.should_save and cb.seen == [(3, "M", "O", ["eval_dataloader", "lr_scheduler", "processing_class",
-                                                               "train_dataloader"])]
+    assert control.should_save and cb.seen == [
+        (3, "M", "O", ["eval_dataloader", "lr_scheduler", "processing_class", "train_dataloader"])
+    ]
     assert handler.pop(Recorder) is cb and handler.callbacks == []
     handler.add(cb)
     assert handler.pop(cb) is cb and handler.pop(cb) is None
@@ -205,28 +231,46 @@ class RecordingHub:
     def create_repo(self, repo_id, private=None, exist_ok=False):
         self.calls.append(("create", repo_id, private))
 
-    def upload_folder(self, repo_id, folder_path, path_in_repo=None, commit_message=None, revision=None,
-                      ignore_patterns=None):
+    def upload_folder(
+        self, repo_id, folder_path, path_in_repo=None, commit_message=None, revision=None, ignore_patterns=None
+    ):
         self.calls.append(("upload", folder_path, path_in_repo, commit_message))
 
 
-@pytest.mark.parametrize("strategy, expected", [
-    ("end", [("upload", "OUT", None, "End of training")]),
-    ("every_save", [("upload", "OUT", None, "Training in progress, checkpoint-2"),
-                    ("upload", "OUT", None, "End of training")]),
-    ("checkpoint", [("upload", "OUT", None, "Training in progress, checkpoint-2"),
-                    ("upload", "OUT/checkpoint-2", "last-checkpoint", "Training in progress, checkpoint-2"),
-                    ("upload", "OUT", None, "End of training")]),
-    ("all_checkpoints", [("upload", "OUT", None, "Training in progress, checkpoint-2"),
-                         ("upload", "OUT/checkpoint-2", "checkpoint-2", "Training in progress, checkpoint-2"),
-                         ("upload", "OUT", None, "End of training")]),
-])
+@pytest.mark.parametrize(
+    "strategy, expected",
+    [
+        ("end", [("upload", "OUT", None, "End of training")]),
+        (
+            "every_save",
+            [("upload", "OUT", None, "Training in progress, checkpoint-2"), ("upload", "OUT", None, "End of training")],
+        ),
+        (
+            "checkpoint",
+            [
+                ("upload", "OUT", None, "Training in progress, checkpoint-2"),
+                ("upload", "OUT/checkpoint-2", "last-checkpoint", "Training in progress, checkpoint-2"),
+                ("upload", "OUT", None, "End of training"),
+            ],
+        ),
+        (
+            "all_checkpoints",
+            [
+                ("upload", "OUT", None, "Training in progress, checkpoint-2"),
+                ("upload", "OUT/checkpoint-2", "checkpoint-2", "Training in progress, checkpoint-2"),
+                ("upload", "OUT", None, "End of training"),
+            ],
+        ),
+    ],
+)
 def test_hub_strategies_push_what_transformers_pushes(strategy, expected):
     from dsgrpo.hub import HubPusher
 
     api = RecordingHub()
-    pusher = HubPusher(GRPOConfig(push_to_hub=True, hub_strategy=strategy, hub_model_id="run", output_dir="OUT",
-                                  hub_always_push=True), api=api)
+    pusher = HubPusher(
+        GRPOConfig(push_to_hub=True, hub_strategy=strategy, hub_model_id="run", output_dir="OUT", hub_always_push=True),
+        api=api,
+    )
     pusher.check()
     written = []
     pusher.on_save("OUT/checkpoint-2", "OUT", lambda: written.append("model"))
@@ -308,8 +352,9 @@ def test_an_iterable_dataset_is_read_a_round_at_a_time():
     with pytest.raises(TypeError, match="IterableDataset: it has no length"):
         len(src)
     # a resumed run starts at its round: the stream is read up to it, the same rows come out
-    again = make_prompt_source(stream, CountingTokenizer(), max_prompt_length=None, context_length=None,
-                               max_completion_length=4)
+    again = make_prompt_source(
+        stream, CountingTokenizer(), max_prompt_length=None, context_length=None, max_completion_length=4
+    )
     assert again.round_prompts(1, 3, seed=0, shuffle=True) == positions
     assert again.rows_for(positions, [1, 1, 1])[1]["idx"] == [3, 4, 0]
 
@@ -356,15 +401,17 @@ def test_trls_helpers_exist_on_the_trainer():
     mask = torch.ones(1, 4)
     # TRL: tokens at or above the 0.5 quantile of the active entropies (0.4 here); an instance method, which TRL's
     # tests call on a stand-in trainer (in a world of one the quantile is over this process's tokens)
-    assert GRPOTrainer.get_high_entropy_mask(Mock(spec=GRPOTrainer), ent, mask, 0.5).tolist() == \
-        [[False, True, True, False]]
+    assert GRPOTrainer.get_high_entropy_mask(Mock(spec=GRPOTrainer), ent, mask, 0.5).tolist() == [
+        [False, True, True, False]
+    ]
     assert GRPOTrainer.get_high_entropy_mask(Mock(), ent, torch.zeros(1, 4), 0.5).tolist() == [[False] * 4]
     adv, logp = torch.tensor([[-1.0]]), torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
     assert GRPOTrainer.get_off_policy_mask(adv, logp, logp + 1.0, mask, 0.5).tolist() == [[0.0]]
     # TRL's gate σ(τ(w - 1))·4/τ: 2 at w = 1, τ = 1; 4/(1 + e^-1) at w = 2 (the loss is -gate·A)
     assert torch.allclose(GRPOTrainer.get_sapo_token_loss(torch.ones(1, 1), 1.0), torch.tensor([[2.0]]))
-    assert torch.allclose(GRPOTrainer.get_sapo_token_loss(torch.full((1, 1), 2.0), 1.0),
-                          torch.tensor([[4 / (1 + math.exp(-1.0))]]))
+    assert torch.allclose(
+        GRPOTrainer.get_sapo_token_loss(torch.full((1, 1), 2.0), 1.0), torch.tensor([[4 / (1 + math.exp(-1.0))]])
+    )
     phi = GRPOTrainer.get_gamma_weights(torch.ones(1, 1), torch.zeros(1, 4), mask, None)
     assert torch.allclose(phi, torch.ones(1, 1))  # φ(1) = 1
 
@@ -372,10 +419,13 @@ def test_trls_helpers_exist_on_the_trainer():
 def test_the_learning_alarm():
     from dsgrpo.update import learning_alarm
 
-    assert learning_alarm({"sampling/sampling_logp_difference/mean": 1e-5,
-                           "sampling/importance_sampling_ratio/mean": 1.0}) is None
-    line = learning_alarm({"sampling/sampling_logp_difference/mean": 7.3,
-                           "sampling/importance_sampling_ratio/mean": 1e-9})
+    assert (
+        learning_alarm({"sampling/sampling_logp_difference/mean": 1e-5, "sampling/importance_sampling_ratio/mean": 1.0})
+        is None
+    )
+    line = learning_alarm(
+        {"sampling/sampling_logp_difference/mean": 7.3, "sampling/importance_sampling_ratio/mean": 1e-9}
+    )
     assert "7.30 nats" in line and "barely learning" in line
     assert "mean weight is 0.05" in learning_alarm({"sampling/importance_sampling_ratio/mean": 0.05})
 
@@ -383,15 +433,23 @@ def test_the_learning_alarm():
 def test_all_none_rewards_warn_and_processing_classes_are_checked(caplog):
     from dsgrpo.rewards import RewardStack
 
-    stack = RewardStack([lambda prompts, completions, **kw: [None, 1.0], lambda prompts, completions, **kw: [None, None]])
+    stack = RewardStack(
+        [lambda prompts, completions, **kw: [None, 1.0], lambda prompts, completions, **kw: [None, None]]
+    )
     with caplog.at_level("WARNING"):  # TRL's words, through a logger (TRL's tests read them with caplog)
         stack(["p0", "p1"], ["c0", "c1"], [[1], [2]], {"idx": [7, 8]})
-    assert "All reward functions returned None for the following kwargs: {'prompt': 'p0', 'completion': 'c0', " \
-           "'idx': 7} (1 of 2 completions get no reward)" in caplog.text
+    assert (
+        "All reward functions returned None for the following kwargs: {'prompt': 'p0', 'completion': 'c0', "
+        "'idx': 7} (1 of 2 completions get no reward)" in caplog.text
+    )
     assert stack.processing_classes == [None, None]
-    with pytest.raises(ValueError, match=r"reward processing classes \(1\) must match the number of reward functions \(2\)"):
+    with pytest.raises(
+        ValueError, match=r"reward processing classes \(1\) must match the number of reward functions \(2\)"
+    ):
         RewardStack([lambda p, c, **k: [0.0], lambda p, c, **k: [0.0]], reward_processing_classes="tok")  # as TRL
-    with pytest.raises(ValueError, match=r"reward processing classes \(1\) must match the number of reward functions \(2\)"):
+    with pytest.raises(
+        ValueError, match=r"reward processing classes \(1\) must match the number of reward functions \(2\)"
+    ):
         RewardStack([lambda p, c, **k: [0.0], lambda p, c, **k: [0.0]], reward_processing_classes=["tok"])
 
 

@@ -28,8 +28,11 @@ def hf_reference(logits, top_k, top_p, min_p):
 
     z = logits.clone()
     ids = torch.zeros(z.shape[0], 1, dtype=torch.long)
-    for warper in ([TopKLogitsWarper(top_k)] if top_k else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else []) + \
-            ([MinPLogitsWarper(min_p)] if min_p else []):
+    for warper in (
+        ([TopKLogitsWarper(top_k)] if top_k else [])
+        + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+        + ([MinPLogitsWarper(min_p)] if min_p else [])
+    ):
         z = warper(ids, z)
     return z
 

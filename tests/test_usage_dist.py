@@ -78,11 +78,17 @@ llm = LLM(model={path!r}, dtype="float32", enforce_eager=True, kv_cache_memory_b
 out = llm.generate([{{"prompt_token_ids": {FIXED}}}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
 print("LOGPS", json.dumps([step[t].logprob for step, t in zip(out.prompt_logprobs[1:], {FIXED}[1:])]))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("LOGPS")][0]
-    return hf, json.loads(line[len("LOGPS "):])
+    return hf, json.loads(line[len("LOGPS ") :])
 
 
 @pytest.mark.parametrize("name", ["qwen3-moe", "qwen2-moe", "qwen3-moe-lora"])

@@ -42,11 +42,23 @@ TIMEOUT_S = 4.0
 def _pretend_job(scenario):
     """Two pretend ranks (dist_scripts/watched_rank.py) with their watchers, over a store of their own."""
     server = tdist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, wait_for_workers=False)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(server.port),
+        "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    }
     env.pop("TORCHELASTIC_RUN_ID", None)
-    ranks = [subprocess.Popen([sys.executable, SCRIPT, str(r), scenario, str(TIMEOUT_S)], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, str(r), scenario, str(TIMEOUT_S)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for r in range(2)
+    ]
     return server, ranks
 
 
@@ -88,8 +100,10 @@ def test_the_watcher_ends_a_rank_whose_peer_is_stopped_or_blocked_and_spares_liv
 
         code, _, err = _end(jobs["pipe"][1][0], within=60)
         assert code == watchdog.RANK_LOST_EXIT_CODE, (code, err)
-        assert "lost rank 1 (pid " in err and "blocked writing to its stdout (a full pipe: is the launcher's " \
-               "output read?)" in err, err
+        assert (
+            "lost rank 1 (pid " in err
+            and "blocked writing to its stdout (a full pipe: is the launcher's output read?)" in err
+        ), err
 
         for name in ("gil", "finish"):
             for rank, proc in enumerate(jobs[name][1]):

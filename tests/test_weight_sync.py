@@ -12,17 +12,30 @@ from dsgrpo.timing import step_breakdown
 
 
 def test_one_group_per_decoder_layer():
-    names = ["model.embed_tokens.weight", "model.layers.0.q.weight", "model.layers.0.mlp.experts.3.w1",
-             "model.layers.1.q.weight", "model.layers.0.mlp.experts.7.w1",  # late: still layer 0's
-             "model.norm.weight", "lm_head.weight"]
+    names = [
+        "model.embed_tokens.weight",
+        "model.layers.0.q.weight",
+        "model.layers.0.mlp.experts.3.w1",
+        "model.layers.1.q.weight",
+        "model.layers.0.mlp.experts.7.w1",  # late: still layer 0's
+        "model.norm.weight",
+        "lm_head.weight",
+    ]
     groups = [[names[i] for i in g] for g in layer_groups(names)]
-    assert groups == [["model.embed_tokens.weight"],
-                      ["model.layers.0.q.weight", "model.layers.0.mlp.experts.3.w1", "model.layers.0.mlp.experts.7.w1"],
-                      ["model.layers.1.q.weight"], ["model.norm.weight", "lm_head.weight"]]
+    assert groups == [
+        ["model.embed_tokens.weight"],
+        ["model.layers.0.q.weight", "model.layers.0.mlp.experts.3.w1", "model.layers.0.mlp.experts.7.w1"],
+        ["model.layers.1.q.weight"],
+        ["model.norm.weight", "lm_head.weight"],
+    ]
     # two stacks (a vision tower, then the language model) keep their first-seen order; indices sort numerically
     names = ["visual.blocks.10.w", "visual.blocks.2.w", "model.layers.0.w", "visual.merger.w"]
     assert [[names[i] for i in g] for g in layer_groups(names)] == [
-        ["visual.blocks.2.w"], ["visual.blocks.10.w"], ["model.layers.0.w"], ["visual.merger.w"]]
+        ["visual.blocks.2.w"],
+        ["visual.blocks.10.w"],
+        ["model.layers.0.w"],
+        ["visual.merger.w"],
+    ]
     assert layer_groups([]) == [] and layer_groups(["a", "b"]) == [[0, 1]]
 
 
@@ -30,9 +43,9 @@ def test_a_steps_time_in_nemo_rls_terms():
     times = {"time/generate": 2.0, "time/reference": 0.5, "time/train": 1.0, "time/sync": 0.25, "time/reward": 0.25}
     out = step_breakdown(times, tokens=8000, devices=2, step_s=4.0)
     assert out["perf/step_time_s"] == 4.0 and out["perf/refit_s"] == 0.25 and out["perf/logprobs_s"] == 0.5
-    assert out["perf/tokens_per_s_per_gpu"] == 8000 / (4.0 * 2)              # 1000
-    assert out["perf/tokens_per_s_per_gpu/generation"] == 8000 / (2.0 * 2)   # 2000
-    assert out["perf/tokens_per_s_per_gpu/training"] == 8000 / (1.0 * 2)    # 4000
+    assert out["perf/tokens_per_s_per_gpu"] == 8000 / (4.0 * 2)  # 1000
+    assert out["perf/tokens_per_s_per_gpu/generation"] == 8000 / (2.0 * 2)  # 2000
+    assert out["perf/tokens_per_s_per_gpu/training"] == 8000 / (1.0 * 2)  # 4000
 
 
 def test_sync_stats_report_each_phase_and_the_memcpy_ratio():

@@ -92,8 +92,11 @@ def test_the_chain_trains_the_reference_prompts_and_follows_its_weights(chain):
 
 def test_conversion_is_automatic_checksummed_once_and_said_once(chain):
     from dsgrpo.checkpoint_integrity import CHECKSUMS, damage
-    for written, said, old, new in ((chain["A"] / "checkpoint-2", chain["said_B"], 2, 1),
-                                    (chain["B"] / "checkpoint-4", chain["said_C"], 1, 2)):
+
+    for written, said, old, new in (
+        (chain["A"] / "checkpoint-2", chain["said_B"], 2, 1),
+        (chain["B"] / "checkpoint-4", chain["said_C"], 1, 2),
+    ):
         universal = written / "engine_universal"
         assert (universal / CHECKSUMS).is_file() and damage(str(universal)) is None
         assert not (written / ".engine_universal.partial").exists()  # C's debris was removed, not used
@@ -112,6 +115,7 @@ def test_lora_with_zero2_and_the_async_trainer_resume_on_one_rank(tmp_path):
         run(two, "--variant", variant, "--stop-at", "2", nproc=2)
         run(one, "--variant", variant, "--resume", str(two / "checkpoint-2"), "--stop-at", "4", nproc=1)
         return variant, two, one
+
     # the two chains side by side: their 1-rank resumes each keep one core busy
     chains = side_by_side(lambda: two_then_one("lora"), lambda: two_then_one("async"))
     for variant, two, one in chains:  # lora runs with deepspeed "auto": ZeRO-2 here (the plan fits whole weights)
@@ -119,7 +123,10 @@ def test_lora_with_zero2_and_the_async_trainer_resume_on_one_rank(tmp_path):
         if variant == "lora":
             assert all("lora_" in name for name in state(one / "state_begin.pt")["params"])
             # the plan's choice for two ranks, kept in the checkpoint
-            assert json.load(open(two / "checkpoint-2" / "trainer_state.json"))["deepspeed_auto"]["deepspeed"] == "zero2.json"
+            assert (
+                json.load(open(two / "checkpoint-2" / "trainer_state.json"))["deepspeed_auto"]["deepspeed"]
+                == "zero2.json"
+            )
         elif variant == "async":
             saved = [json.load(open(two / "checkpoint-2" / f"rollout_state_{r}.json")) for r in (0, 1)]
             pooled = sorted(g["position"] for s in saved for g in s["pool"])
@@ -134,17 +141,33 @@ def test_a_damaged_or_half_made_universal_copy_and_a_changed_round_are_refused(c
     from dsgrpo import GRPOConfig, GRPOTrainer
     from dsgrpo.checkpoint import CHECKSUMS, CheckpointError
     from dsgrpo.testing import tiny_model
+
     written = tmp_path / "checkpoint-2"
     shutil.copytree(chain["A"] / "checkpoint-2", written)
 
     def trainer(**kw):
-        base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=2, seed=3,
-                    max_steps=6, use_vllm=False, gradient_checkpointing=False, resume_from_checkpoint=str(written))
-        return GRPOTrainer(tiny_model("qwen2"), lambda prompts, completions, **k: [0.0] * len(completions),
-                           args=GRPOConfig(**{**base, **kw}), train_dataset=Dataset.from_list([{"prompt": "x"}] * 8))
+        base = dict(
+            output_dir=str(tmp_path / "out"),
+            per_device_train_batch_size=8,
+            num_generations=2,
+            seed=3,
+            max_steps=6,
+            use_vllm=False,
+            gradient_checkpointing=False,
+            resume_from_checkpoint=str(written),
+        )
+        return GRPOTrainer(
+            tiny_model("qwen2"),
+            lambda prompts, completions, **k: [0.0] * len(completions),
+            args=GRPOConfig(**{**base, **kw}),
+            train_dataset=Dataset.from_list([{"prompt": "x"}] * 8),
+        )
 
-    with pytest.raises(CheckpointError, match=r"prompts_per_round: checkpoint 4, this run 2.*per_device_train_batch_"
-                                              r"size × gradient_accumulation_steps = 8"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"prompts_per_round: checkpoint 4, this run 2.*per_device_train_batch_"
+        r"size × gradient_accumulation_steps = 8",
+    ):
         trainer(per_device_train_batch_size=4)
     with pytest.raises(CheckpointError, match="sync_ref_model"):
         trainer(sync_ref_model=True, beta=0.1)
@@ -154,10 +177,15 @@ def test_a_damaged_or_half_made_universal_copy_and_a_changed_round_are_refused(c
     with open(moment, "r+b") as fh:
         fh.truncate(size // 2)
     name = moment.relative_to(universal)
-    with pytest.raises(CheckpointError, match=f"{universal}, the copy of the engine state converted for another world "
-                                              f"size, is damaged: {name} has {size // 2} bytes, {size} were written"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"{universal}, the copy of the engine state converted for another world "
+        f"size, is damaged: {name} has {size // 2} bytes, {size} were written",
+    ):
         trainer()
     os.remove(universal / CHECKSUMS)  # as a conversion killed before its checksums (or one made by hand) leaves it
     with pytest.raises(CheckpointError, match=f"it has no {CHECKSUMS}.*Remove {universal} and resume again"):
         trainer()
-    assert not (tmp_path / "out").exists() or not any(p.name.startswith("checkpoint") for p in (tmp_path / "out").iterdir())
+    assert not (tmp_path / "out").exists() or not any(
+        p.name.startswith("checkpoint") for p in (tmp_path / "out").iterdir()
+    )

@@ -34,11 +34,14 @@ def observation_text(observation: Any, max_chars: int = 4000) -> str:
     """An observation's own fields as text (the value alone when it has one field)."""
     if observation is None:
         return ""
-    fields = ({k: v for k, v in observation.model_dump().items() if k not in NOT_OBSERVED}
-              if hasattr(observation, "model_dump") else {"observation": observation})
+    fields = (
+        {k: v for k, v in observation.model_dump().items() if k not in NOT_OBSERVED}
+        if hasattr(observation, "model_dump")
+        else {"observation": observation}
+    )
     text = str(next(iter(fields.values()))) if len(fields) == 1 else "\n".join(f"{k}: {v}" for k, v in fields.items())
     if len(text) > max_chars:
-        text = text[:max_chars // 2] + "\n[...]\n" + text[-max_chars // 2:]
+        text = text[: max_chars // 2] + "\n[...]\n" + text[-max_chars // 2 :]
     return text
 
 
@@ -58,14 +61,16 @@ class OpenEnvAdapter:
     env_class: Any = None
     action_class: Any = None
     action_field = "message"
-    reward_mode = "sum"                               # or "last"
+    reward_mode = "sum"  # or "last"
     reward_clip: Optional[Tuple[float, float]] = None
     max_chars = 4000
 
     def __init__(self):
         if self.env_class is None or self.action_class is None:
-            raise TypeError(f"{type(self).__name__}: set env_class and action_class on a subclass of "
-                            "OpenEnvAdapter (dsgrpo.adapters.openenv's docstring shows how).")
+            raise TypeError(
+                f"{type(self).__name__}: set env_class and action_class on a subclass of "
+                "OpenEnvAdapter (dsgrpo.adapters.openenv's docstring shows how)."
+            )
         self.env = self.env_class()  # one environment an instance, reset for each of its episodes
         self.rewards, self.done, self.steps = [], False, 0
 

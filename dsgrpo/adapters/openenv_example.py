@@ -35,8 +35,9 @@ class GuessNumberEnvironment(Environment):
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs) -> GuessObservation:
         self.target, self.left = random.Random(seed).randint(1, self.high), self.tries
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
-        return GuessObservation(message=f"Guess my number between 1 and {self.high}. You have {self.left} tries.",
-                                done=False, reward=0.0)
+        return GuessObservation(
+            message=f"Guess my number between 1 and {self.high}. You have {self.left} tries.", done=False, reward=0.0
+        )
 
     def step(self, action: GuessAction, timeout_s=None, **kwargs) -> GuessObservation:
         self._state.step_count += 1
@@ -45,8 +46,12 @@ class GuessNumberEnvironment(Environment):
             return GuessObservation(message="Correct!", done=True, reward=1.0)
         over = self.left <= 0
         hint = "higher" if action.guess < self.target else "lower"
-        return GuessObservation(message=f"{action.guess} is wrong: the number is {hint}."
-                                + (f" No tries left; it was {self.target}." if over else ""), done=over, reward=0.0)
+        return GuessObservation(
+            message=f"{action.guess} is wrong: the number is {hint}."
+            + (f" No tries left; it was {self.target}." if over else ""),
+            done=over,
+            reward=0.0,
+        )
 
     @property
     def state(self) -> State:

@@ -31,23 +31,52 @@ from contextlib import contextmanager
 from typing import List, Sequence
 
 OFFLINE_GAMES = (
-    "GuessTheNumber-v0", "GuessTheNumber-v0-hardcore", "TowerOfHanoi-v0", "TowerOfHanoi-v0-medium",
-    "Minesweeper-v0-small", "Minesweeper-v0", "Sudoku-v0-very-easy", "Sudoku-v0-easy", "Mastermind-v0",
-    "FrozenLake-v0", "FrozenLake-v0-random", "LightsOut-v0", "FifteenPuzzle-v0", "2048-v0-super-easy",
-    "PegJump-v0", "RushHour-v0", "Crosswords-v0", "LogicPuzzle-v0", "Blackjack-v0", "Bandit-v0",
-    "Secretary-v0", "Set-v0", "Countdown-v0", "Cryptarithm-v0", "Slitherlink-v0", "ThreeCardMonte-v0",
+    "GuessTheNumber-v0",
+    "GuessTheNumber-v0-hardcore",
+    "TowerOfHanoi-v0",
+    "TowerOfHanoi-v0-medium",
+    "Minesweeper-v0-small",
+    "Minesweeper-v0",
+    "Sudoku-v0-very-easy",
+    "Sudoku-v0-easy",
+    "Mastermind-v0",
+    "FrozenLake-v0",
+    "FrozenLake-v0-random",
+    "LightsOut-v0",
+    "FifteenPuzzle-v0",
+    "2048-v0-super-easy",
+    "PegJump-v0",
+    "RushHour-v0",
+    "Crosswords-v0",
+    "LogicPuzzle-v0",
+    "Blackjack-v0",
+    "Bandit-v0",
+    "Secretary-v0",
+    "Set-v0",
+    "Countdown-v0",
+    "Cryptarithm-v0",
+    "Slitherlink-v0",
+    "ThreeCardMonte-v0",
 )
-NEEDS_NETWORK = {"Wordle": "downloads nltk word lists at reset", "Hangman": "downloads nltk word lists at reset",
-                 "WordLadder": "downloads nltk word lists at reset", "WordSearch": "downloads nltk word lists at reset",
-                 "TwentyQuestions": "asks a hosted model (OpenRouter)", "GuessWho": "asks a hosted model (OpenRouter)"}
-PROMPT = ("You are playing a text game. Make one move per call of the `act` tool, in the format the game asks for, "
-          "and keep playing until the game says it is over.")
+NEEDS_NETWORK = {
+    "Wordle": "downloads nltk word lists at reset",
+    "Hangman": "downloads nltk word lists at reset",
+    "WordLadder": "downloads nltk word lists at reset",
+    "WordSearch": "downloads nltk word lists at reset",
+    "TwentyQuestions": "asks a hosted model (OpenRouter)",
+    "GuessWho": "asks a hosted model (OpenRouter)",
+}
+PROMPT = (
+    "You are playing a text game. Make one move per call of the `act` tool, in the format the game asks for, "
+    "and keep playing until the game says it is over."
+)
 
 _ONE_GAME_CALL = threading.Lock()  # a game call repoints module globals: one at a time in the process
 
 
 class _GameRandom(random.Random):
     """A game's own RNG, standing in for the `random` module inside textarena (which also builds random.Random)."""
+
     Random = random.Random
     SystemRandom = random.SystemRandom
 
@@ -55,9 +84,9 @@ class _GameRandom(random.Random):
 class TextArenaGame:
     """One TextArena single-player game per episode (the row's `game`, dealt by its `seed`). Tool: `act(move)`."""
 
-    max_chars = 4000        # a longer observation keeps its head and tail
+    max_chars = 4000  # a longer observation keeps its head and tail
     partial_credit = False  # an unfinished game scores 0, or (True) the game's progress measure
-    solved_only = False     # True: 1 for a solved game, else 0
+    solved_only = False  # True: 1 for a solved game, else 0
 
     def __init__(self):
         self._env, self._rng, self._reward = None, _GameRandom(), None
@@ -66,8 +95,10 @@ class TextArenaGame:
     def reset(self, game: str, seed: int = 0, **row) -> str:
         stem = str(game).split("-v")[0]
         if stem in NEEDS_NETWORK:
-            raise ValueError(f"TextArena's {game} {NEEDS_NETWORK[stem]}: it cannot run offline. Offline games: "
-                             f"{', '.join(OFFLINE_GAMES)}.")
+            raise ValueError(
+                f"TextArena's {game} {NEEDS_NETWORK[stem]}: it cannot run offline. Offline games: "
+                f"{', '.join(OFFLINE_GAMES)}."
+            )
         try:
             import textarena as ta
             from textarena.envs.registration import ENV_REGISTRY
@@ -107,8 +138,11 @@ class TextArenaGame:
             self._reward = _score((rewards or {}).get(0))
             if self.solved_only:
                 self._reward = 1.0 if self._reward >= 1.0 and not player.get("invalid_move") else 0.0
-            text = (text + "\n\n" if text else "") + f"Game over. {player.get('reason') or ''}".strip() + \
-                f" Score: {self._reward:.2f}"
+            text = (
+                (text + "\n\n" if text else "")
+                + f"Game over. {player.get('reason') or ''}".strip()
+                + f" Score: {self._reward:.2f}"
+            )
         return text or "(the game said nothing)"
 
     def get_reward(self) -> float:
@@ -126,8 +160,11 @@ class TextArenaGame:
     @contextmanager
     def _own_random(self):
         with _ONE_GAME_CALL:
-            modules = [m for name, m in list(sys.modules.items())
-                       if name.startswith("textarena") and getattr(m, "random", None) is random]
+            modules = [
+                m
+                for name, m in list(sys.modules.items())
+                if name.startswith("textarena") and getattr(m, "random", None) is random
+            ]
             for m in modules:
                 m.random = self._rng
             try:
@@ -139,8 +176,9 @@ class TextArenaGame:
     def _text(self, messages) -> str:
         import textarena as ta
 
-        parts = [str(text).strip() for _, text, kind in messages or []
-                 if kind != ta.ObservationType.PLAYER_ACTION]  # the model's own move, echoed back
+        parts = [
+            str(text).strip() for _, text, kind in messages or [] if kind != ta.ObservationType.PLAYER_ACTION
+        ]  # the model's own move, echoed back
         text = "\n\n".join(p for p in parts if p)
         if len(text) > self.max_chars:
             half = self.max_chars // 2
@@ -168,8 +206,10 @@ def textarena_dataset(games: Sequence[str] | str = ("GuessTheNumber-v0",), n: in
     if unknown:
         raise ValueError(f"task:textarena: {unknown} not among the games checked to run offline: {OFFLINE_GAMES}.")
     rng = random.Random(seed)
-    rows: List[dict] = [{"prompt": [{"role": "user", "content": PROMPT}], "game": rng.choice(list(games)),
-                         "seed": rng.randrange(2**31)} for _ in range(int(n))]
+    rows: List[dict] = [
+        {"prompt": [{"role": "user", "content": PROMPT}], "game": rng.choice(list(games)), "seed": rng.randrange(2**31)}
+        for _ in range(int(n))
+    ]
     return Dataset.from_list(rows)
 
 

@@ -9,12 +9,46 @@ from .dapo import dynamic_sampling_filter, kl_penalized_token_rewards, soft_over
 from .entropy import AdaptiveEntropyCoef, entropy_from_logits, entropy_mask, entropy_threshold
 from .kl import KL_ESTIMATORS, kl_divergence
 from .truncation import Truncation, truncate_logits
-from .policy_loss import (LOSS_TYPES, SAMPLER_CORRECTIONS, LossHyperparams, aggregation_weights, entropy_bonus_weights,
-                          masked_mean, off_policy_mask, policy_loss, sampler_correction, sapo_token_loss, vespo_weights)
+from .policy_loss import (
+    LOSS_TYPES,
+    SAMPLER_CORRECTIONS,
+    LossHyperparams,
+    aggregation_weights,
+    entropy_bonus_weights,
+    masked_mean,
+    off_policy_mask,
+    policy_loss,
+    sampler_correction,
+    sapo_token_loss,
+    vespo_weights,
+)
 
 __all__ = [
-    "compute_advantages", "policy_loss", "kl_divergence", "sampler_correction", "masked_mean",
-    "entropy_from_logits", "entropy_mask", "entropy_threshold", "off_policy_mask", "sapo_token_loss", "vespo_weights",
-    "aggregation_weights", "entropy_bonus_weights", "LossHyperparams", "AdaptiveEntropyCoef", "Truncation", "truncate_logits", "dynamic_sampling_filter", "soft_overlong_penalty",
-    "kl_penalized_token_rewards", "nan_mean", "nan_std", "is_zero_std", "zero_std_groups", "LOSS_TYPES", "KL_ESTIMATORS", "SAMPLER_CORRECTIONS",
+    "compute_advantages",
+    "policy_loss",
+    "kl_divergence",
+    "sampler_correction",
+    "masked_mean",
+    "entropy_from_logits",
+    "entropy_mask",
+    "entropy_threshold",
+    "off_policy_mask",
+    "sapo_token_loss",
+    "vespo_weights",
+    "aggregation_weights",
+    "entropy_bonus_weights",
+    "LossHyperparams",
+    "AdaptiveEntropyCoef",
+    "Truncation",
+    "truncate_logits",
+    "dynamic_sampling_filter",
+    "soft_overlong_penalty",
+    "kl_penalized_token_rewards",
+    "nan_mean",
+    "nan_std",
+    "is_zero_std",
+    "zero_std_groups",
+    "LOSS_TYPES",
+    "KL_ESTIMATORS",
+    "SAMPLER_CORRECTIONS",
 ]

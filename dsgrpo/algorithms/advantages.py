@@ -47,12 +47,14 @@ AGGREGATIONS: Registry = Registry("multi_objective_aggregation")
 
 
 @AGGREGATIONS.register("sum_then_normalize")
-def _sum_then_normalize(rewards: torch.Tensor, weights: torch.Tensor, G: int, scale: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sum_then_normalize(
+    rewards: torch.Tensor, weights: torch.Tensor, G: int, scale: str
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Weighted sum of the K rewards, then group-relative centring and scaling. Returns (A, r, σ_group)."""
-    r = weighted_sum(rewards, weights)                       # [N]
-    grouped = r.view(-1, G)                                  # [N/G, G]
-    mu = nan_mean(grouped, dim=1, keepdim=True)              # [N/G, 1]
-    sigma = nan_std(grouped, dim=1, keepdim=True)            # [N/G, 1]
+    r = weighted_sum(rewards, weights)  # [N]
+    grouped = r.view(-1, G)  # [N/G, G]
+    mu = nan_mean(grouped, dim=1, keepdim=True)  # [N/G, 1]
+    sigma = nan_std(grouped, dim=1, keepdim=True)  # [N/G, 1]
     centred = grouped - mu
     if scale == "group":
         adv = centred / (sigma + EPS)
@@ -66,13 +68,15 @@ def _sum_then_normalize(rewards: torch.Tensor, weights: torch.Tensor, G: int, sc
 
 
 @AGGREGATIONS.register("normalize_then_sum")
-def _normalize_then_sum(rewards: torch.Tensor, weights: torch.Tensor, G: int, scale: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _normalize_then_sum(
+    rewards: torch.Tensor, weights: torch.Tensor, G: int, scale: str
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Z-score each reward within its group, weighted sum, then z-score over the batch (GDPO: one reward with a
     large spread cannot drown the others). `scale` does not apply: both normalisations are part of the method."""
     N, K = rewards.shape
-    grouped = rewards.view(-1, G, K)                         # [N/G, G, K]
+    grouped = rewards.view(-1, G, K)  # [N/G, G, K]
     z = (grouped - nan_mean(grouped, dim=1, keepdim=True)) / (nan_std(grouped, dim=1, keepdim=True) + EPS)
-    combined = weighted_sum(z.reshape(N, K), weights)        # [N]
+    combined = weighted_sum(z.reshape(N, K), weights)  # [N]
     adv = (combined - nan_mean(combined, dim=0)) / (nan_std(combined, dim=0) + EPS)
     r = weighted_sum(rewards, weights)
     return adv, r, nan_std(r.view(-1, G), dim=1)
@@ -112,8 +116,10 @@ def compute_advantages(
     else:
         weights = torch.as_tensor(reward_weights, dtype=rewards.dtype, device=rewards.device)
         if weights.shape != (K,):
-            raise ValueError(f"reward_weights has {weights.numel()} entries but there are {K} reward functions; "
-                             "give one weight per reward function.")
+            raise ValueError(
+                f"reward_weights has {weights.numel()} entries but there are {K} reward functions; "
+                "give one weight per reward function."
+            )
     adv, r, std_per_group = AGGREGATIONS.get(multi_objective_aggregation)(rewards, weights, num_generations, scale)
     adv = torch.nan_to_num(adv, nan=0.0)
     stats = {

@@ -36,17 +36,26 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_completion_length: int, cac
     lengths = lengths.float()
     start = max_completion_length - cache_length
     ramp = (start - lengths) / cache_length
-    return torch.where(lengths <= start, torch.zeros_like(lengths),
-                       torch.where(lengths <= max_completion_length, ramp, torch.full_like(lengths, -1.0)))
+    return torch.where(
+        lengths <= start,
+        torch.zeros_like(lengths),
+        torch.where(lengths <= max_completion_length, ramp, torch.full_like(lengths, -1.0)),
+    )
 
 
-def kl_penalized_token_rewards(rewards: torch.Tensor, per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor,
-                               mask: torch.Tensor, beta: float, estimator: str = "k1") -> torch.Tensor:
+def kl_penalized_token_rewards(
+    rewards: torch.Tensor,
+    per_token_logps: torch.Tensor,
+    ref_per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    estimator: str = "k1",
+) -> torch.Tensor:
     """KL in the reward instead of the loss (as OpenRLHF and verl offer): every active token is rewarded
     -β·KL_t, and the last active token also receives the sequence reward. [B], [B, T]×3 → [B, T]."""
     mask = mask.to(per_token_logps.dtype)
     token_rewards = -beta * kl_divergence(per_token_logps, ref_per_token_logps, estimator).detach() * mask
     T = mask.shape[1]
-    last_index = T - 1 - mask.flip(-1).argmax(-1, keepdim=True)                # [B, 1]
-    last = (torch.arange(T, device=mask.device) == last_index) & mask.bool()    # [B, T], one True per non-empty row
+    last_index = T - 1 - mask.flip(-1).argmax(-1, keepdim=True)  # [B, 1]
+    last = (torch.arange(T, device=mask.device) == last_index) & mask.bool()  # [B, T], one True per non-empty row
     return token_rewards + last.to(mask.dtype) * rewards.reshape(-1, 1).to(mask.dtype)

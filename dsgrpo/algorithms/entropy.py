@@ -13,10 +13,10 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 128) -> torch.Te
 
     Rows are processed `chunk_size` at a time so that the softmax of a large vocabulary is never held for the
     whole batch at once next to the logits themselves."""
-    flat = logits.reshape(-1, logits.shape[-1])                       # [B*T, V]
+    flat = logits.reshape(-1, logits.shape[-1])  # [B*T, V]
     parts = []
     for start in range(0, flat.shape[0], chunk_size):
-        z = flat[start:start + chunk_size].float()
+        z = flat[start : start + chunk_size].float()
         # a truncated distribution holds -inf logits: their probability is 0 and so is their term (not 0 · -inf)
         finite = torch.where(torch.isinf(z), torch.zeros_like(z), z)
         parts.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * finite).sum(-1))
@@ -32,8 +32,9 @@ def entropy_threshold(active_entropies: torch.Tensor, top_quantile: float) -> to
     return torch.quantile(active_entropies.float(), 1.0 - top_quantile)
 
 
-def entropy_mask(entropies: torch.Tensor, mask: torch.Tensor, top_quantile: float,
-                 threshold: Optional[torch.Tensor] = None) -> torch.Tensor:
+def entropy_mask(
+    entropies: torch.Tensor, mask: torch.Tensor, top_quantile: float, threshold: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """[B, T] → [B, T] bool: the active tokens whose entropy is in the top `top_quantile` fraction.
 
     top_quantile = 1 keeps every active token; 0 keeps only the highest-entropy ones. `threshold`: one computed

@@ -18,7 +18,7 @@ def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
 
 @KL_ESTIMATORS.register("k2")
 def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
-    return 0.5 * log_ratio ** 2
+    return 0.5 * log_ratio**2
 
 
 @KL_ESTIMATORS.register("k3")
@@ -26,6 +26,8 @@ def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def kl_divergence(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+def kl_divergence(
+    per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, estimator: str = "k3"
+) -> torch.Tensor:
     """[B, T] per-token KL(π_θ || π_ref) estimate."""
     return KL_ESTIMATORS.get(estimator)(ref_per_token_logps - per_token_logps)

@@ -60,6 +60,7 @@ def _sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Te
 @dataclass(frozen=True)
 class LossHyperparams:
     """The variants' own constants (TRL 1.16's GRPOConfig names and defaults)."""
+
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     delta: Optional[float] = None
@@ -74,11 +75,12 @@ class LossHyperparams:
 @dataclass
 class TermInputs:
     """What a per-token term is computed from (one signature for every variant)."""
-    ratio: torch.Tensor              # [B, T] or [B, 1]: w = π_θ/π_old at the chosen importance-sampling level
-    log_ratio: torch.Tensor          # [B, T]: per-token log π_θ/π_old, 0 on padding
-    advantages: torch.Tensor         # [B, 1]
-    logps: torch.Tensor              # [B, T]: log π_θ (with grad)
-    mask: torch.Tensor               # [B, T]
+
+    ratio: torch.Tensor  # [B, T] or [B, 1]: w = π_θ/π_old at the chosen importance-sampling level
+    log_ratio: torch.Tensor  # [B, T]: per-token log π_θ/π_old, 0 on padding
+    advantages: torch.Tensor  # [B, 1]
+    logps: torch.Tensor  # [B, T]: log π_θ (with grad)
+    mask: torch.Tensor  # [B, T]
     sampler_ratio: Optional[torch.Tensor]  # the sampler correction ρ ([B, T] or [B, 1]) or None
     hp: LossHyperparams
 
@@ -98,12 +100,14 @@ def _cispo_term(x: TermInputs) -> torch.Tensor:
     return -torch.clamp(x.ratio, max=x.hp.epsilon_high).detach() * x.advantages * x.logps
 
 
-def sapo_token_loss(ratio: torch.Tensor, advantages: torch.Tensor, temperature_pos: float = 1.0,
-                    temperature_neg: float = 1.05) -> torch.Tensor:
+def sapo_token_loss(
+    ratio: torch.Tensor, advantages: torch.Tensor, temperature_pos: float = 1.0, temperature_neg: float = 1.05
+) -> torch.Tensor:
     """SAPO (arXiv:2511.20347): a smooth gate instead of a hard clip, -σ(τ(w-1))·4/τ·A, with τ = temperature_pos
     where A > 0 and temperature_neg elsewhere. At w = 1 the gate is 2/τ and its slope 1 (the on-policy gradient)."""
-    tau = torch.where(advantages > 0, torch.full_like(advantages, temperature_pos),
-                      torch.full_like(advantages, temperature_neg))
+    tau = torch.where(
+        advantages > 0, torch.full_like(advantages, temperature_pos), torch.full_like(advantages, temperature_neg)
+    )
     return -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * advantages
 
 
@@ -112,15 +116,22 @@ def _sapo_term(x: TermInputs) -> torch.Tensor:
 
 
 @torch.no_grad()
-def vespo_weights(advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor,
-                  sampler_ratio: Optional[torch.Tensor], k_pos: float = 2.0, lambda_pos: float = 3.0,
-                  k_neg: float = 3.0, lambda_neg: float = 2.0) -> torch.Tensor:
+def vespo_weights(
+    advantages: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    sampler_ratio: Optional[torch.Tensor],
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+) -> torch.Tensor:
     """VESPO (arXiv:2602.10693): [B, 1] gamma weights φ(w) = e^λ · w^k · e^(-λw) (φ(1) = 1) of the sequence
     importance weight w = Π_t π_θ/π_old (× the token sampler correction ρ_t), with (k, λ) chosen by the sign of
     A; computed in log space, log-weights clamped to [log 1e-8, 20] as the reference implementation does, and
     detached: φ only scales the gradient of -A·log π_θ."""
     lower = math.log(1e-8)
-    log_w = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)             # [B, 1]
+    log_w = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)  # [B, 1]
     if sampler_ratio is not None:
         log_w = log_w + (torch.clamp(torch.log(sampler_ratio), lower, 20.0) * mask).sum(-1, keepdim=True)
     log_w = torch.clamp(log_w, lower, 20.0)
@@ -133,8 +144,16 @@ def vespo_weights(advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torch
 def _vespo_term(x: TermInputs) -> torch.Tensor:
     """-φ(w)·A·log π_θ."""
     hp = x.hp
-    phi = vespo_weights(x.advantages, x.log_ratio, x.mask, x.sampler_ratio, hp.vespo_k_pos, hp.vespo_lambda_pos,
-                        hp.vespo_k_neg, hp.vespo_lambda_neg)
+    phi = vespo_weights(
+        x.advantages,
+        x.log_ratio,
+        x.mask,
+        x.sampler_ratio,
+        hp.vespo_k_pos,
+        hp.vespo_lambda_pos,
+        hp.vespo_k_neg,
+        hp.vespo_lambda_neg,
+    )
     return -phi * x.advantages * x.logps
 
 
@@ -142,6 +161,7 @@ def _vespo_term(x: TermInputs) -> torch.Tensor:
 @dataclass
 class LossContext:
     """What an aggregator may use besides the per-token loss and the mask."""
+
     max_completion_length: Optional[int]
     num_items_in_batch: Optional[float]
     num_processes: int
@@ -187,6 +207,7 @@ def _sequence_sum_mean(loss, mask, ctx: LossContext):
 class LossType:
     """A loss variant: its per-token term, how the terms become one number, and which clip statistics it logs
     ("ppo": clip_ratio/*, "cispo": cispo_clip_ratio, "vespo": vespo/phi_seq_mean, None: none)."""
+
     per_token: Callable[[TermInputs], torch.Tensor]
     aggregate: Callable
     clip_metrics: Optional[str] = "ppo"
@@ -201,8 +222,9 @@ LOSS_TYPES.register("dapo")(LossType(_clipped_term, _global_token_mean))
 LOSS_TYPES.register("luspo")(LossType(_clipped_term, _sequence_sum_mean))
 LOSS_TYPES.register("cispo")(LossType(_cispo_term, _global_token_mean, clip_metrics="cispo"))
 LOSS_TYPES.register("sapo")(LossType(_sapo_term, _sequence_mean, clip_metrics=None))
-LOSS_TYPES.register("vespo")(LossType(_vespo_term, _global_token_mean, clip_metrics="vespo",
-                                      folds_sampler_correction=True))
+LOSS_TYPES.register("vespo")(
+    LossType(_vespo_term, _global_token_mean, clip_metrics="vespo", folds_sampler_correction=True)
+)
 
 
 # ------------------------------------------------------------------------- sampler correction
@@ -215,11 +237,11 @@ def _log_ratio(old, sampler, mask):
 
 
 def _token_rho(old, sampler, mask):
-    return torch.exp(_log_ratio(old, sampler, mask))                              # [B, T]
+    return torch.exp(_log_ratio(old, sampler, mask))  # [B, T]
 
 
 def _sequence_rho(old, sampler, mask):
-    return torch.exp(_log_ratio(old, sampler, mask).sum(-1, keepdim=True))        # [B, 1]
+    return torch.exp(_log_ratio(old, sampler, mask).sum(-1, keepdim=True))  # [B, 1]
 
 
 def _truncate(rho, lo, hi):
@@ -238,7 +260,8 @@ def _mask(rho, lo, hi):
 for _level, _rho in (("token", _token_rho), ("sequence", _sequence_rho)):
     for _kind, _limit in (("truncate", _truncate), ("mask", _mask)):
         SAMPLER_CORRECTIONS.register(f"{_level}_{_kind}")(
-            lambda old, sampler, mask, lo, hi, _r=_rho, _l=_limit: _l(_r(old, sampler, mask), lo, hi))
+            lambda old, sampler, mask, lo, hi, _r=_rho, _l=_limit: _l(_r(old, sampler, mask), lo, hi)
+        )
 
 
 def sampler_correction(old_logps, sampler_logps, mask, mode, clip_min=None, clip_max=3.0) -> torch.Tensor:
@@ -258,8 +281,13 @@ def token_band_mask(old_logps: torch.Tensor, sampler_logps: torch.Tensor, band: 
     return (~outside).to(old_logps.dtype)
 
 
-def off_policy_mask(advantages: torch.Tensor, per_token_logps: torch.Tensor, behaviour_logps: torch.Tensor,
-                    mask: torch.Tensor, threshold: float) -> torch.Tensor:
+def off_policy_mask(
+    advantages: torch.Tensor,
+    per_token_logps: torch.Tensor,
+    behaviour_logps: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
     """DeepSeek-V3.2's off-policy sequence mask (arXiv:2512.02556, eq. 9): [B, 1], 0 for a sequence with a
     negative advantage whose mean per-token KL(π_behaviour || π_θ) estimate, log π_behaviour − log π_θ, exceeds
     `threshold`; 1 otherwise. Tokens the sampler could not score (NaN) count as no evidence."""
@@ -337,11 +365,11 @@ def policy_loss(
     hp = hyperparams or LossHyperparams(epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta)
     mask = completion_mask.to(per_token_logps.dtype)
     old = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
-    adv = advantages.reshape(-1, 1).to(per_token_logps.dtype)                    # [B, 1]
+    adv = advantages.reshape(-1, 1).to(per_token_logps.dtype)  # [B, 1]
 
-    log_ratio = masked(per_token_logps - old, mask)                               # [B, T], 0 on padding
+    log_ratio = masked(per_token_logps - old, mask)  # [B, T], 0 on padding
     log_w = IMPORTANCE_LEVELS.get(importance_sampling_level)(log_ratio, mask)
-    ratio = torch.exp(log_w)                                                      # [B, T] or [B, 1]
+    ratio = torch.exp(log_w)  # [B, T] or [B, 1]
 
     metrics: Dict[str, torch.Tensor] = {}
     rho = None
@@ -405,8 +433,9 @@ def policy_loss(
         elif variant.clip_metrics == "cispo":
             metrics["cispo_clip_ratio"] = masked_mean(((ratio > hp.epsilon_high) & (adv > 0)).to(mask.dtype), mask)
         elif variant.clip_metrics == "vespo":
-            phi = vespo_weights(adv, log_ratio, mask, rho, hp.vespo_k_pos, hp.vespo_lambda_pos, hp.vespo_k_neg,
-                                hp.vespo_lambda_neg)
+            phi = vespo_weights(
+                adv, log_ratio, mask, rho, hp.vespo_k_pos, hp.vespo_lambda_pos, hp.vespo_k_neg, hp.vespo_lambda_neg
+            )
             metrics["vespo/phi_seq_mean"] = phi.mean()
     return loss, metrics
 
@@ -416,9 +445,15 @@ def _masked_ref(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor
     return torch.where(mask.bool(), ref_per_token_logps, per_token_logps.detach())
 
 
-def aggregation_weights(loss_type: str, mask: torch.Tensor, *, max_completion_length: Optional[int] = None,
-                        num_items_in_batch: Optional[float] = None, num_processes: int = 1,
-                        gradient_accumulation_steps: int = 1) -> torch.Tensor:
+def aggregation_weights(
+    loss_type: str,
+    mask: torch.Tensor,
+    *,
+    max_completion_length: Optional[int] = None,
+    num_items_in_batch: Optional[float] = None,
+    num_processes: int = 1,
+    gradient_accumulation_steps: int = 1,
+) -> torch.Tensor:
     """[B, T]: each token's weight in a micro-batch's aggregated loss. Every aggregation is linear in the per-token
     loss, so its gradient with respect to that loss is the weights, whatever the values: the loss of any subset of
     the micro-batch's sequences is then the weighted sum of their terms, with the normaliser of the whole micro-batch
@@ -426,12 +461,13 @@ def aggregation_weights(loss_type: str, mask: torch.Tensor, *, max_completion_le
     x = torch.zeros_like(mask, dtype=torch.float32, requires_grad=True)
     ctx = LossContext(max_completion_length, num_items_in_batch, num_processes, gradient_accumulation_steps)
     with torch.enable_grad():
-        weights, = torch.autograd.grad(LOSS_TYPES.get(loss_type).aggregate(x, mask.float(), ctx), x)
+        (weights,) = torch.autograd.grad(LOSS_TYPES.get(loss_type).aggregate(x, mask.float(), ctx), x)
     return weights
 
 
-def entropy_bonus_weights(mask: torch.Tensor, keep_mask: Optional[torch.Tensor],
-                          gradient_accumulation_steps: int) -> torch.Tensor:
+def entropy_bonus_weights(
+    mask: torch.Tensor, keep_mask: Optional[torch.Tensor], gradient_accumulation_steps: int
+) -> torch.Tensor:
     """[B, T]: the entropy bonus is the mean entropy of a micro-batch's trained tokens (high-entropy ones with
     top_entropy_quantile), scaled for accumulation."""
     effective = mask if keep_mask is None else mask * keep_mask.to(mask.dtype)

@@ -19,6 +19,7 @@ class Registry(Generic[F]):
                 raise ValueError(f"{self.kind} {name!r} is already registered ({self._items[name]!r}).")
             self._items[name] = fn
             return fn
+
         return wrap
 
     def get(self, name: str) -> F:

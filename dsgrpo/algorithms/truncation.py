@@ -22,10 +22,10 @@ import torch
 
 @dataclass(frozen=True)
 class Truncation:
-    top_k: Optional[int] = None       # None or 0: off
-    top_p: Optional[float] = None     # None or 1.0: off
-    min_p: Optional[float] = None     # None or 0.0: off
-    order: str = "vllm"               # "vllm" (min_p, top_k, top_p) or "hf" (top_k, top_p, min_p)
+    top_k: Optional[int] = None  # None or 0: off
+    top_p: Optional[float] = None  # None or 1.0: off
+    min_p: Optional[float] = None  # None or 0.0: off
+    order: str = "vllm"  # "vllm" (min_p, top_k, top_p) or "hf" (top_k, top_p, min_p)
 
     @property
     def active(self) -> bool:
@@ -35,7 +35,7 @@ class Truncation:
 def _top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     if k >= logits.shape[-1]:
         return logits
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]                      # ties at the k-th value are kept
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # ties at the k-th value are kept
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
@@ -61,9 +61,11 @@ def truncate_logits(logits: torch.Tensor, truncation: Truncation, keep: Optional
     if not truncation.active:
         return logits
     original = logits
-    steps = {"min_p": lambda z: _min_p(z, truncation.min_p) if truncation.min_p else z,
-             "top_k": lambda z: _top_k(z, truncation.top_k) if truncation.top_k else z,
-             "top_p": lambda z: _top_p(z, truncation.top_p) if truncation.top_p is not None and truncation.top_p < 1 else z}
+    steps = {
+        "min_p": lambda z: _min_p(z, truncation.min_p) if truncation.min_p else z,
+        "top_k": lambda z: _top_k(z, truncation.top_k) if truncation.top_k else z,
+        "top_p": lambda z: _top_p(z, truncation.top_p) if truncation.top_p is not None and truncation.top_p < 1 else z,
+    }
     names = ("min_p", "top_k", "top_p") if truncation.order == "vllm" else ("top_k", "top_p", "min_p")
     for name in names:
         logits = steps[name](logits)

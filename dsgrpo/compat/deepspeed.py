@@ -40,6 +40,7 @@ def confine_deepspeed_comm(group) -> None:
                 if bound.arguments.get("group") in (None, real.GroupMember.WORLD):
                     bound.arguments["group"] = group
                 return attr(*bound.args, **bound.kwargs)
+
             return confined
 
     class TorchView(types.ModuleType):
@@ -67,6 +68,7 @@ def ignore_compiling_in_other_threads() -> None:
 
     def is_compiling() -> bool:
         return threading.current_thread() is not threading.main_thread() and original()
+
     is_compiling._dsgrpo = True
     for module in (ds_compiler, coordinator, nvtx):
         module.is_compiling = is_compiling
@@ -186,9 +188,20 @@ def convert_to_universal(engine_dir: str, out_dir: str, workers: int = 1) -> Non
     import os
     import subprocess
 
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", engine_dir,
-           "--output_folder", out_dir, "--num_extract_workers", str(workers), "--num_merge_workers", str(workers),
-           "--inject_missing_state"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        engine_dir,
+        "--output_folder",
+        out_dir,
+        "--num_extract_workers",
+        str(workers),
+        "--num_merge_workers",
+        str(workers),
+        "--inject_missing_state",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     latest = os.path.join(os.path.dirname(os.path.normpath(out_dir)), "latest_universal")
     if os.path.isfile(latest):
@@ -203,6 +216,7 @@ def deepspeed_runner_above(pid: int) -> Optional[int]:
     (deepspeed.launcher.launch) it started, else None. On one node the runner starts the node launcher with
     subprocess.Popen and passes no signal on to it (only its PDSH multi-node path does), so a SIGTERM to the runner
     leaves the node launcher and the ranks running (deepspeed 0.19.8: runner.main, launch.main)."""
+
     def cmdline(p):
         try:
             with open(f"/proc/{p}/cmdline", "rb") as fh:

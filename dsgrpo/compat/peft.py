@@ -8,6 +8,7 @@ import contextlib
 def lora_layer_types():
     """(LoraLayer, lora.Linear) of the installed peft."""
     from peft.tuners.lora import Linear, LoraLayer
+
     return LoraLayer, Linear
 
 

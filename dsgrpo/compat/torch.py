@@ -8,6 +8,7 @@ from typing import Optional
 def default_store():
     """The rendezvous key-value store of the default process group."""
     import torch.distributed as tdist
+
     return tdist.distributed_c10d._get_default_store()
 
 
@@ -15,6 +16,7 @@ def standalone_group(backend: str, store, rank: int, size: int, timeout):
     """A process group outside the default one (a trainer and a vLLM server that share no torch.distributed world):
     gloo on CPU, NCCL on GPU, over its own key-value store."""
     import torch.distributed as tdist
+
     if backend == "nccl":
         return tdist.ProcessGroupNCCL(store, rank, size, tdist.ProcessGroupNCCL.Options())
     return tdist.ProcessGroupGloo(store, rank, size, timeout)
@@ -22,6 +24,7 @@ def standalone_group(backend: str, store, rank: int, size: int, timeout):
 
 def broadcast_options(root: int):
     import torch.distributed as tdist
+
     opts = tdist.BroadcastOptions()
     opts.rootRank, opts.rootTensor = root, 0
     return opts
@@ -36,12 +39,13 @@ class StoreWire:
     a round trip against both. Only SET, GET and CHECK: GET is sent only for a key CHECK found."""
 
     VALIDATE, SET, GET, CHECK = 0, 1, 3, 5  # QueryType
-    MAGIC = 0x3C85F7CE                       # validationMagicNumber
-    READY = 0                                # CheckResponseType::READY
+    MAGIC = 0x3C85F7CE  # validationMagicNumber
+    READY = 0  # CheckResponseType::READY
 
     def __init__(self, host: str, port: int, timeout_s: float):
         import socket
         import struct
+
         self._struct = struct
         self.sock = socket.create_connection((host, port), timeout=timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -27,18 +27,21 @@ def to_checkpoint_format(model, tensors: dict) -> dict:
     `mlp.experts.gate_up_proj` [E, 2I, H] back to `mlp.experts.<e>.gate_proj.weight` / `up_proj.weight` [I, H]. Works on
     meta tensors (for names and shapes alone)."""
     from transformers.core_model_loading import revert_weight_conversion
+
     return revert_weight_conversion(model, tensors)
 
 
 def attention_function(name: str):
     """transformers' attention function registered under `name` ('sdpa', 'flash_attention_2', ...)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
 def replace_attention_function(name: str, fn) -> None:
     """Every model whose _attn_implementation is `name` now calls `fn` for its attention."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     ALL_ATTENTION_FUNCTIONS[name] = fn
 
 
@@ -46,13 +49,19 @@ def ulysses_attention(core, config, group):
     """DeepSpeed's Ulysses attention over `group` around `core` (a transformers attention function), for one
     packed row of any length (batch 1, variable sequence length)."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
     text = config.get_text_config()
     heads = text.num_attention_heads
-    return UlyssesSPAttentionHF(attn=core, batch_size=1, attn_head_count=heads,
-                                attn_head_size=getattr(text, "head_dim", None) or text.hidden_size // heads,
-                                kv_head_count=getattr(text, "num_key_value_heads", None) or heads,
-                                num_hidden_layers=text.num_hidden_layers, process_group=group,
-                                seq_length_is_variable=True)
+    return UlyssesSPAttentionHF(
+        attn=core,
+        batch_size=1,
+        attn_head_count=heads,
+        attn_head_size=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        kv_head_count=getattr(text, "num_key_value_heads", None) or heads,
+        num_hidden_layers=text.num_hidden_layers,
+        process_group=group,
+        seq_length_is_variable=True,
+    )
 
 
 MOE_ROUTER_TYPES = ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter")  # transformers 5.19's top-k routers (PINS)
@@ -87,6 +96,7 @@ def vllm_routes(completion_output, prompt_len: int):
 def transformers_generate_replaced() -> bool:
     """Has something replaced transformers' GenerationMixin.generate in this process (a patch, a mock)?"""
     from transformers.generation.utils import GenerationMixin
+
     return getattr(GenerationMixin.generate, "__module__", None) != "transformers.generation.utils"
 
 

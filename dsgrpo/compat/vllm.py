@@ -52,6 +52,7 @@ def _repack_cpu_moe_experts(worker) -> int:
 def vllm_sampling_param_names() -> set:
     """The fields SamplingParams takes (a msgspec Struct lists them in __struct_fields__)."""
     from vllm import SamplingParams
+
     return {f for f in SamplingParams.__struct_fields__ if not f.startswith("_")}
 
 
@@ -65,6 +66,7 @@ def engine_build_without_full_collections(enabled: bool = True):
     makes later collections skip the start-up heap). On a GPU the first collection releases transient tensors
     before vLLM sizes its KV cache, so it stays there. Only the building thread calls gc.collect meanwhile."""
     import gc
+
     if not enabled:
         yield
         return
@@ -99,6 +101,7 @@ def eager_token_ranks_on_cpu() -> None:
 
     def batched_count_greater_than(x, values):
         return (x >= values).sum(-1)
+
     batched_count_greater_than._dsgrpo_eager = True
     sampler.batched_count_greater_than = batched_count_greater_than
 
@@ -138,8 +141,10 @@ def quiet_vllm_rotary_reload_warning() -> None:
 
     logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     if not any(getattr(f, "_dsgrpo", False) for f in logger.filters):
+
         def keep(record: logging.LogRecord) -> bool:
             return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+
         keep._dsgrpo = True
         logger.addFilter(keep)
 
@@ -157,8 +162,10 @@ def unlink_deepspeed_cpu_shm_segment(rank: int) -> bool:
     and the memory is freed when the last process holding it exits, killed or not. Returns whether it was there."""
     import os
 
-    name = f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_" \
-           f"{os.environ.get('MASTER_PORT', '')}_{rank}"
+    name = (
+        f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+        f"{os.environ.get('MASTER_PORT', '')}_{rank}"
+    )
     try:
         os.unlink(os.path.join(SHM_DIR, name))
         return True
@@ -186,11 +193,12 @@ def unique_cpu_shm_names() -> None:
         ident = os.environ.get("VLLM_DIST_IDENT", "")
         if ident.strip("/") or "MASTER_PORT" not in os.environ:
             return name  # a real port already (vLLM's own executors)
-        name = f"dsgrpo{os.environ['MASTER_PORT']}{name[len(ident):]}"
+        name = f"dsgrpo{os.environ['MASTER_PORT']}{name[len(ident) :]}"
         leftover = os.path.join(SHM_DIR, f"{name}_{communicator.rank}")
         if os.path.exists(leftover):
             os.unlink(leftover)
         return name
+
     make_group_name._dsgrpo = True
     cls.make_group_name = staticmethod(make_group_name)
 
@@ -206,12 +214,12 @@ def join_vllm_startup_collectives(engine_args, *, world_size: int, rank: int, lo
     from vllm.distributed import parallel_state
 
     with set_current_vllm_config(engine_args.create_engine_config()):
-        parallel_state.init_distributed_environment(world_size=world_size, rank=rank, distributed_init_method="env://",
-                                                    local_rank=local_rank, backend=backend)
+        parallel_state.init_distributed_environment(
+            world_size=world_size, rank=rank, distributed_init_method="env://", local_rank=local_rank, backend=backend
+        )
         parallel_state.ensure_model_parallel_initialized(1, 1)
-        memory = torch.tensor([2 ** 62], dtype=torch.int64)  # no opinion: the generators' minimum wins
+        memory = torch.tensor([2**62], dtype=torch.int64)  # no opinion: the generators' minimum wins
         tdist.all_reduce(memory, group=parallel_state.get_world_group().cpu_group, op=tdist.ReduceOp.MIN)
-
 
 
 # ---------------------------------------------------------------------------------------------- vLLM weight transfer
@@ -244,8 +252,8 @@ def register_inprocess_weight_engine() -> bool:
 
     @_dataclass
     class InProcessUpdateInfo(WeightTransferUpdateInfo):
-        weights: list = _field(default_factory=list)   # [(checkpoint name, tensor)], by reference
-        checksum: bool = False                           # also record what arrived (verify_weight_sync)
+        weights: list = _field(default_factory=list)  # [(checkpoint name, tensor)], by reference
+        checksum: bool = False  # also record what arrived (verify_weight_sync)
 
     class InProcessWeightEngine(WeightTransferEngine):
         init_info_cls, update_info_cls = InProcessInitInfo, InProcessUpdateInfo
@@ -256,11 +264,13 @@ def register_inprocess_weight_engine() -> bool:
 
         def start_weight_update(self) -> None:
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
             self.received = []
             initialize_layerwise_reload(self.model)
 
         def finish_weight_update(self) -> None:
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
             finalize_layerwise_reload(self.model, self.model_config)
 
         def update_weights(self, update_info) -> None:
@@ -268,6 +278,7 @@ def register_inprocess_weight_engine() -> bool:
 
         def receive_weights(self, update_info) -> None:
             from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
             if update_info.checksum:  # taken as the tensors arrive, before loading: what the trainer sent
                 self.received.extend((n, tensor_checksum(t)) for n, t in update_info.weights)
             with disable_mtp_completeness_check():
@@ -292,6 +303,7 @@ _registered: dict = {}
 def tensor_checksum(t) -> list:
     """[sum, sum of squares, numel] in float64: the same for the same values whatever the order or place."""
     import torch
+
     x = t.detach().reshape(-1).to(torch.float64)
     return [float(x.sum()), float((x * x).sum()), int(x.numel())]
 
@@ -350,6 +362,7 @@ def _has_inprocess_engine(worker) -> bool:
 def vllm_add_request(llm, request_id: str, prompt_ids, params) -> None:
     """Queue one request of token ids on the engine, its outputs as deltas (what each step adds)."""
     from vllm.sampling_params import RequestOutputKind
+
     params.output_kind = RequestOutputKind.DELTA
     llm.llm_engine.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params)
 

@@ -5,5 +5,16 @@ from .forward import Forward, completion_logprobs, policy_forward
 from .gather import full_parameters
 from .weights import named_full_parameters
 
-__all__ = ["ModelLoader", "build_policy_engine", "build_inference_engine", "fill_auto_values", "is_zero3",
-           "resolve", "completion_logprobs", "policy_forward", "Forward", "full_parameters", "named_full_parameters"]
+__all__ = [
+    "ModelLoader",
+    "build_policy_engine",
+    "build_inference_engine",
+    "fill_auto_values",
+    "is_zero3",
+    "resolve",
+    "completion_logprobs",
+    "policy_forward",
+    "Forward",
+    "full_parameters",
+    "named_full_parameters",
+]

@@ -25,8 +25,9 @@ def is_zero3(ds_config: dict) -> bool:
     return ds_config.get("zero_optimization", {}).get("stage", 0) == 3
 
 
-def fill_auto_values(ds_config: dict, args: GRPOConfig, *, hidden_size: Optional[int], field: str = "deepspeed",
-                     train: bool = True) -> dict:
+def fill_auto_values(
+    ds_config: dict, args: GRPOConfig, *, hidden_size: Optional[int], field: str = "deepspeed", train: bool = True
+) -> dict:
     """Replace every "auto" in a DeepSpeed config with the value the GRPOConfig implies; refuse leftovers."""
     cfg = copy.deepcopy(ds_config)
     bf16 = device.use_bf16(args.bf16, args.fp16)
@@ -64,7 +65,9 @@ def fill_auto_values(ds_config: dict, args: GRPOConfig, *, hidden_size: Optional
         del cfg["train_batch_size"]  # DeepSpeed derives it from micro batch × accumulation × world
     leftovers = [k for k, v in _walk(cfg) if v == "auto"]
     if leftovers:
-        raise ValueError(f"{field}: 'auto' is not supported for {leftovers}; give explicit values in the DeepSpeed config.")
+        raise ValueError(
+            f"{field}: 'auto' is not supported for {leftovers}; give explicit values in the DeepSpeed config."
+        )
     return cfg
 
 
@@ -97,16 +100,20 @@ class ModelLoader:
             with compat.hf_zero3_loading(self.ds_config if partition_at_load else None):
                 return cls.from_pretrained(name_or_path, dtype=self.dtype, **kwargs)
         except OSError as exc:
-            raise OSError(f"{field}={name_or_path!r} could not be loaded ({exc}). Pass a local folder saved with "
-                          "save_pretrained, or a hub id that is in the local cache (no network at run time).") from None
+            raise OSError(
+                f"{field}={name_or_path!r} could not be loaded ({exc}). Pass a local folder saved with "
+                "save_pretrained, or a hub id that is in the local cache (no network at run time)."
+            ) from None
 
 
 def check_model_source(name_or_path: str, field: str = "model") -> None:
     """Fail early for a local path that is not there (hub ids are left to transformers)."""
     looks_local = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1  # hub ids: "org/name"
     if looks_local and not os.path.isdir(os.path.expanduser(name_or_path)):
-        raise FileNotFoundError(f"{field}={name_or_path!r}: no such directory. Pass a folder with config.json "
-                                "(saved with save_pretrained) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'.")
+        raise FileNotFoundError(
+            f"{field}={name_or_path!r}: no such directory. Pass a folder with config.json "
+            "(saved with save_pretrained) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
+        )
 
 
 def prepare_model(model, args) -> None:
@@ -119,14 +126,17 @@ def prepare_model(model, args) -> None:
     if args.cast_lm_head_to_fp32:
         head = model.get_output_embeddings()
         if head is None or not isinstance(head, torch.nn.Linear):
-            raise ValueError(f"cast_lm_head_to_fp32=True: {type(model).__name__} has no linear output layer to cast "
-                             "(a LoRA adapter on lm_head, or another head). Set cast_lm_head_to_fp32=False.")
+            raise ValueError(
+                f"cast_lm_head_to_fp32=True: {type(model).__name__} has no linear output layer to cast "
+                "(a LoRA adapter on lm_head, or another head). Set cast_lm_head_to_fp32=False."
+            )
 
         # ZeRO-3's hooks gather the weight around the module's call; the matmul then runs in fp32 while the
         # stored (and trained) weight keeps its dtype and its partitioning
         def fp32_forward(hidden_states, _head=head):
             bias = None if _head.bias is None else _head.bias.float()
             return torch.nn.functional.linear(hidden_states.float(), _head.weight.float(), bias)
+
         head.forward = fp32_forward
 
 
@@ -144,13 +154,19 @@ def build_policy_engine(model, args: GRPOConfig, ds_config: dict, optimizer=None
     if args.gradient_checkpointing:
         model.config.use_cache = False
         model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False, **(args.gradient_checkpointing_kwargs or {})})
+            gradient_checkpointing_kwargs={"use_reentrant": False, **(args.gradient_checkpointing_kwargs or {})}
+        )
     if scheduler is None:
         scheduler = lr_scheduler_factory(args, total_steps)
     # `optimizer` may be an instance or a callable params -> optimizer (DeepSpeed calls it with model_parameters)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                           config=ds_config, mpu=dist.deepspeed_mpu())
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=ds_config,
+        mpu=dist.deepspeed_mpu(),
+    )
     # from_pretrained leaves a model in eval mode, and transformers checkpoints a layer only in train mode: without
     # this, gradient_checkpointing=True did nothing (and dropout, where disable_dropout=False, was off unlike TRL's)
     engine.train()
@@ -172,5 +188,6 @@ def build_inference_engine(model, ds_config: dict):
 
 def resolve(spec, args: GRPOConfig, hidden_size: Optional[int], field: str, train: bool, world_size: int) -> dict:
     """`spec` ('auto', a file, a dict) as the engine's config, for `world_size` training ranks."""
-    return fill_auto_values(load_deepspeed_config(spec, field, world_size), args, hidden_size=hidden_size, field=field,
-                            train=train)
+    return fill_auto_values(
+        load_deepspeed_config(spec, field, world_size), args, hidden_size=hidden_size, field=field, train=train
+    )

@@ -8,7 +8,9 @@ from . import lora
 from .weights import named_full_parameters
 
 
-def save_hf_model(module, output_dir: str, bucket_bytes: int, tokenizer=None, gathers_on_every_rank: bool = True) -> None:
+def save_hf_model(
+    module, output_dir: str, bucket_bytes: int, tokenizer=None, gathers_on_every_rank: bool = True
+) -> None:
     """Full (for a LoRA policy: merged) weights of `module` in Hugging Face format. With `gathers_on_every_rank`
     every rank iterates the (collective) gathers and rank 0 writes; without, the caller alone does both."""
     writes = dist.is_main() or not gathers_on_every_rank

@@ -24,10 +24,10 @@ CHUNK_LOGIT_BYTES = 256 * 2**20
 
 @dataclass
 class Forward:
-    logps: torch.Tensor                   # [B, T] log-probs of the completion tokens (truncated as the sampler did)
-    entropy: Optional[torch.Tensor]       # [B, T], when asked
-    full_logps: Optional[torch.Tensor]    # [B, T] untruncated log-probs, when asked (the KL term's)
-    aux_loss: Optional[torch.Tensor]      # a MoE router's load-balancing loss, when asked
+    logps: torch.Tensor  # [B, T] log-probs of the completion tokens (truncated as the sampler did)
+    entropy: Optional[torch.Tensor]  # [B, T], when asked
+    full_logps: Optional[torch.Tensor]  # [B, T] untruncated log-probs, when asked (the KL term's)
+    aux_loss: Optional[torch.Tensor]  # a MoE router's load-balancing loss, when asked
     # MoE with the sampler's routes: per scored token (as logps), whether the state predicting it was routed as the
     # sampler routed it in every layer; and RoutingTap.pop_counts() of the whole forward
     routes_agreed: Optional[torch.Tensor] = None
@@ -39,10 +39,20 @@ def chunk_tokens_for(vocab_size: int, chunk_tokens: int = 0) -> int:
     return chunk_tokens if chunk_tokens > 0 else max(1, CHUNK_LOGIT_BYTES // (4 * vocab_size))
 
 
-def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
-                   temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                   truncation: Optional[Truncation] = None, with_full: bool = False,
-                   router_aux: bool = False, chunk_tokens: int = 0, routes: Optional[torch.Tensor] = None) -> Forward:
+def policy_forward(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_len: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    truncation: Optional[Truncation] = None,
+    with_full: bool = False,
+    router_aux: bool = False,
+    chunk_tokens: int = 0,
+    routes: Optional[torch.Tensor] = None,
+) -> Forward:
     """One forward of `model` over prompt + completion, scored on the last `completion_len` tokens of each row.
 
     input_ids / attention_mask: [B, P+T] with left-padded prompts followed by right-padded completions. Logits are
@@ -55,26 +65,38 @@ def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     T = completion_len
     # logits_to_keep: the head's input is the T+1 positions that predict the completion (and its end)
-    states, head, softcap, aux, agreed = _final_states(model, input_ids, attention_mask, position_ids, T + 1,
-                                                       router_aux, routes)
-    states = states[:, -T - 1:-1, :]                                     # [B, T, H]: the states predicting them
+    states, head, softcap, aux, agreed = _final_states(
+        model, input_ids, attention_mask, position_ids, T + 1, router_aux, routes
+    )
+    states = states[:, -T - 1 : -1, :]  # [B, T, H]: the states predicting them
     targets = input_ids[:, -T:]
-    real = attention_mask[:, -T:].bool()                                 # completion tokens, not padding
-    score = _ChunkScore(head, softcap, temperature, truncation, with_entropy,
-                        entropy_grad and torch.is_grad_enabled(), with_full)
+    real = attention_mask[:, -T:].bool()  # completion tokens, not padding
+    score = _ChunkScore(
+        head, softcap, temperature, truncation, with_entropy, entropy_grad and torch.is_grad_enabled(), with_full
+    )
     parts = score.all(states[real], targets[real], chunk_tokens_for(head.out_features, chunk_tokens))
     # back to [B, T], padding 0
     logps, entropy, full = (None if p is None else p.new_zeros(real.shape).masked_scatter(real, p) for p in parts)
     if with_full and full is None:
         full = logps
     if agreed is not None:
-        agreed = (agreed[0].view(input_ids.shape)[:, -T - 1:-1] & real, agreed[1])
+        agreed = (agreed[0].view(input_ids.shape)[:, -T - 1 : -1] & real, agreed[1])
     return Forward(logps, entropy, full, aux, *(agreed or (None, None)))
 
 
-def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                   truncation: Optional[Truncation] = None, with_full: bool = False, router_aux: bool = False,
-                   chunk_tokens: int = 0, sp=None, owner: Optional[int] = None) -> Forward:
+def packed_forward(
+    model,
+    step,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    truncation: Optional[Truncation] = None,
+    with_full: bool = False,
+    router_aux: bool = False,
+    chunk_tokens: int = 0,
+    sp=None,
+    owner: Optional[int] = None,
+) -> Forward:
     """policy_forward over a packed step (layout.PackedStep: whole sequences end to end in each row, position ids
     restarting per sequence, no attention mask, so transformers keeps attention inside each sequence). Returns
     flat [n] values in the step's score order. A stand-in step (nothing scored) scores its one token so the
@@ -84,17 +106,34 @@ def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = F
     (sequence_parallel.py); the owner gets the [n] values, the other members empty ones that still carry the
     graph (their loss is 0 times them, so their backward runs too)."""
     if sp is not None:
-        return _sharded_packed_forward(model, step, sp, owner, temperature, with_entropy, entropy_grad, truncation,
-                                       with_full, router_aux, chunk_tokens)
-    states, head, softcap, aux, agreed = _final_states(model, step.input_ids, None, step.position_ids, 0, router_aux,
-                                                       getattr(step, "routes", None))
+        return _sharded_packed_forward(
+            model,
+            step,
+            sp,
+            owner,
+            temperature,
+            with_entropy,
+            entropy_grad,
+            truncation,
+            with_full,
+            router_aux,
+            chunk_tokens,
+        )
+    states, head, softcap, aux, agreed = _final_states(
+        model, step.input_ids, None, step.position_ids, 0, router_aux, getattr(step, "routes", None)
+    )
     flat = states.reshape(-1, states.shape[-1])
-    at, targets = (step.score_at, step.targets) if not step.empty else (torch.zeros(1, dtype=torch.long),
-                                                                        step.input_ids.reshape(-1)[:1])
-    score = _ChunkScore(head, softcap, temperature, truncation, with_entropy,
-                        entropy_grad and torch.is_grad_enabled(), with_full)
-    logps, entropy, full = score.all(flat[at.to(flat.device)], targets.to(flat.device),
-                                     chunk_tokens_for(head.out_features, chunk_tokens))
+    at, targets = (
+        (step.score_at, step.targets)
+        if not step.empty
+        else (torch.zeros(1, dtype=torch.long), step.input_ids.reshape(-1)[:1])
+    )
+    score = _ChunkScore(
+        head, softcap, temperature, truncation, with_entropy, entropy_grad and torch.is_grad_enabled(), with_full
+    )
+    logps, entropy, full = score.all(
+        flat[at.to(flat.device)], targets.to(flat.device), chunk_tokens_for(head.out_features, chunk_tokens)
+    )
     if with_full and full is None:
         full = logps
     if agreed is not None:
@@ -102,27 +141,32 @@ def packed_forward(model, step, temperature: float = 1.0, with_entropy: bool = F
     return Forward(logps, entropy, full, aux, *(agreed or (None, None)))
 
 
-def _sharded_packed_forward(model, step, sp, owner, temperature, with_entropy, entropy_grad, truncation, with_full,
-                            router_aux, chunk_tokens) -> Forward:
+def _sharded_packed_forward(
+    model, step, sp, owner, temperature, with_entropy, entropy_grad, truncation, with_full, router_aux, chunk_tokens
+) -> Forward:
     from .. import dist, sequence_parallel
 
     piece = sequence_parallel.shard(step, sp)
     with sequence_parallel.sharded_forward():  # a MoE step's routes are cut with its tokens: each shard replays its own
-        states, head, softcap, aux, agreed = _final_states(model, piece.input_ids, None, piece.position_ids, 0,
-                                                           router_aux, piece.routes)
+        states, head, softcap, aux, agreed = _final_states(
+            model, piece.input_ids, None, piece.position_ids, 0, router_aux, piece.routes
+        )
     flat = states.reshape(-1, states.shape[-1])
     # this shard's scored tokens, then a keep-alive (its first position) that ToOwner neither sends nor weighs
     at = torch.cat([piece.score_at, torch.zeros(1, dtype=torch.long)])
     targets = torch.cat([piece.targets, piece.input_ids.reshape(-1)[:1]])
-    score = _ChunkScore(head, softcap, temperature, truncation, with_entropy,
-                        entropy_grad and torch.is_grad_enabled(), with_full)
-    parts = score.all(flat[at.to(flat.device)], targets.to(flat.device),
-                      chunk_tokens_for(head.out_features, chunk_tokens))
+    score = _ChunkScore(
+        head, softcap, temperature, truncation, with_entropy, entropy_grad and torch.is_grad_enabled(), with_full
+    )
+    parts = score.all(
+        flat[at.to(flat.device)], targets.to(flat.device), chunk_tokens_for(head.out_features, chunk_tokens)
+    )
     present = [p for p in parts if p is not None]
     if agreed is not None:  # whether each scored token's state was routed as sampled travels to the owner with it
         present.append(agreed[0][at].to(present[0].device, present[0].dtype))
-    values = sequence_parallel.ToOwner.apply(torch.stack(present, dim=1), piece.counts, sp.rank, owner,
-                                             dist.sequence_parallel_rank_of(0))
+    values = sequence_parallel.ToOwner.apply(
+        torch.stack(present, dim=1), piece.counts, sp.rank, owner, dist.sequence_parallel_rank_of(0)
+    )
     columns = iter(values.unbind(1))
     logps, entropy, full = (next(columns) if p is not None else None for p in parts)
     if with_full and full is None:
@@ -149,15 +193,24 @@ def packing_leak(model, vocab_size: int) -> float:
     training = model.training
     model.eval()  # no dropout: the two forwards must differ only in the first sequence's tokens
     try:
-        a, b = (_final_states(model, torch.cat([first, second], dim=1), None, positions, 0, False)[0][0, 7:].float()
-                for first in firsts)
+        a, b = (
+            _final_states(model, torch.cat([first, second], dim=1), None, positions, 0, False)[0][0, 7:].float()
+            for first in firsts
+        )
     finally:
         model.train(training)
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-6))
 
 
-def _final_states(model, input_ids, attention_mask, position_ids, logits_to_keep: int, router_aux: bool,
-                  routes: Optional[torch.Tensor] = None):
+def _final_states(
+    model,
+    input_ids,
+    attention_mask,
+    position_ids,
+    logits_to_keep: int,
+    router_aux: bool,
+    routes: Optional[torch.Tensor] = None,
+):
     """The model's last hidden states (of its last `logits_to_keep` positions; 0: all), its head, the head's soft
     cap, (router_aux) the router's load-balancing loss, and with `routes` (laid out as input_ids, then layers and
     k) ([tokens] whether every layer agreed with them, (agreed, compared)). The head runs on one position only."""
@@ -165,9 +218,14 @@ def _final_states(model, input_ids, attention_mask, position_ids, logits_to_keep
     head, hidden, softcap = _head_and_hidden(model)
     device = next(iter(head.parameters())).device
     with hidden, routing.routed(model, routes) as tap:
-        out = model(input_ids=input_ids.to(device), attention_mask=None if attention_mask is None else
-                    attention_mask.to(device), position_ids=position_ids.to(device), logits_to_keep=logits_to_keep,
-                    use_cache=False, **extra)
+        out = model(
+            input_ids=input_ids.to(device),
+            attention_mask=None if attention_mask is None else attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            logits_to_keep=logits_to_keep,
+            use_cache=False,
+            **extra,
+        )
     _check_plain_head(model, head, softcap, hidden.states[:, -1:, :], out.logits)
     agreed = None
     if tap is not None and tap.token_agreed is not None:
@@ -175,13 +233,31 @@ def _final_states(model, input_ids, attention_mask, position_ids, logits_to_keep
     return hidden.states, head, softcap, getattr(out, "aux_loss", None) if router_aux else None, agreed
 
 
-def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
-                        temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                        truncation: Optional[Truncation] = None, chunk_tokens: int = 0,
-                        routes: Optional[torch.Tensor] = None):
+def completion_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_len: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    truncation: Optional[Truncation] = None,
+    chunk_tokens: int = 0,
+    routes: Optional[torch.Tensor] = None,
+):
     """(log-probs [B, T], entropies [B, T] or None): policy_forward's two usual results."""
-    f = policy_forward(model, input_ids, attention_mask, completion_len, temperature, with_entropy, entropy_grad,
-                       truncation, chunk_tokens=chunk_tokens, routes=routes)
+    f = policy_forward(
+        model,
+        input_ids,
+        attention_mask,
+        completion_len,
+        temperature,
+        with_entropy,
+        entropy_grad,
+        truncation,
+        chunk_tokens=chunk_tokens,
+        routes=routes,
+    )
     return f.logps, f.entropy
 
 
@@ -200,7 +276,7 @@ class _ChunkScore:
         recompute = torch.is_grad_enabled() and n > chunk  # one chunk: nothing to save by recomputing it
         outs = []
         for start in range(0, max(n, 1), chunk):
-            s, t = states[start:start + chunk], targets[start:start + chunk]
+            s, t = states[start : start + chunk], targets[start : start + chunk]
             if recompute:
                 outs.append(checkpoint(self.one, s, t, use_reentrant=False))
             else:
@@ -250,13 +326,15 @@ class _HiddenStates:
 
 
 def _head_and_hidden(model):
-    core = getattr(model, "module", model)                     # a DeepSpeed engine's module
-    if hasattr(core, "get_base_model"):                         # a peft model
+    core = getattr(model, "module", model)  # a DeepSpeed engine's module
+    if hasattr(core, "get_base_model"):  # a peft model
         core = core.get_base_model()
     head = core.get_output_embeddings()
     if head is None or not isinstance(head, torch.nn.Linear):
-        raise TypeError(f"{type(core).__name__} has no linear output head (get_output_embeddings()); dsgrpo trains "
-                        "causal language models with one.")
+        raise TypeError(
+            f"{type(core).__name__} has no linear output head (get_output_embeddings()); dsgrpo trains "
+            "causal language models with one."
+        )
     softcap = getattr(getattr(core, "config", None), "final_logit_softcapping", None)
     return head, _HiddenStates(head), softcap
 
@@ -274,7 +352,9 @@ def _check_plain_head(model, head, softcap, last_states: torch.Tensor, model_log
         ours = soft_capped(head(last_states.detach()).float(), softcap)
     theirs = model_logits.detach().float()
     if not torch.allclose(ours, theirs, rtol=1e-3, atol=1e-3):
-        raise NotImplementedError(f"{type(getattr(model, 'module', model)).__name__} changes its logits after the "
-                                  "output head (a scaling other than final_logit_softcapping); dsgrpo's chunked "
-                                  "log-probs apply the head alone and do not support it yet.")
+        raise NotImplementedError(
+            f"{type(getattr(model, 'module', model)).__name__} changes its logits after the "
+            "output head (a scaling other than final_logit_softcapping); dsgrpo's chunked "
+            "log-probs apply the head alone and do not support it yet."
+        )
     _checked_heads.add(id(model))

@@ -22,8 +22,8 @@ T = TypeVar("T")
 
 @dataclass
 class Unit:
-    name: str                                   # the name in a Hugging Face checkpoint of the model
-    params: Tuple[torch.nn.Parameter, ...]      # gathered together
+    name: str  # the name in a Hugging Face checkpoint of the model
+    params: Tuple[torch.nn.Parameter, ...]  # gathered together
     combine: Optional[Callable[[], torch.Tensor]] = None  # builds the tensor while gathered; None: copy params[0]
 
     @property
@@ -40,6 +40,7 @@ class Unit:
 class GatherStats:
     """Peak bytes of full parameters held gathered at once by the gathers below (per rank), so a sync's memory
     cost can be reported: the goal is one bucket or one layer, never the model."""
+
     peak_bytes = 0
 
     @classmethod
@@ -55,8 +56,9 @@ def plain_units(named_params) -> List[Unit]:
     return [Unit(name, (p,)) for name, p in named_params]
 
 
-def byte_buckets(items: Iterable[T], nbytes: Callable[[T], int], bucket_bytes: int,
-                 key: Optional[Callable[[T], Any]] = None) -> Iterator[List[T]]:
+def byte_buckets(
+    items: Iterable[T], nbytes: Callable[[T], int], bucket_bytes: int, key: Optional[Callable[[T], Any]] = None
+) -> Iterator[List[T]]:
     """Group a stream into consecutive buckets of at most ~bucket_bytes (an item larger than that is a bucket of
     its own). With `key`, a bucket also holds items of one key only (one dtype per flat buffer, say). Lazy: a
     bucket is yielded as soon as the next item would not fit, so at most one bucket is held."""
@@ -87,7 +89,9 @@ def full_tensors(units: List[Unit], bucket_bytes: int) -> Iterator[Tuple[str, to
         yield from tensors
 
 
-def full_parameters(params: List[Tuple[str, torch.nn.Parameter]], bucket_bytes: int) -> Iterator[Tuple[str, torch.Tensor]]:
+def full_parameters(
+    params: List[Tuple[str, torch.nn.Parameter]], bucket_bytes: int
+) -> Iterator[Tuple[str, torch.Tensor]]:
     """(name, full copy) of each given parameter, bucket by bucket."""
     return full_tensors(plain_units(params), bucket_bytes)
 
@@ -118,8 +122,9 @@ def layer_groups(names: List[str]) -> List[List[int]]:
 class GatheredGroup:
     """The full tensors of one group's parameters (by id), valid until `release()`."""
 
-    def __init__(self, tensors: dict, release: Callable[[], None] = lambda: None, gathered_bytes: int = 0,
-                 reused: bool = False):
+    def __init__(
+        self, tensors: dict, release: Callable[[], None] = lambda: None, gathered_bytes: int = 0, reused: bool = False
+    ):
         self.tensors, self._release, self.gathered_bytes = tensors, release, gathered_bytes
         self.reused = reused  # the tensors are views of memory that later groups overwrite
 
@@ -137,6 +142,7 @@ def whole_tensors(params) -> dict:
 class DeepSpeedGather:
     """A group's ZeRO-3 parameters gathered by DeepSpeed in one coalesced all-gather, copied out (the gathered
     storage is released at once: a copy is what lets the next group be gathered while this one is loaded)."""
+
     name = "deepspeed"
 
     def group(self, params) -> GatheredGroup:
@@ -165,11 +171,20 @@ class SharedMemoryGather:
     Two slots, one the size of the largest group and one of `bucket_bytes`, so that the next group can be written
     while this one is read: at most one layer's full weights plus one bucket. A slot is written again only once
     every rank has released what it held (`barrier` is collective over the ranks, on the thread that gathers)."""
+
     name = "shared_memory"
     ALIGN = 64
 
-    def __init__(self, group_bytes: List[int], bucket_bytes: int, rank: int, world: int, path: str, create: bool,
-                 barrier: Callable[[str], None]):
+    def __init__(
+        self,
+        group_bytes: List[int],
+        bucket_bytes: int,
+        rank: int,
+        world: int,
+        path: str,
+        create: bool,
+        barrier: Callable[[str], None],
+    ):
         import os
         import threading
 
@@ -208,7 +223,7 @@ class SharedMemoryGather:
         base, capacity = self.slots[slot]
         if size > capacity:
             raise ValueError(f"a weight-sync group of {size} bytes does not fit the shared buffer's {capacity}")
-        self.free[slot].wait()          # this rank no longer reads what the slot held
+        self.free[slot].wait()  # this rank no longer reads what the slot held
         self.barrier("every rank released the shared weight slot")
         self.free[slot].clear()
         self.last_slot = slot
@@ -216,11 +231,11 @@ class SharedMemoryGather:
             for p, offset in zip(sharded, offsets):
                 numel, local = compat.full_numel(p), compat.local_partition(p)
                 share = local.numel()
-                full = self.buffer[base + offset: base + offset + _nbytes(p)].view(p.dtype)
+                full = self.buffer[base + offset : base + offset + _nbytes(p)].view(p.dtype)
                 start = self.rank * share
                 count = max(0, min(share, numel - start))
                 if count:
-                    full[start:start + count].copy_(local[:count])
+                    full[start : start + count].copy_(local[:count])
                 tensors[id(p)] = full.view(compat.full_shape(p))
         self.barrier("every rank wrote its partitions into the shared weight buffer")
         GatherStats.peak_bytes = max(GatherStats.peak_bytes, sum(s for _, s in self.slots))

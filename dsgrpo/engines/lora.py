@@ -30,8 +30,9 @@ def require_peft():
     try:
         import peft
     except ImportError:
-        raise ImportError("peft_config needs the `peft` package: `pip install 'dsgrpo[peft]'` (make setup installs "
-                          "it).") from None
+        raise ImportError(
+            "peft_config needs the `peft` package: `pip install 'dsgrpo[peft]'` (make setup installs it)."
+        ) from None
     return peft
 
 
@@ -47,12 +48,16 @@ def as_lora_config(peft_config):
         try:
             peft_config = peft.LoraConfig(**peft_config)
         except TypeError as exc:
-            raise ValueError(f"peft_config: {exc}. Give peft.LoraConfig's fields, e.g. "
-                             "{r: 16, lora_alpha: 32, target_modules: all-linear}.") from None
+            raise ValueError(
+                f"peft_config: {exc}. Give peft.LoraConfig's fields, e.g. "
+                "{r: 16, lora_alpha: 32, target_modules: all-linear}."
+            ) from None
     if not isinstance(peft_config, peft.PeftConfig) or peft_config.peft_type != peft.PeftType.LORA:
         kind = getattr(peft_config, "peft_type", type(peft_config).__name__)
-        raise ValueError(f"peft_config must be a peft.LoraConfig (got {kind}): dsgrpo merges LoRA adapters into "
-                         "the weights it sends to vLLM, and only LoRA has that merge.")
+        raise ValueError(
+            f"peft_config must be a peft.LoraConfig (got {kind}): dsgrpo merges LoRA adapters into "
+            "the weights it sends to vLLM, and only LoRA has that merge."
+        )
     for field, why in UNSUPPORTED.items():
         if getattr(peft_config, field, None):
             raise ValueError(f"peft_config.{field} is not supported ({why}); leave it unset.")
@@ -62,16 +67,22 @@ def as_lora_config(peft_config):
 def check_lora_model(model, peft_config) -> None:
     """Before loading: a model that is already a PeftModel carries its own adapter config."""
     if peft_config is not None and is_peft_model(model):
-        raise ValueError("model is already a PeftModel and peft_config was given too: which adapter to train is "
-                         "ambiguous. Pass the PeftModel with peft_config=None to train its adapter, or the base "
-                         "model with peft_config to add a new one.")
+        raise ValueError(
+            "model is already a PeftModel and peft_config was given too: which adapter to train is "
+            "ambiguous. Pass the PeftModel with peft_config=None to train its adapter, or the base "
+            "model with peft_config to add a new one."
+        )
 
 
 def fingerprint(peft_config) -> dict:
     """What a checkpoint's adapter must match to be resumed (JSON-able)."""
     targets = peft_config.target_modules
-    return {"r": peft_config.r, "lora_alpha": peft_config.lora_alpha, "use_rslora": bool(peft_config.use_rslora),
-            "target_modules": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets}
+    return {
+        "r": peft_config.r,
+        "lora_alpha": peft_config.lora_alpha,
+        "use_rslora": bool(peft_config.use_rslora),
+        "target_modules": sorted(targets) if isinstance(targets, (set, list, tuple)) else targets,
+    }
 
 
 def wrap_with_lora(model, peft_config, seed: int):
@@ -89,12 +100,16 @@ def check_lora_layers(peft_model) -> None:
     LoraLayer, Linear = compat.lora_layer_types()
     adapters = peft_model.active_adapters
     if len(adapters) != 1:
-        raise ValueError(f"the LoRA policy has {len(adapters)} active adapters {adapters}; dsgrpo trains one. "
-                         "Activate one with model.set_adapter(name).")
+        raise ValueError(
+            f"the LoRA policy has {len(adapters)} active adapters {adapters}; dsgrpo trains one. "
+            "Activate one with model.set_adapter(name)."
+        )
     other = [n for n, m in peft_model.named_modules() if isinstance(m, LoraLayer) and not isinstance(m, Linear)]
     if other:
-        raise ValueError(f"peft_config targets non-linear layers {other[:3]}: dsgrpo merges LoRA into linear "
-                         "layers only. Narrow target_modules to linear projections (e.g. 'all-linear').")
+        raise ValueError(
+            f"peft_config targets non-linear layers {other[:3]}: dsgrpo merges LoRA into linear "
+            "layers only. Narrow target_modules to linear projections (e.g. 'all-linear')."
+        )
 
 
 def merged_units(peft_model) -> List[Unit]:
@@ -117,8 +132,13 @@ def merged_units(peft_model) -> List[Unit]:
             continue
         done.add(layer_name)
         weight = layer.get_base_layer().weight
-        units.append(Unit(f"{layer_name}.weight", (weight, layer.lora_A[adapter].weight, layer.lora_B[adapter].weight),
-                          combine=_merge(layer, weight, adapter)))
+        units.append(
+            Unit(
+                f"{layer_name}.weight",
+                (weight, layer.lora_A[adapter].weight, layer.lora_B[adapter].weight),
+                combine=_merge(layer, weight, adapter),
+            )
+        )
         bias = layer.get_base_layer().bias
         if bias is not None:
             units.append(Unit(f"{layer_name}.bias", (bias,)))
@@ -160,8 +180,10 @@ def export_adapter(checkpoint: str, state_dict: dict, out_dir: str, merged: bool
     adapter = {n for n, p in model.named_parameters() if p.requires_grad}
     missing = sorted(adapter - set(state_dict))
     if missing:
-        raise CheckpointError(f"{checkpoint}: the engine state lacks adapter weights {missing[:3]}; it was not "
-                              "written with this adapter_config.json.")
+        raise CheckpointError(
+            f"{checkpoint}: the engine state lacks adapter weights {missing[:3]}; it was not "
+            "written with this adapter_config.json."
+        )
     model.load_state_dict({n: state_dict[n] for n in adapter}, strict=False, assign=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     if merged:

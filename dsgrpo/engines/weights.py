@@ -41,13 +41,16 @@ def checkpoint_layout(module: torch.nn.Module) -> Dict[str, List[Tuple[str, Tupl
     new = {n: t for n, t in converted.items() if n not in kept}
     if new:  # which unit each new name came from: convert each changed unit alone
         for name in (n for n in meta if n not in kept):
-            layout[name] = [(k, tuple(v.shape)) for k, v in compat.to_checkpoint_format(
-                base_model(module), {name: meta[name]}).items()]
+            layout[name] = [
+                (k, tuple(v.shape))
+                for k, v in compat.to_checkpoint_format(base_model(module), {name: meta[name]}).items()
+            ]
     return layout
 
 
-def named_full_parameters(module: torch.nn.Module, bucket_bytes: int,
-                          tied_lm_head: bool = False) -> Iterator[Tuple[str, torch.Tensor]]:
+def named_full_parameters(
+    module: torch.nn.Module, bucket_bytes: int, tied_lm_head: bool = False
+) -> Iterator[Tuple[str, torch.Tensor]]:
     """Checkpoint-named full tensors of an HF model (a LoRA policy: merged; a MoE layer: expert by expert). With
     tied embeddings `named_parameters()` lists the shared weight once (as the embedding); `tied_lm_head=True` also
     yields it as `lm_head.weight`, which vLLM needs."""
@@ -75,8 +78,10 @@ def mix_partitions(target: torch.nn.Module, source: torch.nn.Module, alpha: floa
 
     for (name, t), (other, s) in zip(target.named_parameters(), source.named_parameters()):
         if name != other or compat.full_shape(t) != compat.full_shape(s):
-            raise ValueError(f"sync_ref_model: the reference's {name} does not match the policy's {other}; the two "
-                             "must be the same architecture.")
+            raise ValueError(
+                f"sync_ref_model: the reference's {name} does not match the policy's {other}; the two "
+                "must be the same architecture."
+            )
         if compat.is_zero3_param(t) != compat.is_zero3_param(s):  # one side whole: mix whole tensors
             partitioned = t if compat.is_zero3_param(t) else s
             with deepspeed.zero.GatheredParameters([partitioned], modifier_rank=0 if partitioned is t else None):

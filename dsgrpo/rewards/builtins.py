@@ -62,11 +62,14 @@ def get_soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int
     def soft_overlong_punishment(completions, completion_ids, **kwargs) -> List[float]:
         lengths = torch.tensor([len(ids) for ids in completion_ids])
         return soft_overlong_penalty(lengths, max_completion_len, soft_punish_cache).tolist()
+
     return soft_overlong_punishment
 
 
 def get_length_penalty(target_length: int, coefficient: float = 1e-3) -> Callable:
     """-coefficient · |tokens - target_length|: a gentle push toward a length budget."""
+
     def length_penalty(completions, completion_ids, **kwargs) -> List[float]:
         return [-coefficient * abs(len(ids) - target_length) for ids in completion_ids]
+
     return length_penalty

@@ -23,8 +23,10 @@ def check_reward_model_config(config, name: str) -> None:
     almost always a mistake (it would get a random scoring head)."""
     archs = getattr(config, "architectures", None) or []
     if archs and all(a.endswith(GENERATIVE_SUFFIXES) for a in archs):
-        raise ValueError(f"reward model {name!r} is a {archs[0]}, not a sequence-classification model. Pass a "
-                         "reward model (AutoModelForSequenceClassification, num_labels=1) or a reward function.")
+        raise ValueError(
+            f"reward model {name!r} is a {archs[0]}, not a sequence-classification model. Pass a "
+            "reward model (AutoModelForSequenceClassification, num_labels=1) or a reward function."
+        )
 
 
 def reward_tokenizer(tokenizer_or_path, name: str):
@@ -68,8 +70,13 @@ class RewardModel:
         texts = reward_texts(self.tokenizer, prompts, completions)
         scores: List[float] = []
         for start in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(texts[start:start + self.batch_size], return_tensors="pt", padding=True,
-                                 truncation=True, max_length=self.max_length)
+            enc = self.tokenizer(
+                texts[start : start + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+            )
             logits = self.forward(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
             scores.extend(logits[:, 0].float().tolist())
         return scores
@@ -93,8 +100,13 @@ class RewardModel:
             hidden = getattr(config, "hidden_size", None)
         ds_config = resolve(ds_spec, args, hidden, "ref_deepspeed", train=False, world_size=world_size)
         if not isinstance(spec, PreTrainedModel):
-            model = ModelLoader(ds_config, dtype).load(spec, cls=AutoModelForSequenceClassification,
-                                                       field="reward_funcs", num_labels=1, **args.model_load_kwargs)
+            model = ModelLoader(ds_config, dtype).load(
+                spec,
+                cls=AutoModelForSequenceClassification,
+                field="reward_funcs",
+                num_labels=1,
+                **args.model_load_kwargs,
+            )
         tok = reward_tokenizer(tokenizer if tokenizer is not None else compat.name_or_path(model.config), name)
         engine = build_inference_engine(model, ds_config)
         return cls(engine, tok, model.config, args.per_device_train_batch_size, name)

@@ -35,28 +35,49 @@ class RewardError(ValueError):
 
 
 class RewardStack:
-    def __init__(self, reward_funcs: Any, reward_weights=None, reward_processing_classes=None,
-                 errors_as_none: bool = False, trust_remote_code: bool = False, code_sandbox: str = "isolated",
-                 extra_sources: Sequence[Callable] = ()):
+    def __init__(
+        self,
+        reward_funcs: Any,
+        reward_weights=None,
+        reward_processing_classes=None,
+        errors_as_none: bool = False,
+        trust_remote_code: bool = False,
+        code_sandbox: str = "isolated",
+        extra_sources: Sequence[Callable] = (),
+    ):
         """`extra_sources`: reward sources the run adds after the user's (environments that own a reward), each of
         weight 1 and without a processing class."""
         self.trust_remote_code = trust_remote_code
         self.code_sandbox = code_sandbox
-        sources = ([] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, (list, tuple))
-                   else [reward_funcs])
+        sources = (
+            []
+            if reward_funcs is None
+            else list(reward_funcs)
+            if isinstance(reward_funcs, (list, tuple))
+            else [reward_funcs]
+        )
         if not sources and not extra_sources:
-            raise ValueError("No reward source provided: pass reward_funcs (functions, built-in names or reward "
-                             "models), or an environment_factory whose environment defines get_reward().")
+            raise ValueError(
+                "No reward source provided: pass reward_funcs (functions, built-in names or reward "
+                "models), or an environment_factory whose environment defines get_reward()."
+            )
         # TRL's rule: None applies to every source; one processing class is a list of one
-        tokenizers = ([None] * len(sources) if reward_processing_classes is None else list(reward_processing_classes)
-                      if isinstance(reward_processing_classes, (list, tuple)) else [reward_processing_classes])
+        tokenizers = (
+            [None] * len(sources)
+            if reward_processing_classes is None
+            else list(reward_processing_classes)
+            if isinstance(reward_processing_classes, (list, tuple))
+            else [reward_processing_classes]
+        )
         if len(tokenizers) != len(sources):
-            raise ValueError(f"The number of reward processing classes ({len(tokenizers)}) must match the number of "
-                             f"reward functions ({len(sources)}): give one per source (None where it does not apply).")
+            raise ValueError(
+                f"The number of reward processing classes ({len(tokenizers)}) must match the number of "
+                f"reward functions ({len(sources)}): give one per source (None where it does not apply)."
+            )
         self.funcs: List[Any] = []
         self.given_tokenizers = tokenizers
         self.pending_models: Dict[int, tuple] = {}  # index → (spec, tokenizer), built by load_models
-        self._model_configs: Dict[int, Any] = {}    # index → the reward model's transformers config
+        self._model_configs: Dict[int, Any] = {}  # index → the reward model's transformers config
         for i, (src, tok) in enumerate(zip(sources, tokenizers)):
             self.funcs.append(self._resolve(src, tok, i))
         self.funcs += list(extra_sources)
@@ -68,8 +89,10 @@ class RewardStack:
         self.model_indices = sorted(self.pending_models)
         self.errors_as_none = errors_as_none
         if reward_weights is not None and len(reward_weights) != len(sources):
-            raise ValueError(f"reward_weights has {len(reward_weights)} entries but there are {len(sources)} "
-                             "reward functions; give one weight per function.")
+            raise ValueError(
+                f"reward_weights has {len(reward_weights)} entries but there are {len(sources)} "
+                "reward functions; give one weight per function."
+            )
         # the weight of each source, as advantages apply them: the user's (None: 1.0), then 1.0 per extra source
         self.weights = [float(w) for w in (reward_weights if reward_weights is not None else [1.0] * len(sources))]
         self.weights += [1.0] * len(extra_sources)
@@ -95,17 +118,21 @@ class RewardStack:
             from transformers import AutoConfig
 
             from .models import check_reward_model_config
+
             try:
                 config = AutoConfig.from_pretrained(src, trust_remote_code=self.trust_remote_code)
             except (OSError, ValueError) as exc:
-                raise ValueError(f"reward_funcs[{index}] = {src!r} is neither a built-in reward "
-                                 f"({BUILTIN_REWARDS.names()}) nor a loadable reward model ({exc}).") from None
+                raise ValueError(
+                    f"reward_funcs[{index}] = {src!r} is neither a built-in reward "
+                    f"({BUILTIN_REWARDS.names()}) nor a loadable reward model ({exc})."
+                ) from None
             check_reward_model_config(config, src)
             self.pending_models[index] = (src, tokenizer)
             self._model_configs[index] = config
             return src
         if isinstance(src, PreTrainedModel):
             from .models import check_reward_model_config
+
             check_reward_model_config(src.config, reward_name(src))
             self.pending_models[index] = (src, tokenizer)
             self._model_configs[index] = src.config
@@ -114,21 +141,28 @@ class RewardStack:
             return src.with_isolation(self.code_sandbox)
         if callable(src):
             return src
-        raise TypeError(f"reward_funcs[{index}] = {src!r} is not a reward source: pass a callable, a built-in name "
-                        f"({BUILTIN_REWARDS.names()}), a reward model path / hub id / PreTrainedModel, or a RemoteReward.")
+        raise TypeError(
+            f"reward_funcs[{index}] = {src!r} is not a reward source: pass a callable, a built-in name "
+            f"({BUILTIN_REWARDS.names()}), a reward model path / hub id / PreTrainedModel, or a RemoteReward."
+        )
 
     def _name(self, index: int, f: Any) -> str:
         if index in self.pending_models:
             spec = self.pending_models[index][0]
-            return str(spec).rstrip("/").split("/")[-1] if isinstance(spec, str) else \
-                str(compat.name_or_path(spec.config) or type(spec).__name__).rstrip("/").split("/")[-1]
+            return (
+                str(spec).rstrip("/").split("/")[-1]
+                if isinstance(spec, str)
+                else str(compat.name_or_path(spec.config) or type(spec).__name__).rstrip("/").split("/")[-1]
+            )
         return reward_name(f)
 
     @property
     def processing_classes(self) -> list:
         """TRL's trainer.reward_processing_classes: each reward model's tokenizer (None for functions)."""
-        return [getattr(f, "tokenizer", None) if i in self.model_indices else self.given_tokenizers[i]
-                for i, f in enumerate(self.funcs)]
+        return [
+            getattr(f, "tokenizer", None) if i in self.model_indices else self.given_tokenizers[i]
+            for i, f in enumerate(self.funcs)
+        ]
 
     @property
     def has_models(self) -> bool:
@@ -146,13 +180,21 @@ class RewardStack:
         self.pending_models = {}
 
     # ------------------------------------------------------------------------------------------------ scoring
-    def __call__(self, prompts: Sequence, completions: Sequence, completion_ids: Sequence,
-                 columns: Dict[str, Sequence], trainer_state: Any = None) -> torch.Tensor:
+    def __call__(
+        self,
+        prompts: Sequence,
+        completions: Sequence,
+        completion_ids: Sequence,
+        columns: Dict[str, Sequence],
+        trainer_state: Any = None,
+    ) -> torch.Tensor:
         """[N, K] float32, NaN for None. `trainer_state` (TRL's): the trainer's TrainerState, passed to the
         functions whose signature names it (or takes **kwargs) — curriculum rewards read global_step from it."""
         if self.pending_models:
             raise RuntimeError("RewardStack.load_models() must run before scoring with reward models.")
-        kwargs = dict(prompts=list(prompts), completions=list(completions), completion_ids=list(completion_ids), **columns)
+        kwargs = dict(
+            prompts=list(prompts), completions=list(completions), completion_ids=list(completion_ids), **columns
+        )
         results: List[Any] = [None] * len(self.funcs)
         pending = {}
         for k, f in enumerate(self.funcs):
@@ -172,9 +214,11 @@ class RewardStack:
         if unscored:  # TRL warns too, through its logger and in its words: such a completion gets no advantage
             i = unscored[0]
             row = {"prompt": prompts[i], "completion": completions[i], **{k: v[i] for k, v in columns.items()}}
-            logger.warning(f"All reward functions returned None for the following kwargs: {row} ({len(unscored)} of "
-                           f"{len(completions)} completions get no reward). Please ensure that at least one reward "
-                           "function returns a valid reward.")
+            logger.warning(
+                f"All reward functions returned None for the following kwargs: {row} ({len(unscored)} of "
+                f"{len(completions)} completions get no reward). Please ensure that at least one reward "
+                "function returns a valid reward."
+            )
         return matrix
 
     def _call(self, k: int, f: Callable, kwargs: dict) -> Any:
@@ -189,13 +233,16 @@ class RewardStack:
                 return await awaitable
             except Exception as exc:
                 return self._failed(k, exc)
+
         return await asyncio.gather(*(guard(k, a) for k, a in pending.items()))
 
     def _failed(self, k: int, exc: Exception):
         if self.errors_as_none:
             return None  # expanded to all-None by _check
-        raise RewardError(f"Reward function {self.names[k]!r} raised {type(exc).__name__}: {exc}. Fix it, or set "
-                          "reward_errors_as_none=True to score such batches as None.") from exc
+        raise RewardError(
+            f"Reward function {self.names[k]!r} raised {type(exc).__name__}: {exc}. Fix it, or set "
+            "reward_errors_as_none=True to score such batches as None."
+        ) from exc
 
     def _check(self, k: int, values: Any, n: int) -> torch.Tensor:
         if values is None and self.errors_as_none:
@@ -203,11 +250,15 @@ class RewardStack:
         try:
             values = list(values)
         except TypeError:
-            raise RewardError(f"Reward function {self.names[k]!r} returned {type(values).__name__}; return a list "
-                              "with one float (or None) per completion.") from None
+            raise RewardError(
+                f"Reward function {self.names[k]!r} returned {type(values).__name__}; return a list "
+                "with one float (or None) per completion."
+            ) from None
         if len(values) != n:
-            raise RewardError(f"Reward function {self.names[k]!r} returned {len(values)} values for {n} "
-                              "completions; return one float (or None) per completion.")
+            raise RewardError(
+                f"Reward function {self.names[k]!r} returned {len(values)} values for {n} "
+                "completions; return one float (or None) per completion."
+            )
         column = torch.full((n,), math.nan)
         for i, v in enumerate(values):
             if v is None:
@@ -215,8 +266,10 @@ class RewardStack:
             if isinstance(v, torch.Tensor) and v.numel() == 1:
                 v = v.item()
             if not isinstance(v, Real) or not math.isfinite(float(v)):
-                raise RewardError(f"Reward function {self.names[k]!r} returned {v!r} for completion {i}; return a "
-                                  "finite float, or None to abstain.")
+                raise RewardError(
+                    f"Reward function {self.names[k]!r} returned {v!r} for completion {i}; return a "
+                    "finite float, or None to abstain."
+                )
             column[i] = float(v)
         return column
 

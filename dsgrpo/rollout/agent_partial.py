@@ -30,11 +30,11 @@ WAIT_S = 0.02  # how often a round looks at its episodes
 
 @dataclass
 class AgentGroup:
-    position: int                   # place in the prompt stream: the group's id
-    prompt_index: int               # dataset row
-    rows: List[dict]                # what each episode's agent gets (the row, once per member)
+    position: int  # place in the prompt stream: the group's id
+    prompt_index: int  # dataset row
+    rows: List[dict]  # what each episode's agent gets (the row, once per member)
     runs: List[Tuple[str, Future]] = field(default_factory=list)  # (episode id, its future) per member
-    carried: int = 0                # rounds it was carried over unfinished
+    carried: int = 0  # rounds it was carried over unfinished
 
     def complete(self) -> bool:
         return all(future.done() for _, future in self.runs)
@@ -50,14 +50,23 @@ class AgentPartialSource(PartialRolloutSource):
         self.resumed_positions: List[int] = []
 
     @classmethod
-    def check(cls, args, *, placement, prompts_per_round: int, reward_models: bool, evaluates: bool,
-              streaming: bool = False) -> None:
-        super().check(args, placement=placement, prompts_per_round=prompts_per_round, reward_models=reward_models,
-                      evaluates=evaluates, streaming=streaming)
+    def check(
+        cls, args, *, placement, prompts_per_round: int, reward_models: bool, evaluates: bool, streaming: bool = False
+    ) -> None:
+        super().check(
+            args,
+            placement=placement,
+            prompts_per_round=prompts_per_round,
+            reward_models=reward_models,
+            evaluates=evaluates,
+            streaming=streaming,
+        )
         if args.vllm_tensor_parallel_size > 1:
-            raise ValueError("partial_rollout=True with agent_rollout pauses each rank's endpoint on its own, and a "
-                             "tensor-parallel engine serves several ranks at once: set vllm_tensor_parallel_size=1 "
-                             "or partial_rollout=False.")
+            raise ValueError(
+                "partial_rollout=True with agent_rollout pauses each rank's endpoint on its own, and a "
+                "tensor-parallel engine serves several ranks at once: set vllm_tensor_parallel_size=1 "
+                "or partial_rollout=False."
+            )
 
     # ---- the round (PartialRolloutSource.next_batch decides the over-provision and reads the tail)
     def _holds_groups(self) -> bool:
@@ -73,11 +82,12 @@ class AgentPartialSource(PartialRolloutSource):
         needs = dist.all_gather_object((want, len(self.groups) + len(self.resumed_positions)))
         if self.resumed_note is not None:
             if dist.is_main():
-                print(f"dsgrpo: resumed {sum(n[1] for n in needs)} prompt group(s) in flight: {self.resumed_note}",
-                      flush=True)
+                print(
+                    f"dsgrpo: resumed {sum(n[1] for n in needs)} prompt group(s) in flight: {self.resumed_note}",
+                    flush=True,
+                )
             self.resumed_note = None
-        for position in self.resumed_positions + positions_for([n[0] for n in needs], self.next_position,
-                                                                dist.rank()):
+        for position in self.resumed_positions + positions_for([n[0] for n in needs], self.next_position, dist.rank()):
             self._start(position)
         self.resumed_positions = []
         self.next_position += sum(n[0] for n in needs)
@@ -86,25 +96,33 @@ class AgentPartialSource(PartialRolloutSource):
         while sum(g.complete() for g in self.groups.values()) < self.share:
             time.sleep(WAIT_S)
         endpoint.pause()  # the trainer's from here until the next round (the weight sync included)
-        done = sorted((p for p, g in self.groups.items() if g.complete()),
-                      key=lambda p: (-self.groups[p].carried, p))[:self.share]
+        done = sorted((p for p, g in self.groups.items() if g.complete()), key=lambda p: (-self.groups[p].carried, p))[
+            : self.share
+        ]
         groups = [self.groups.pop(p) for p in sorted(done)]
         stopped = sum(not f.done() for g in self.groups.values() for _, f in g.runs)
-        sampled = sum(self._tokens_at(episode_id, version) for g in list(self.groups.values()) + groups
-                      for episode_id, _ in g.runs)
+        sampled = sum(
+            self._tokens_at(episode_id, version)
+            for g in list(self.groups.values()) + groups
+            for episode_id, _ in g.runs
+        )
         for g in self.groups.values():
             g.carried += 1
         self.last_positions = [g.position for g in groups]
         rows = [row for g in groups for row in g.rows]
-        out, versions = self.agent.rows_of(self.trainer, rows, [i for g in groups for i, _ in g.runs],
-                                           [f.result() for g in groups for _, f in g.runs])
+        out, versions = self.agent.rows_of(
+            self.trainer, rows, [i for g in groups for i, _ in g.runs], [f.result() for g in groups for _, f in g.runs]
+        )
         rollout = self.setup.sampler.to_rollout(out, len(rows), self.setup.prompts)
         rollout.weight_versions = versions
         self.setup.generator.end_generation()  # sleep mode: nothing runs until the next round
-        batch = self.setup.build_batch(self.setup.prompts, [g.prompt_index for g in groups], [G] * len(groups),
-                                       rollout)
-        self._add_metrics(batch, rollout, version, [stopped, sampled, restarted, discarded, carried, len(self.groups),
-                                                     sum(1 for g in groups if g.carried)])
+        batch = self.setup.build_batch(self.setup.prompts, [g.prompt_index for g in groups], [G] * len(groups), rollout)
+        self._add_metrics(
+            batch,
+            rollout,
+            version,
+            [stopped, sampled, restarted, discarded, carried, len(self.groups), sum(1 for g in groups if g.carried)],
+        )
         return batch, dist.all_gather(self._lengths(rollout, [], extra))
 
     def _start(self, position: int) -> None:
@@ -137,8 +155,13 @@ class AgentPartialSource(PartialRolloutSource):
 
     # ---- checkpoints: positions only (an agent's loop is not state a checkpoint can hold)
     def state_dict(self) -> dict:
-        return {"agent_partial": {"next_position": self.next_position, "overprovisioning": self.overprovisioning,
-                                  "in_flight": sorted(self.groups) + self.resumed_positions}}
+        return {
+            "agent_partial": {
+                "next_position": self.next_position,
+                "overprovisioning": self.overprovisioning,
+                "in_flight": sorted(self.groups) + self.resumed_positions,
+            }
+        }
 
     def load_state_dict(self, state: Optional[dict]) -> None:
         mine = (state or {}).get("agent_partial")
@@ -147,8 +170,9 @@ class AgentPartialSource(PartialRolloutSource):
         self.next_position = int(mine["next_position"])
         self.overprovisioning = bool(mine.get("overprovisioning", True)) or not self.args.partial_rollout_adaptive
         self.resumed_positions = [int(p) for p in mine["in_flight"]]
-        self.resumed_note = ("agents run their own loop, which a checkpoint cannot hold: their episodes run again "
-                             "from the start")
+        self.resumed_note = (
+            "agents run their own loop, which a checkpoint cannot hold: their episodes run again from the start"
+        )
 
     def without_samples(self, state: Optional[dict]) -> Optional[dict]:
         if state and "agent_partial" in state:
@@ -160,8 +184,14 @@ class AgentPartialSource(PartialRolloutSource):
         if any(not s or "agent_partial" not in s for s in states):
             return {}
         first = states[0]["agent_partial"]
-        return {"agent_partial": {**first, "in_flight": [p for r in range(len(states)) if r % world == rank
-                                                         for p in states[r]["agent_partial"]["in_flight"]]}}
+        return {
+            "agent_partial": {
+                **first,
+                "in_flight": [
+                    p for r in range(len(states)) if r % world == rank for p in states[r]["agent_partial"]["in_flight"]
+                ],
+            }
+        }
 
     def reshard_note(self, saved_world: int, world: int) -> Optional[str]:
         return f"the {saved_world} ranks' agent groups in flight are dealt out to {world} and run again"

@@ -53,10 +53,12 @@ def _chain_tokens(chain: List[Call]) -> dict:
     for k, call in enumerate(chain):
         if k:
             before = chain[k - 1].prompt_ids + chain[k - 1].sampled.ids
-            if call.prompt_ids[:len(before)] != before:  # the endpoint only marks a call `extends` when it does
-                raise RuntimeError("an agent call marked as continuing its episode does not start with the previous "
-                                   "call's prompt and sampled ids")
-            inserted = call.prompt_ids[len(before):]
+            if call.prompt_ids[: len(before)] != before:  # the endpoint only marks a call `extends` when it does
+                raise RuntimeError(
+                    "an agent call marked as continuing its episode does not start with the previous "
+                    "call's prompt and sampled ids"
+                )
+            inserted = call.prompt_ids[len(before) :]
             ids += inserted
             logprobs += [0.0] * len(inserted)
             mask += [0] * len(inserted)
@@ -75,38 +77,70 @@ def assemble(calls: List[Call], fallback_prompt: List[int], whole: bool = True) 
     prompt_ids, completion_ids, logprobs, env_mask, versions, restarts, the calls trained, whether the agent
     rewrote its history and the tool calls the model wrote in what trains."""
     if not calls:
-        return {"prompt_ids": fallback_prompt, "completion_ids": [], "logprobs": [], "env_mask": [], "versions": [],
-                "restarts": [], "turns": 0, "rewritten": False, "tool_calls": 0}
+        return {
+            "prompt_ids": fallback_prompt,
+            "completion_ids": [],
+            "logprobs": [],
+            "env_mask": [],
+            "versions": [],
+            "restarts": [],
+            "turns": 0,
+            "rewritten": False,
+            "tool_calls": 0,
+        }
     episode = chains_of(calls)
     trained = episode if whole else episode[-1:]
     pieces = [(chain[0].prompt_ids, _chain_tokens(chain)) for chain in trained]
     pieces = [p for p in pieces if p[1]["completion_ids"]] or pieces[:1]  # a chain that sampled nothing trains nothing
-    out = {"prompt_ids": pieces[0][0], "completion_ids": [], "logprobs": [], "env_mask": [], "versions": [],
-           "restarts": []}
+    out = {
+        "prompt_ids": pieces[0][0],
+        "completion_ids": [],
+        "logprobs": [],
+        "env_mask": [],
+        "versions": [],
+        "restarts": [],
+    }
     for k, (prompt_ids, tokens) in enumerate(pieces):
         if k:
             out["restarts"].append([len(out["completion_ids"]), prompt_ids])
         for key, values in tokens.items():
             out[key] += values
     used = [c for chain in trained for c in chain]
-    out.update(turns=len(used), rewritten=len(episode) > 1,
-               tool_calls=sum(len((c.sampled.answer or {}).get("tool_calls", [])) for c in used))
+    out.update(
+        turns=len(used),
+        rewritten=len(episode) > 1,
+        tool_calls=sum(len((c.sampled.answer or {}).get("tool_calls", [])) for c in used),
+    )
     return out
 
 
 class AgentRollout:
     """What `agent_rollout` returns: a rollout_func (TRL's contract, plus the dataset's columns when the trainer
     gives them) whose rows also carry tool counts for the metrics."""
+
     reports_tool_counts = True
 
-    def __init__(self, agent: Callable, *, max_concurrent: int = 32, timeout_s: float = 600.0,
-                 host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None, model_name: str = "policy"):
+    def __init__(
+        self,
+        agent: Callable,
+        *,
+        max_concurrent: int = 32,
+        timeout_s: float = 600.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: Optional[str] = None,
+        model_name: str = "policy",
+    ):
         if not callable(agent):
-            raise TypeError(f"agent_rollout({agent!r}): pass the agent function, `async def agent(client, row)` or "
-                            "`def agent(client, row)`, returning the episode's reward (or None).")
+            raise TypeError(
+                f"agent_rollout({agent!r}): pass the agent function, `async def agent(client, row)` or "
+                "`def agent(client, row)`, returning the episode's reward (or None)."
+            )
         if len(inspect.signature(agent).parameters) < 2:
-            raise TypeError(f"agent_rollout: {getattr(agent, '__name__', agent)!r} must take (client, row): an "
-                            "OpenAI client for the policy and the dataset row.")
+            raise TypeError(
+                f"agent_rollout: {getattr(agent, '__name__', agent)!r} must take (client, row): an "
+                "OpenAI client for the policy and the dataset row."
+            )
         if not (isinstance(max_concurrent, int) and max_concurrent >= 1):
             raise ValueError(f"agent_rollout: max_concurrent={max_concurrent!r}; use a positive integer.")
         if host not in ("127.0.0.1", "localhost", "::1") and not token:
@@ -125,13 +159,22 @@ class AgentRollout:
         if self.endpoint is None:
             generator, tokenizer, args = trainer.generator, trainer.processing_class, trainer.args
             if generator is None:
-                raise ValueError("agent_rollout needs this rank's generation engine (use_vllm with vllm_mode="
-                                 "'colocate', the default): the agents' calls are served by it.")
+                raise ValueError(
+                    "agent_rollout needs this rank's generation engine (use_vllm with vllm_mode="
+                    "'colocate', the default): the agents' calls are served by it."
+                )
             self.endpoint = OpenAIEndpoint(
-                generator, tokenizer, SamplingConfig.from_args(args),
+                generator,
+                tokenizer,
+                SamplingConfig.from_args(args),
                 call_format=tool_call_format(tokenizer, args.tool_call_format),
-                max_model_len=generator.max_model_len, model_name=self.model_name, host=self.host,
-                port=self.port, token=self.token, chat_template_kwargs=args.chat_template_kwargs)
+                max_model_len=generator.max_model_len,
+                model_name=self.model_name,
+                host=self.host,
+                port=self.port,
+                token=self.token,
+                chat_template_kwargs=args.chat_template_kwargs,
+            )
         return self.endpoint
 
     def close(self) -> None:
@@ -156,16 +199,24 @@ class AgentRollout:
         # a rewritten episode trains every chain, each after its own prompt, in packed steps; padded micro-batches
         # cannot keep the chains' contexts apart, so there only its last chain trains
         episode_id = f"{dist.rank()}-{self.rounds}-{uuid.uuid4().hex[:12]}"
-        self.serving(trainer).episodes.open(episode_id, trainer.args.max_completion_length,
-                                              whole_episode=trainer.budget is not None)
+        self.serving(trainer).episodes.open(
+            episode_id, trainer.args.max_completion_length, whole_episode=trainer.budget is not None
+        )
         return episode_id
 
     def rows_of(self, trainer, rows: List[dict], ids: List[str], outcomes: List[tuple]) -> tuple:
         """Finished episodes (closed on the endpoint) as (rollout_func rows with their rewards and tool counts, the
         weight version of every completion token of each row)."""
         whole = trainer.budget is not None
-        out: Dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [],
-                                REWARD_COLUMN: [], "tool_counts": [], **({"restarts": []} if whole else {})}
+        out: Dict[str, list] = {
+            "prompt_ids": [],
+            "completion_ids": [],
+            "logprobs": [],
+            "env_mask": [],
+            REWARD_COLUMN: [],
+            "tool_counts": [],
+            **({"restarts": []} if whole else {}),
+        }
         tokenizer = trainer.processing_class
         self.last_episodes, versions = [], []
         for row, episode_id, (reward, how) in zip(rows, ids, outcomes):
@@ -176,8 +227,13 @@ class AgentRollout:
                 out[key].append(seq[key])
             versions.append(seq["versions"])
             out[REWARD_COLUMN].append(reward)
-            counts = dict(calls=seq["tool_calls"], turns=seq["turns"], errors=int(how == "error"),
-                          timeouts=int(how == "timeout"), rewrites=int(seq["rewritten"]))
+            counts = dict(
+                calls=seq["tool_calls"],
+                turns=seq["turns"],
+                errors=int(how == "error"),
+                timeouts=int(how == "timeout"),
+                rewrites=int(seq["rewritten"]),
+            )
             out["tool_counts"].append([counts.get(k, 0) for k in COUNTS])
         return out, versions
 
@@ -205,16 +261,20 @@ class AgentRollout:
             except Exception as exc:  # noqa: BLE001 - an agent's failure ends its episode, not the run
                 if not self._warned:
                     self._warned.append(1)
-                    print(f"dsgrpo: warning: an agent episode raised {type(exc).__name__}: {exc} (it scores "
-                          "None; counted in env/errors)", flush=True)
+                    print(
+                        f"dsgrpo: warning: an agent episode raised {type(exc).__name__}: {exc} (it scores "
+                        "None; counted in env/errors)",
+                        flush=True,
+                    )
                 return None, "error"
 
     async def _run_all(self, endpoint: OpenAIEndpoint, rows: List[dict], ids: List[str]):
         gate = asyncio.Semaphore(self.max_concurrent)
         base = self._client(endpoint)
         try:
-            return await asyncio.gather(*(self._episode(base, gate, row, episode_id)
-                                          for row, episode_id in zip(rows, ids)))
+            return await asyncio.gather(
+                *(self._episode(base, gate, row, episode_id) for row, episode_id in zip(rows, ids))
+            )
         finally:
             if inspect.iscoroutinefunction(self.agent):
                 await base.close()
@@ -232,6 +292,7 @@ class AgentRollout:
 
             async def made():  # the client and the bound on episodes belong to the loop that uses them
                 return self._client(endpoint), asyncio.Semaphore(self.max_concurrent)
+
             self._background = asyncio.run_coroutine_threadsafe(made(), self._loop).result()
         episode_id = self.open_episode(trainer)
         base, gate = self._background

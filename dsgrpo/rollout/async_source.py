@@ -63,8 +63,15 @@ class GroupExchange:
     def __init__(self, setup: RolloutSetup):
         a, self.setup, self.args = setup.args, setup, setup.args
         self.placement: Placement = setup.placement
-        self.stream = PromptStream(setup.prompts, setup.prompts_per_round, a.num_generations,
-                                   self.placement.generators, a.seed, a.shuffle_dataset, order_seed=a.order_seed)
+        self.stream = PromptStream(
+            setup.prompts,
+            setup.prompts_per_round,
+            a.num_generations,
+            self.placement.generators,
+            a.seed,
+            a.shuffle_dataset,
+            order_seed=a.order_seed,
+        )
         self.pool = GroupPool()
         self.counter = ClaimCounter(shared=a.async_load_balancing)
         self.stale_dropped = 0
@@ -80,16 +87,33 @@ class GroupExchange:
                 sampler = copy.copy(sampler)
                 sampler.generator = LeadingGenerator(setup.generator.engine, link)
                 if isinstance(sampler, (ToolSampler, EnvironmentSampler)):  # the leader alone runs the tool turns:
-                    sampler.lockstep = None                                 # the mirrors repeat its calls
-            partial = {"overprovision": overprovision_per_rank(a.rollout_overprovision, self.placement.generators)} \
-                if a.partial_rollout else {}
+                    sampler.lockstep = None  # the mirrors repeat its calls
+            partial = (
+                {"overprovision": overprovision_per_rank(a.rollout_overprovision, self.placement.generators)}
+                if a.partial_rollout
+                else {}
+            )
             self.worker = (PartialRolloutWorker if a.partial_rollout else RolloutWorker)(
-                **partial, sampler=sampler, prompts=setup.prompts, stream=self.stream, counter=self.counter,
-                pool=self.pool, score=self._score_groups if setup.scores_anywhere else None,
-                balanced=a.async_load_balancing, chunk_groups=a.async_chunk_groups or default_chunk_groups(
-                    self.stream.P, workers=self.placement.generators // max(1, a.vllm_tensor_parallel_size)),
-                max_staleness=a.max_staleness, drop_zero_std=a.drop_zero_std_groups, reward_weights=setup.reward_weights,
-                rank=me, version=0, slot=me - self.placement.first_generator, link=link)
+                **partial,
+                sampler=sampler,
+                prompts=setup.prompts,
+                stream=self.stream,
+                counter=self.counter,
+                pool=self.pool,
+                score=self._score_groups if setup.scores_anywhere else None,
+                balanced=a.async_load_balancing,
+                chunk_groups=a.async_chunk_groups
+                or default_chunk_groups(
+                    self.stream.P, workers=self.placement.generators // max(1, a.vllm_tensor_parallel_size)
+                ),
+                max_staleness=a.max_staleness,
+                drop_zero_std=a.drop_zero_std_groups,
+                reward_weights=setup.reward_weights,
+                rank=me,
+                version=0,
+                slot=me - self.placement.first_generator,
+                link=link,
+            )
 
     def is_last(self, round_index: int) -> bool:
         return self.setup.steps_after_round(round_index) >= self.setup.max_steps
@@ -116,21 +140,29 @@ class GroupExchange:
                 self.stale_dropped += stale
                 self.counter.add("dropped", stale)  # the worker claims replacements
             w = self.worker
-            mine = [len(self.pool), float(w is not None and w.error is not None), w.zero_std_dropped if w else 0,
-                    w.completions_generated if w else 0, self.stale_dropped, getattr(w, "stopped", 0),
-                    getattr(w, "resampled", 0)]
+            mine = [
+                len(self.pool),
+                float(w is not None and w.error is not None),
+                w.zero_std_dropped if w else 0,
+                w.completions_generated if w else 0,
+                self.stale_dropped,
+                getattr(w, "stopped", 0),
+                getattr(w, "resampled", 0),
+            ]
             status = dist.all_gather(torch.tensor([mine], dtype=torch.float64), group=dist.EVERYONE)
             if status[:, 1].any():
                 self.raise_worker_error()
             zero_std = int(status[:, 2].sum())
             zero_std_at_start = zero_std if zero_std_at_start is None else zero_std_at_start
-            held_counts = status[self.placement.first_generator:, 0]
+            held_counts = status[self.placement.first_generator :, 0]
             if held_counts.sum() >= need if args.async_load_balancing else held_counts.min() >= share:
                 break
             if zero_std - zero_std_at_start > ZERO_STD_GIVE_UP_ROUNDS * need:
-                raise RuntimeError(f"drop_zero_std_groups: {zero_std - zero_std_at_start} groups in a row had rewards "
-                                   "that all agree, so no batch can be filled. The task is too easy or too hard for "
-                                   "the policy, or the reward is constant; check it, or set drop_zero_std_groups=False.")
+                raise RuntimeError(
+                    f"drop_zero_std_groups: {zero_std - zero_std_at_start} groups in a row had rewards "
+                    "that all agree, so no batch can be filled. The task is too easy or too hard for "
+                    "the policy, or the reward is constant; check it, or set drop_zero_std_groups=False."
+                )
             time.sleep(POLL_SECONDS)
         waited = time.perf_counter() - start
         summary = self.pool.summary()
@@ -139,8 +171,9 @@ class GroupExchange:
         me = dist.rank(dist.EVERYONE)
         kept = self.pool.take(plan.kept(me))
         outgoing = self.pool.take(list(plan.outgoing(me)))
-        parcels = dist.all_gather_object([(plan.destination[g.position], g.to_json()) for g in outgoing],
-                                         group=dist.EVERYONE)
+        parcels = dist.all_gather_object(
+            [(plan.destination[g.position], g.to_json()) for g in outgoing], group=dist.EVERYONE
+        )
         received = [Group.from_json(g) for parcel in parcels for dest, g in parcel if dest == me]
         if self.is_last(round_index) and self.worker is not None:
             self.worker.stop_claiming()  # the last round is cut: nothing later would be trained on
@@ -150,8 +183,9 @@ class GroupExchange:
     def _score_groups(self, indices: List[int], rollout) -> torch.Tensor:
         """The worker's scorer: [k·G, K] rewards of k groups (plain Python / remote sources only)."""
         setup = self.setup
-        batch = setup.build_batch(setup.prompts, indices, [self.args.num_generations] * len(indices), rollout,
-                                  micro=False)
+        batch = setup.build_batch(
+            setup.prompts, indices, [self.args.num_generations] * len(indices), rollout, micro=False
+        )
         return setup.reward_matrix(batch)
 
     def raise_worker_error(self):
@@ -159,16 +193,23 @@ class GroupExchange:
         failed = [(r, e) for r, e in enumerate(errors) if e]
         if self.worker is not None:
             self.worker.shutdown(timeout=5)
-        raise RuntimeError("the rollout worker failed on rank(s) " + ", ".join(str(r) for r, _ in failed) + ":\n"
-                           + "\n".join(f"--- rank {r} ---\n{e}" for r, e in failed))
+        raise RuntimeError(
+            "the rollout worker failed on rank(s) "
+            + ", ".join(str(r) for r, _ in failed)
+            + ":\n"
+            + "\n".join(f"--- rank {r} ---\n{e}" for r, e in failed)
+        )
 
     # ---- what a checkpoint keeps of a rank
     def state_dict(self) -> dict:
         """The pool and the claim counters, so a resumed run trains the groups already generated and claims
         exactly the positions not yet claimed."""
-        state = {"pool": self.pool.to_json(), "claimed": self.counter.add("claimed", 0),
-                 "dropped": self.counter.add("dropped", 0),
-                 "completions_generated": self.worker.completions_generated if self.worker else 0}
+        state = {
+            "pool": self.pool.to_json(),
+            "claimed": self.counter.add("claimed", 0),
+            "dropped": self.counter.add("dropped", 0),
+            "completions_generated": self.worker.completions_generated if self.worker else 0,
+        }
         if isinstance(self.worker, PartialRolloutWorker):  # claimed, not pooled yet: the groups in flight
             state["in_flight"] = self.worker.inflight.state()
         return state
@@ -184,9 +225,12 @@ class GroupExchange:
             inflight = self.worker.inflight
             inflight.load(state.get("in_flight", []))
             if inflight.rerun_from_reset:
-                print(f"dsgrpo: rank {dist.rank()} resumed {len(inflight)} prompt group(s) in flight that act on "
-                      f"environments, which a checkpoint cannot hold: their {inflight.rerun_from_reset} episodes start "
-                      "again from reset.", flush=True)
+                print(
+                    f"dsgrpo: rank {dist.rank()} resumed {len(inflight)} prompt group(s) in flight that act on "
+                    f"environments, which a checkpoint cannot hold: their {inflight.rerun_from_reset} episodes start "
+                    "again from reset.",
+                    flush=True,
+                )
 
     def close(self) -> None:
         if self.worker is not None:
@@ -195,6 +239,7 @@ class GroupExchange:
 
 class AsyncRolloutSource(RolloutSource):
     """The training ranks' side (every rank in colocate placement). `GeneratingRank` is the other side."""
+
     generates_while_training = True
 
     def __init__(self, setup: RolloutSetup):
@@ -202,9 +247,9 @@ class AsyncRolloutSource(RolloutSource):
         compat.ignore_compiling_in_other_threads()  # vLLM may compile in the rollout thread while ZeRO-3 traces
         self.exchange = GroupExchange(setup)
         self.split = not setup.placement.generates
-        self._dropped_reported = 0            # stale + zero-std drops already logged (over all ranks)
+        self._dropped_reported = 0  # stale + zero-std drops already logged (over all ranks)
         self._generators_state: Dict[str, dict] = {}  # split: the generators' state at the last checkpoint order
-        self._counters = None                          # split: the claim counters read at the same moment
+        self._counters = None  # split: the claim counters read at the same moment
         self.last_plan = None
 
     @property
@@ -218,53 +263,89 @@ class AsyncRolloutSource(RolloutSource):
             return Placement.colocated()
         world = dist.world_size(dist.EVERYONE)
         if world < 2:
-            raise ValueError("async_placement='split' needs at least 2 ranks (some train, some generate); launch "
-                             "more ranks or use async_placement='colocate'.")
+            raise ValueError(
+                "async_placement='split' needs at least 2 ranks (some train, some generate); launch "
+                "more ranks or use async_placement='colocate'."
+            )
         generators = args.async_generator_ranks or world // 2
         trains = dist.split_roles(world - generators)
-        return Placement(trains=trains, generates=not trains, trainers=world - generators, generators=generators,
-                         first_generator=world - generators)
+        return Placement(
+            trains=trains,
+            generates=not trains,
+            trainers=world - generators,
+            generators=generators,
+            first_generator=world - generators,
+        )
 
     @classmethod
-    def check(cls, args, *, placement: Placement, prompts_per_round: int, reward_models: bool, evaluates: bool,
-              streaming: bool = False) -> None:
+    def check(
+        cls,
+        args,
+        *,
+        placement: Placement,
+        prompts_per_round: int,
+        reward_models: bool,
+        evaluates: bool,
+        streaming: bool = False,
+    ) -> None:
         split = args.async_placement == "split"
         if streaming:
-            raise ValueError("AsyncGRPOTrainer hands prompt groups out by dataset position, out of order, so it needs "
-                             "a map-style datasets.Dataset, not an IterableDataset. Use GRPOTrainer, or load the "
-                             "dataset without streaming.")
+            raise ValueError(
+                "AsyncGRPOTrainer hands prompt groups out by dataset position, out of order, so it needs "
+                "a map-style datasets.Dataset, not an IterableDataset. Use GRPOTrainer, or load the "
+                "dataset without streaming."
+            )
         if args.vllm_enable_sleep_mode and dist.is_main():
-            print("dsgrpo: warning: vllm_enable_sleep_mode has no effect with AsyncGRPOTrainer: its engine generates "
-                  "while training runs, so it never sleeps.", flush=True)
+            print(
+                "dsgrpo: warning: vllm_enable_sleep_mode has no effect with AsyncGRPOTrainer: its engine generates "
+                "while training runs, so it never sleeps.",
+                flush=True,
+            )
         if args.vllm_tensor_parallel_size > 1 and args.vllm_mode == "colocate":
             if split:
-                raise NotImplementedError("async_placement='split' with vllm_tensor_parallel_size > 1: the generating "
-                                          "ranks' engines are one rank each for now. Use async_placement='colocate'.")
+                raise NotImplementedError(
+                    "async_placement='split' with vllm_tensor_parallel_size > 1: the generating "
+                    "ranks' engines are one rank each for now. Use async_placement='colocate'."
+                )
             if not args.async_load_balancing:
-                raise ValueError("vllm_tensor_parallel_size > 1 with AsyncGRPOTrainer: only each engine's first rank "
-                                 "claims and holds groups, and the batch cut must move them to the engine's other "
-                                 "ranks. Set async_load_balancing=True.")
+                raise ValueError(
+                    "vllm_tensor_parallel_size > 1 with AsyncGRPOTrainer: only each engine's first rank "
+                    "claims and holds groups, and the batch cut must move them to the engine's other "
+                    "ranks. Set async_load_balancing=True."
+                )
         if not args.use_vllm:
-            raise ValueError("AsyncGRPOTrainer generates in a background thread with vLLM; use_vllm=False (HF generate) "
-                             "is collective under ZeRO-3 and cannot run there. Set use_vllm=True or use GRPOTrainer.")
+            raise ValueError(
+                "AsyncGRPOTrainer generates in a background thread with vLLM; use_vllm=False (HF generate) "
+                "is collective under ZeRO-3 and cannot run there. Set use_vllm=True or use GRPOTrainer."
+            )
         if prompts_per_round % placement.trainers:
-            raise ValueError(f"AsyncGRPOTrainer trains whole prompt groups on each rank, but a round has "
-                             f"{prompts_per_round} prompts for {placement.trainers} training ranks. Make generation "
-                             f"batch / num_generations (= {prompts_per_round}) a multiple of {placement.trainers}.")
+            raise ValueError(
+                f"AsyncGRPOTrainer trains whole prompt groups on each rank, but a round has "
+                f"{prompts_per_round} prompts for {placement.trainers} training ranks. Make generation "
+                f"batch / num_generations (= {prompts_per_round}) a multiple of {placement.trainers}."
+            )
         if not args.async_load_balancing and prompts_per_round % placement.generators:
-            raise ValueError(f"async_load_balancing=False gives each generating rank a fixed share of a round's "
-                             f"{prompts_per_round} prompts, which {placement.generators} ranks cannot split "
-                             "evenly. Turn balancing on or change the batch geometry.")
+            raise ValueError(
+                f"async_load_balancing=False gives each generating rank a fixed share of a round's "
+                f"{prompts_per_round} prompts, which {placement.generators} ranks cannot split "
+                "evenly. Turn balancing on or change the batch geometry."
+            )
         if args.drop_zero_std_groups and reward_models:
-            raise ValueError("drop_zero_std_groups needs rewards computed as groups complete, but reward models are "
-                             "ZeRO-3 engines scored in lock-step by all ranks. Serve the reward model with "
-                             "`dsgrpo serve-reward` and pass a RemoteReward, or set drop_zero_std_groups=False.")
+            raise ValueError(
+                "drop_zero_std_groups needs rewards computed as groups complete, but reward models are "
+                "ZeRO-3 engines scored in lock-step by all ranks. Serve the reward model with "
+                "`dsgrpo serve-reward` and pass a RemoteReward, or set drop_zero_std_groups=False."
+            )
         if split and reward_models:
-            raise ValueError("async_placement='split' scores on the generating ranks, which hold no DeepSpeed engine: "
-                             "serve reward models with `dsgrpo serve-reward` and pass a RemoteReward, or use 'colocate'.")
+            raise ValueError(
+                "async_placement='split' scores on the generating ranks, which hold no DeepSpeed engine: "
+                "serve reward models with `dsgrpo serve-reward` and pass a RemoteReward, or use 'colocate'."
+            )
         if split and evaluates:
-            raise ValueError("async_placement='split' has no engine on the training ranks to evaluate with; set "
-                             "eval_strategy='no' (evaluate the saved model separately) or use 'colocate'.")
+            raise ValueError(
+                "async_placement='split' has no engine on the training ranks to evaluate with; set "
+                "eval_strategy='no' (evaluate the saved model separately) or use 'colocate'."
+            )
 
     # ---- the round
     def next_batch(self, round_index: int) -> Batch:
@@ -272,15 +353,17 @@ class AsyncRolloutSource(RolloutSource):
         self.exchange.start_worker(round_index)
         groups, plan, held, waited, status = self.exchange.cut(round_index)
         rollout, rewards = as_rollout_rows(groups)
-        batch = self.setup.build_batch(self.setup.prompts, [g.prompt_index for g in groups],
-                                       [len(g.rollout) for g in groups], rollout)
+        batch = self.setup.build_batch(
+            self.setup.prompts, [g.prompt_index for g in groups], [len(g.rollout) for g in groups], rollout
+        )
         batch.rewards = rewards
         batch.metrics.update(self._rollout_metrics(round_index, plan, held, waited, status))
         if self.args.partial_rollout:  # completions mix versions: the token-age histogram over the ranks
             mine = staleness_metrics(rollout, round_index, self.args.max_staleness)
             tokens = sum(len(c) for c in rollout.completion_ids)
-            batch.metrics.update(dist.reduce_metrics(mine, {k: tokens if "staleness" in k else len(rollout)
-                                                            for k in mine}))
+            batch.metrics.update(
+                dist.reduce_metrics(mine, {k: tokens if "staleness" in k else len(rollout) for k in mine})
+            )
         batch.metrics.update(self._tool_metrics(batch))
         return batch
 
@@ -289,12 +372,15 @@ class AsyncRolloutSource(RolloutSource):
         staleness = [round_index - v for v, _, _ in plan.chosen]
         stolen = sum(1 for _, p, r in plan.chosen if r - first != self.exchange.stream.nominal_rank(p))
         dropped_total = int(status[:, 2].sum() + status[:, 4].sum())
-        metrics = {"async/staleness/mean": sum(staleness) / len(staleness), "async/staleness/max": float(max(staleness)),
-                   "async/groups_stolen": float(stolen),
-                   "async/groups_moved": float(sum(1 for _, p, r in plan.chosen if plan.destination[p] != r)),
-                   "async/groups_dropped": float(dropped_total - self._dropped_reported),
-                   "async/groups_pooled": float(sum(len(h) for h in held) - len(plan.chosen)),
-                   "time/wait_for_rollout": waited}
+        metrics = {
+            "async/staleness/mean": sum(staleness) / len(staleness),
+            "async/staleness/max": float(max(staleness)),
+            "async/groups_stolen": float(stolen),
+            "async/groups_moved": float(sum(1 for _, p, r in plan.chosen if plan.destination[p] != r)),
+            "async/groups_dropped": float(dropped_total - self._dropped_reported),
+            "async/groups_pooled": float(sum(len(h) for h in held) - len(plan.chosen)),
+            "time/wait_for_rollout": waited,
+        }
         self._dropped_reported = dropped_total
         if self.args.partial_rollout:  # since the start: completions a pause stopped, and over-stale ones re-sampled
             metrics["partial/completions_stopped_total"] = float(status[:, 5].sum())
@@ -311,8 +397,13 @@ class AsyncRolloutSource(RolloutSource):
             if sender:
                 dist.broadcast_object(needed, src=0, group=dist.WEIGHTS)
             if needed:
-                send_weights(named_full_parameters(policy_module, bucket, self.setup.tied), bucket,
-                             dist.GroupChannel(dist.WEIGHTS), src=0, sending=sender)
+                send_weights(
+                    named_full_parameters(policy_module, bucket, self.setup.tied),
+                    bucket,
+                    dist.GroupChannel(dist.WEIGHTS),
+                    src=0,
+                    sending=sender,
+                )
             return
         with self.exchange.paused() as waited:
             super().sync_weights(policy_module, round_index, needed)
@@ -357,52 +448,71 @@ class AsyncRolloutSource(RolloutSource):
 
     def load_state_dict(self, state: Optional[dict]) -> None:
         if not state:  # no file (or a synchronous run's empty state)
-            raise CheckpointError("the checkpoint holds no rollout pool for this rank: it was written by a trainer "
-                                  "without an async rollout source. Resume it with the trainer that wrote it.")
+            raise CheckpointError(
+                "the checkpoint holds no rollout pool for this rank: it was written by a trainer "
+                "without an async rollout source. Resume it with the trainer that wrote it."
+            )
         self.exchange.load_state_dict(state)
 
     def without_samples(self, state: Optional[dict]) -> Optional[dict]:
         if not state:
             return state
         if self.split:
-            raise CheckpointError("async_placement='split' keeps the generating ranks' pools of the old train "
-                                  "dataset's rows; resume with the checkpoint's train dataset, or with "
-                                  "async_placement='colocate'.")
+            raise CheckpointError(
+                "async_placement='split' keeps the generating ranks' pools of the old train "
+                "dataset's rows; resume with the checkpoint's train dataset, or with "
+                "async_placement='colocate'."
+            )
         # every rank's own pool and groups in flight go, and their places are claimed again: a shared counter
         # (rank 0 restores it) learns of every rank's, a rank's own counter of its own
         mine = len(state.get("pool", [])) + len(state.get("in_flight", []))
         every = int(dist.all_reduce_sum(torch.tensor([float(mine)]))[0])
-        return {**state, "pool": [], "in_flight": [],
-                "dropped": state["dropped"] + (every if self.exchange.counter.shared else mine)}
+        return {
+            **state,
+            "pool": [],
+            "in_flight": [],
+            "dropped": state["dropped"] + (every if self.exchange.counter.shared else mine),
+        }
 
     @classmethod
     def check_world_change(cls, args, path: str, saved_world: int, world: int) -> None:
         if args.async_placement == "split":
-            raise CheckpointError(f"{path} was written by {saved_world} rank(s) and this run has {world}: "
-                                  "async_placement='split' keeps each generating rank's pool and state by rank number. "
-                                  f"Resume it on {saved_world} rank(s), or continue with async_placement='colocate'.")
+            raise CheckpointError(
+                f"{path} was written by {saved_world} rank(s) and this run has {world}: "
+                "async_placement='split' keeps each generating rank's pool and state by rank number. "
+                f"Resume it on {saved_world} rank(s), or continue with async_placement='colocate'."
+            )
         if not args.async_load_balancing:
-            raise CheckpointError(f"{path} was written by {saved_world} rank(s) and this run has {world}: with "
-                                  "async_load_balancing=False each rank's claims follow its fixed share of every round, "
-                                  f"which another number of ranks splits differently. Resume it on {saved_world} "
-                                  "rank(s), or set async_load_balancing=True (the claims are then one shared counter).")
+            raise CheckpointError(
+                f"{path} was written by {saved_world} rank(s) and this run has {world}: with "
+                "async_load_balancing=False each rank's claims follow its fixed share of every round, "
+                f"which another number of ranks splits differently. Resume it on {saved_world} "
+                "rank(s), or set async_load_balancing=True (the claims are then one shared counter)."
+            )
 
     def reshard_state(self, states, rank: int, world: int) -> dict:
         """The writing ranks' pools dealt out (old rank r's groups go to rank r % world): a paused pool holds exactly
         what was claimed, every group is a whole prompt group with its policy version, and the batch cut moves
         groups between ranks anyway, so none is lost or trained twice. The claim counters are shared (balancing)."""
         if any(not s for s in states):
-            raise CheckpointError("the checkpoint lacks a rollout pool of some rank: it was written by a trainer "
-                                  "without an async rollout source. Resume it with the trainer that wrote it.")
+            raise CheckpointError(
+                "the checkpoint lacks a rollout pool of some rank: it was written by a trainer "
+                "without an async rollout source. Resume it with the trainer that wrote it."
+            )
         mine = [r for r in range(len(states)) if r % world == rank]
-        return {"pool": [g for r in mine for g in states[r]["pool"]], "claimed": states[0]["claimed"],
-                "dropped": states[0]["dropped"],
-                "completions_generated": sum(states[r]["completions_generated"] for r in mine),
-                "in_flight": [g for r in mine for g in states[r].get("in_flight", [])]}
+        return {
+            "pool": [g for r in mine for g in states[r]["pool"]],
+            "claimed": states[0]["claimed"],
+            "dropped": states[0]["dropped"],
+            "completions_generated": sum(states[r]["completions_generated"] for r in mine),
+            "in_flight": [g for r in mine for g in states[r].get("in_flight", [])],
+        }
 
     def reshard_note(self, saved_world: int, world: int) -> Optional[str]:
-        return (f"the {saved_world} ranks' pooled groups are dealt out to {world} (each trained once, with the policy "
-                "version that generated it); which rank samples which later group follows the new ranks' speed")
+        return (
+            f"the {saved_world} ranks' pooled groups are dealt out to {world} (each trained once, with the policy "
+            "version that generated it); which rank samples which later group follows the new ranks' speed"
+        )
 
     def close(self) -> None:
         self.exchange.close()

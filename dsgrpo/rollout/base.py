@@ -28,15 +28,21 @@ class SamplingConfig:
     top_k: Optional[int] = None
     min_p: Optional[float] = None
     repetition_penalty: float = 1.0
-    extra: dict = field(default_factory=dict)     # generation_kwargs that are not one of the fields above
-    regex: Optional[str] = None                   # vllm_structured_outputs_regex
+    extra: dict = field(default_factory=dict)  # generation_kwargs that are not one of the fields above
+    regex: Optional[str] = None  # vllm_structured_outputs_regex
 
     @classmethod
     def from_args(cls, args) -> "SamplingConfig":
         """The config's sampling fields, overridden by generation_kwargs where it names one (TRL lets
         generation_kwargs win: `{"top_k": 10}` is top_k=10, not a duplicate argument)."""
-        named = dict(max_tokens=args.max_completion_length, temperature=args.temperature, top_p=args.top_p,
-                     top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty)
+        named = dict(
+            max_tokens=args.max_completion_length,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+        )
         extra = {}
         for key, value in (args.generation_kwargs or {}).items():
             key = HF_NAMES.get(key, key)
@@ -63,22 +69,30 @@ def encode_routes(routes: List[torch.Tensor]) -> dict:
     if any(list(r.shape[1:]) != shape for r in routes):
         raise ValueError(f"routes of different [layers, top_k]: {sorted({tuple(r.shape[1:]) for r in routes})}")
     data = b"".join(r.to("cpu", ROUTE_DTYPE).contiguous().numpy().astype("<i2").tobytes() for r in routes)
-    return {"format": ROUTES_FORMAT, "tokens": [int(r.shape[0]) for r in routes], "shape": shape,
-            "data": base64.b64encode(data).decode("ascii")}
+    return {
+        "format": ROUTES_FORMAT,
+        "tokens": [int(r.shape[0]) for r in routes],
+        "shape": shape,
+        "data": base64.b64encode(data).decode("ascii"),
+    }
 
 
 def decode_routes(value, tokens: Optional[List[int]] = None, source: str = "routes") -> List[torch.Tensor]:
     """encode_routes' rows back (or a pool checkpointed before it: nested lists). `tokens`: each row's expected
     token count (prompt + completion). What does not fit is refused naming `source`, so a server that sends
     something else fails here, not inside a forward."""
+
     def bad(why: str) -> ValueError:
-        return ValueError(f"{source}: {why}; expected encode_routes' {{format: {ROUTES_FORMAT!r}, tokens, shape, "
-                          "data}")
+        return ValueError(
+            f"{source}: {why}; expected encode_routes' {{format: {ROUTES_FORMAT!r}, tokens, shape, data}}"
+        )
 
     def check_counts(counts: List[int]) -> None:
         if tokens is not None and counts != list(tokens):
-            raise bad(f"{len(counts)} rows of {counts[:8]} tokens for {len(tokens)} rows of {list(tokens)[:8]} "
-                      "tokens (prompt + completion)")
+            raise bad(
+                f"{len(counts)} rows of {counts[:8]} tokens for {len(tokens)} rows of {list(tokens)[:8]} "
+                "tokens (prompt + completion)"
+            )
 
     if isinstance(value, list):
         rows = [torch.tensor(r, dtype=ROUTE_DTYPE) for r in value]
@@ -109,6 +123,7 @@ def decode_routes(value, tokens: Optional[List[int]] = None, source: str = "rout
         raise bad(f"an expert index of {int(flat.min())} (-1 is the least: not reported)")
     return [row.reshape(n, *shape).clone() for row, n in zip(flat.split([n * per_token for n in counts]), counts)]
 
+
 ROLLOUT_LISTS = ("prompt_ids", "completion_ids", "sampler_logprobs", "truncated")
 # columns of live objects (each rollout's environment instance): scored where they were made, never serialised
 LOCAL_COLUMNS = ("environments",)
@@ -118,10 +133,11 @@ ROLLOUT_OPTIONAL = ("tool_mask", "messages", "tool_counts", "weight_versions", "
 @dataclass
 class Rollout:
     """Completions of one rank, in slot order. Row i answers `prompt_ids[i]` (prompts repeat within a group)."""
+
     prompt_ids: List[List[int]]
-    completion_ids: List[List[int]]        # sampled tokens (and inserted ones: tool_mask), eos included if it stopped
-    sampler_logprobs: List[List[float]]    # the sampler's log-prob of each sampled token
-    truncated: List[bool]                  # True when max_tokens cut the completion
+    completion_ids: List[List[int]]  # sampled tokens (and inserted ones: tool_mask), eos included if it stopped
+    sampler_logprobs: List[List[float]]  # the sampler's log-prob of each sampled token
+    truncated: List[bool]  # True when max_tokens cut the completion
     # 1 = sampled token, 0 = token the trainer inserted (a tool result, see rollout/tools.py): inserted tokens stay
     # in input_ids as context but leave the loss; their sampler_logprobs are 0.0. None: every token was sampled.
     tool_mask: Optional[List[List[int]]] = None
@@ -164,17 +180,24 @@ class Rollout:
             for k in ROLLOUT_LISTS:
                 getattr(out, k).extend(getattr(part, k))
         if any(p.tool_mask is not None for p in parts):
-            out.tool_mask = [m for p in parts for m in (p.tool_mask if p.tool_mask is not None
-                                                        else [[1] * len(c) for c in p.completion_ids])]
+            out.tool_mask = [
+                m
+                for p in parts
+                for m in (p.tool_mask if p.tool_mask is not None else [[1] * len(c) for c in p.completion_ids])
+            ]
         if any(p.restarts is not None for p in parts):
-            out.restarts = [r for p in parts for r in (p.restarts if p.restarts is not None
-                                                       else [[] for _ in p.completion_ids])]
+            out.restarts = [
+                r for p in parts for r in (p.restarts if p.restarts is not None else [[] for _ in p.completion_ids])
+            ]
         for k in ("messages", "tool_counts", "weight_versions"):
             if parts and all(getattr(p, k) is not None for p in parts):
                 setattr(out, k, [x for p in parts for x in getattr(p, k)])
         if parts and all(p.columns is not None for p in parts):  # a column some parts lack (LOCAL_COLUMNS, not
-            out.columns = {c: [v for p in parts for v in p.columns[c]]  # sent with a group another rank made) is left
-                           for c in parts[0].columns if all(c in p.columns for p in parts)}
+            out.columns = {
+                c: [v for p in parts for v in p.columns[c]]  # sent with a group another rank made) is left
+                for c in parts[0].columns
+                if all(c in p.columns for p in parts)
+            }
         if parts and all(p.routes is not None for p in parts):
             out.routes = [r for p in parts for r in p.routes]
         return out
@@ -214,27 +237,34 @@ class Rollout:
         attention = torch.zeros((B, P + T), dtype=torch.long)
         sampler = torch.zeros((B, T), dtype=torch.float32)
         sampled = torch.ones((B, T), dtype=torch.float32)
-        routes = None if self.routes is None else torch.full(
-            (B, P + T, *self.routes[idx[0]].shape[1:]), -1, dtype=ROUTE_DTYPE)  # laid out as input_ids
+        routes = (
+            None
+            if self.routes is None
+            else torch.full((B, P + T, *self.routes[idx[0]].shape[1:]), -1, dtype=ROUTE_DTYPE)
+        )  # laid out as input_ids
         for row, i in enumerate(idx):
             p, c = self.prompt_ids[i], self.completion_ids[i]
-            input_ids[row, P - len(p):P] = torch.tensor(p)
-            attention[row, P - len(p):P + len(c)] = 1
+            input_ids[row, P - len(p) : P] = torch.tensor(p)
+            attention[row, P - len(p) : P + len(c)] = 1
             if routes is not None:
-                routes[row, P - len(p):P + len(c)] = self.routes[i]
+                routes[row, P - len(p) : P + len(c)] = self.routes[i]
             if c:
-                input_ids[row, P:P + len(c)] = torch.tensor(c)
-                sampler[row, :len(c)] = torch.tensor(self.sampler_logprobs[i], dtype=torch.float32)
+                input_ids[row, P : P + len(c)] = torch.tensor(c)
+                sampler[row, : len(c)] = torch.tensor(self.sampler_logprobs[i], dtype=torch.float32)
                 if self.tool_mask is not None:
-                    sampled[row, :len(c)] = torch.tensor(self.tool_mask[i], dtype=torch.float32)
+                    sampled[row, : len(c)] = torch.tensor(self.tool_mask[i], dtype=torch.float32)
         completion_mask = attention[:, P:].float() * sampled
-        out = {"input_ids": input_ids, "attention_mask": attention, "completion_mask": completion_mask,
-               "sampler_logps": sampler}
+        out = {
+            "input_ids": input_ids,
+            "attention_mask": attention,
+            "completion_mask": completion_mask,
+            "sampler_logps": sampler,
+        }
         if self.weight_versions is not None:  # the policy version of each token (-1 at padding)
             versions = torch.full((B, T), -1, dtype=torch.long)
             for row, i in enumerate(idx):
                 if self.weight_versions[i]:
-                    versions[row, :len(self.weight_versions[i])] = torch.tensor(self.weight_versions[i])
+                    versions[row, : len(self.weight_versions[i])] = torch.tensor(self.weight_versions[i])
             out["token_versions"] = versions
         if routes is not None:
             out["routes"] = routes
@@ -248,7 +278,7 @@ class Rollout:
 
 def round_seed(seed: int, round_index: int, slot: int) -> int:
     """A sampling seed for the prompt run starting at `slot` of generation round `round_index`."""
-    return (seed * 1_000_003 + round_index * 100_003 + slot) % (2 ** 31 - 1)
+    return (seed * 1_000_003 + round_index * 100_003 + slot) % (2**31 - 1)
 
 
 class Generator:
@@ -257,13 +287,19 @@ class Generator:
     (nothing probes for a method with hasattr). `rollout/hf_generate.FollowsReplacedGenerate` is the one exception:
     it forwards every attribute to the engine it wraps, so it is not a subclass (a default here would hide the
     engine's)."""
-    weight_version: int = 0            # weight loads taken (0: the initial weights); every sampled token is labelled
-    max_model_len: Optional[int] = None  # the longest prompt + completion the engine serves (None: not known)
-    loads_weight_groups = False        # takes a sync's groups as they come (load_weight_groups), not one stream
-    sends_weights = False              # load_weights sends the bytes to another process: a sync times it as wire time
 
-    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
-                 seeds: Optional[List[int]] = None) -> Rollout:
+    weight_version: int = 0  # weight loads taken (0: the initial weights); every sampled token is labelled
+    max_model_len: Optional[int] = None  # the longest prompt + completion the engine serves (None: not known)
+    loads_weight_groups = False  # takes a sync's groups as they come (load_weight_groups), not one stream
+    sends_weights = False  # load_weights sends the bytes to another process: a sync times it as wire time
+
+    def generate(
+        self,
+        prompt_ids: List[List[int]],
+        counts: List[int],
+        sampling: SamplingConfig,
+        seeds: Optional[List[int]] = None,
+    ) -> Rollout:
         """Generate counts[j] completions for prompt j (sampled from seeds[j] when given); rows come out prompt
         by prompt, in order."""
         raise NotImplementedError

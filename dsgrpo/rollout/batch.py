@@ -14,12 +14,13 @@ from .base import Rollout
 @dataclass
 class Batch:
     """This rank's share of one generation round, ready for the update."""
+
     rollout: Rollout
-    prompts: list                  # dataset prompts, one per completion
-    completions: list              # completions as reward functions get them (text, or message lists)
-    columns: Dict[str, list]       # other dataset columns (and a rollout_func's extra keys), one value per completion
-    micro: List[dict]              # padded tensors of each micro-batch (Rollout.tensors)
-    rewards: Optional[torch.Tensor] = None          # [L, K] when the source scored the completions already
+    prompts: list  # dataset prompts, one per completion
+    completions: list  # completions as reward functions get them (text, or message lists)
+    columns: Dict[str, list]  # other dataset columns (and a rollout_func's extra keys), one value per completion
+    micro: List[dict]  # padded tensors of each micro-batch (Rollout.tensors)
+    rewards: Optional[torch.Tensor] = None  # [L, K] when the source scored the completions already
     metrics: Dict[str, float] = field(default_factory=dict)  # the source's own, reduced over ranks (tools/*, async/*)
 
 
@@ -29,11 +30,18 @@ class BatchBuilder:
     def __init__(self, tokenizer, micro_batch_size: int, pad_to_multiple_of: Optional[int] = None):
         self.tokenizer, self.micro_batch_size, self.pad_to_multiple_of = tokenizer, micro_batch_size, pad_to_multiple_of
 
-    def __call__(self, prompts, indices: Sequence[int], counts: Sequence[int], rollout: Rollout,
-                 micro: bool = True) -> Batch:
+    def __call__(
+        self, prompts, indices: Sequence[int], counts: Sequence[int], rollout: Rollout, micro: bool = True
+    ) -> Batch:
         B = self.micro_batch_size
-        tensors = [rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B), self.pad_to_multiple_of)
-                   for s in range(0, len(rollout), B)] if micro else []
+        tensors = (
+            [
+                rollout.tensors(self.tokenizer.pad_token_id, slice(s, s + B), self.pad_to_multiple_of)
+                for s in range(0, len(rollout), B)
+            ]
+            if micro
+            else []
+        )
         rows, columns = prompts.rows_for(indices, counts)
         if rollout.columns:
             columns.update(rollout.columns)

@@ -30,8 +30,11 @@ EMPTY_PROMPT = [{"role": "user", "content": ""}]
 
 def tool_methods(instance) -> List[Callable]:
     """An environment's tools: its public methods (functions of its class, bound to the instance), by name."""
-    return [getattr(instance, name) for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
-            if name not in NOT_TOOLS and not name.startswith("_")]
+    return [
+        getattr(instance, name)
+        for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+        if name not in NOT_TOOLS and not name.startswith("_")
+    ]
 
 
 def _label(name: Optional[str]) -> str:
@@ -46,27 +49,35 @@ class Environments:
         self.multi = isinstance(factory, dict)
         factories = dict(factory) if self.multi else {None: factory}
         if not factories:
-            raise ValueError("environment_factory is an empty dict: map at least one name to a factory, or pass one "
-                             "factory (a class or a function returning an environment).")
+            raise ValueError(
+                "environment_factory is an empty dict: map at least one name to a factory, or pass one "
+                "factory (a class or a function returning an environment)."
+            )
         for name, make in factories.items():
             if self.multi and not isinstance(name, str):
-                raise TypeError(f"environment_factory's keys name environments (the dataset's '{ENVIRONMENT_COLUMN}' "
-                                f"column picks one): got {name!r}; use strings.")
+                raise TypeError(
+                    f"environment_factory's keys name environments (the dataset's '{ENVIRONMENT_COLUMN}' "
+                    f"column picks one): got {name!r}; use strings."
+                )
             if not callable(make):
-                raise TypeError(f"{_label(name)} = {make!r} is not callable: pass a class or a function that returns "
-                                "an environment instance.")
+                raise TypeError(
+                    f"{_label(name)} = {make!r} is not callable: pass a class or a function that returns "
+                    "an environment instance."
+                )
         self.factories = factories
         self.standalone = list(standalone_tools or [])
         self.timeout_s = timeout_s
         self.pool: Dict[Optional[str], list] = {}
-        self.tools: Dict[Optional[str], List[Callable]] = {}   # each environment's own tools (probe's bound methods)
-        self.schemas: Dict[Optional[str], List[dict]] = {}     # what the model is shown: standalone tools + its own
+        self.tools: Dict[Optional[str], List[Callable]] = {}  # each environment's own tools (probe's bound methods)
+        self.schemas: Dict[Optional[str], List[dict]] = {}  # what the model is shown: standalone tools + its own
         for name, make in factories.items():
             instance = make()
             if not callable(getattr(instance, "reset", None)):
-                raise ValueError(f"{_label(name)} made a {type(instance).__name__} without a callable `reset`: each "
-                                 "environment must define reset(self, **row), called before every rollout (return a "
-                                 "string to append it to the prompt's last message, or None).")
+                raise ValueError(
+                    f"{_label(name)} made a {type(instance).__name__} without a callable `reset`: each "
+                    "environment must define reset(self, **row), called before every rollout (return a "
+                    "string to append it to the prompt's last message, or None)."
+                )
             methods = tool_methods(instance)
             try:
                 self.schemas[name] = tool_schemas(self.standalone + methods)
@@ -110,9 +121,11 @@ class Environments:
             return
         unknown = sorted({repr(n) for n in names if n not in self.factories})
         if unknown:
-            raise ValueError(f"{field} has rows with environment={unknown[0]}, which is not among the environments "
-                             f"passed to environment_factory. Expected one of: {list(self.factories)}. Fix the "
-                             f"'{ENVIRONMENT_COLUMN}' column or add that environment to the dict.")
+            raise ValueError(
+                f"{field} has rows with environment={unknown[0]}, which is not among the environments "
+                f"passed to environment_factory. Expected one of: {list(self.factories)}. Fix the "
+                f"'{ENVIRONMENT_COLUMN}' column or add that environment to the dict."
+            )
 
     def check_dataset(self, prompts, names_too: bool = False) -> None:
         """A dict factory needs the dataset's environment column (checked at construction) naming known environments
@@ -120,9 +133,11 @@ class Environments:
         if not self.multi:
             return
         if ENVIRONMENT_COLUMN not in prompts.columns:
-            raise ValueError(f"A dict environment_factory routes each example by its '{ENVIRONMENT_COLUMN}' column, "
-                             f"which {prompts.field} lacks (columns: {['prompt'] + list(prompts.columns)}). Add it "
-                             "(and keep remove_unused_columns=False), or pass a single environment factory.")
+            raise ValueError(
+                f"A dict environment_factory routes each example by its '{ENVIRONMENT_COLUMN}' column, "
+                f"which {prompts.field} lacks (columns: {['prompt'] + list(prompts.columns)}). Add it "
+                "(and keep remove_unused_columns=False), or pass a single environment factory."
+            )
         if names_too and not prompts.streaming:
             self.check_rows(prompts.dataset[ENVIRONMENT_COLUMN], prompts.field)
 
@@ -156,13 +171,17 @@ def _environment_reward(cls) -> Callable:
 def _with_observation(prompt: Any, observation: Any) -> list:
     """The prompt's messages with reset()'s string appended to the last message (a new list: the row is untouched)."""
     if not isinstance(prompt, list):
-        raise ValueError("environment_factory needs conversational prompts (lists of messages): the chat template "
-                         "is what shows the model its tools. Give train_dataset a 'prompt' column of message lists.")
+        raise ValueError(
+            "environment_factory needs conversational prompts (lists of messages): the chat template "
+            "is what shows the model its tools. Give train_dataset a 'prompt' column of message lists."
+        )
     if observation is None:
         return list(prompt)
     if not isinstance(observation, str):
-        raise TypeError(f"an environment's reset() returned a {type(observation).__name__}: return a string (appended "
-                        "to the prompt's last message) or None.")
+        raise TypeError(
+            f"an environment's reset() returned a {type(observation).__name__}: return a string (appended "
+            "to the prompt's last message) or None."
+        )
     last = prompt[-1]
     return list(prompt[:-1]) + [{**last, "content": (last.get("content") or "") + observation}]
 
@@ -170,10 +189,19 @@ def _with_observation(prompt: Any, observation: Any) -> list:
 class EnvironmentSampler:
     """Completions acted out in environments: reset each rollout's instance with its row, render its prompt with its
     environment's tools, then tool turns against that instance (rollout/tools.py)."""
+
     uses_tools = True
 
-    def __init__(self, generator: Generator, sampling: SamplingConfig, tokenizer, environments: Environments,
-                 max_iterations: Optional[int], call_format=None, lockstep=None):
+    def __init__(
+        self,
+        generator: Generator,
+        sampling: SamplingConfig,
+        tokenizer,
+        environments: Environments,
+        max_iterations: Optional[int],
+        call_format=None,
+        lockstep=None,
+    ):
         self.generator, self.sampling, self.tokenizer = generator, sampling, tokenizer
         self.environments, self.max_iterations, self.call_format = environments, max_iterations, call_format
         self.lockstep = lockstep  # tools.run_tool_turns: the ranks of a tensor-parallel engine continue together
@@ -189,10 +217,19 @@ class EnvironmentSampler:
         # each rollout has a prompt of its own (reset may differ per instance): one sample per prompt, seeded from
         # its group's seed and its place in the group (round 0 of round_seed; tool turns use rounds 1, 2, ...)
         row_seeds = None if seeds is None else [round_seed(s, 0, k) for s, n in zip(seeds, counts) for k in range(n)]
-        rollout, _ = run_tool_turns(self.generator, self.tokenizer, prompt_ids, [1] * len(prompt_ids),
-                                    self.sampling, row_seeds, runners, self.max_iterations,
-                                    chat_template_kwargs=template_kwargs(prompts), call_format=self.call_format,
-                                    lockstep=self.lockstep)
+        rollout, _ = run_tool_turns(
+            self.generator,
+            self.tokenizer,
+            prompt_ids,
+            [1] * len(prompt_ids),
+            self.sampling,
+            row_seeds,
+            runners,
+            self.max_iterations,
+            chat_template_kwargs=template_kwargs(prompts),
+            call_format=self.call_format,
+            lockstep=self.lockstep,
+        )
         rollout.columns = {"environments": instances}
         envs.last = instances
         return rollout
@@ -204,6 +241,7 @@ class EnvironmentSampler:
 class EnvironmentTurns(SegmentTurns):
     """Episodes in environments for partial rollouts: an episode gets an instance of its own for as long as it is in
     flight (it may continue over several rounds, so the round-by-round pool cannot lend it), reset with its row."""
+
     stateful = True
 
     def __init__(self, prompts, tokenizer, call_format, max_iterations, environments: Environments):
@@ -215,8 +253,11 @@ class EnvironmentTurns(SegmentTurns):
         (row,), (name,) = episode_rows(envs, self.prompts, [index], [1])
         if instance is None:
             instance = envs.factories[name]()
-        return start_episode(envs, self.tokenizer, self.prompts, row, name, instance), envs.runner(name, instance), \
-            instance
+        return (
+            start_episode(envs, self.tokenizer, self.prompts, row, name, instance),
+            envs.runner(name, instance),
+            instance,
+        )
 
     def handed(self, instances):
         self.environments.last = instances
@@ -242,8 +283,9 @@ def start_episode(envs: Environments, tokenizer, prompts, row: dict, name, insta
     # the `environment` column routes the row; it is not the environment's business (TRL's contract)
     observation = instance.reset(**{k: v for k, v in row.items() if not (envs.multi and k == ENVIRONMENT_COLUMN)})
     messages = _with_observation(row["prompt"], observation)
-    text = tokenizer.apply_chat_template(messages, tools=envs.schemas[name], tokenize=False,
-                                         add_generation_prompt=True, **template_kwargs(prompts))
+    text = tokenizer.apply_chat_template(
+        messages, tools=envs.schemas[name], tokenize=False, add_generation_prompt=True, **template_kwargs(prompts)
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -253,15 +295,21 @@ def check_data_source(train_dataset: Any, environment_factory: Any, args) -> Non
     if train_dataset is not None:
         return
     if environment_factory is None:
-        raise ValueError("`train_dataset` is required unless an `environment_factory` is provided: pass a "
-                         "datasets.Dataset with a 'prompt' column.")
+        raise ValueError(
+            "`train_dataset` is required unless an `environment_factory` is provided: pass a "
+            "datasets.Dataset with a 'prompt' column."
+        )
     if isinstance(environment_factory, dict):
-        raise ValueError("A dict environment_factory (several environments) requires a `train_dataset` with an "
-                         f"'{ENVIRONMENT_COLUMN}' column to route each example to its environment. Provide one, or "
-                         "pass a single environment factory.")
+        raise ValueError(
+            "A dict environment_factory (several environments) requires a `train_dataset` with an "
+            f"'{ENVIRONMENT_COLUMN}' column to route each example to its environment. Provide one, or "
+            "pass a single environment factory."
+        )
     if not (args.max_steps and args.max_steps > 0):
-        raise ValueError("Without a train_dataset the environment owns the data (its reset() returns each prompt), "
-                         "so nothing sets the run's length: set max_steps to a positive number of steps.")
+        raise ValueError(
+            "Without a train_dataset the environment owns the data (its reset() returns each prompt), "
+            "so nothing sets the run's length: set max_steps to a positive number of steps."
+        )
 
 
 def environment_prompts(dataset, rows: int):

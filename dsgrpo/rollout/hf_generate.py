@@ -18,8 +18,15 @@ from .base import ROUTE_DTYPE, Generator, Rollout, SamplingConfig
 
 
 class HFGenerator(Generator):
-    def __init__(self, engine, tokenizer, *, zero3: bool, gather_for_generation: bool = True,
-                 cache_implementation: Optional[str] = None):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        *,
+        zero3: bool,
+        gather_for_generation: bool = True,
+        cache_implementation: Optional[str] = None,
+    ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.zero3, self.gather = zero3, gather_for_generation and zero3
@@ -47,8 +54,13 @@ class HFGenerator(Generator):
         return compat.gathered_without_hooks(self.engine)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
-                 seeds: Optional[List[int]] = None) -> Rollout:
+    def generate(
+        self,
+        prompt_ids: List[List[int]],
+        counts: List[int],
+        sampling: SamplingConfig,
+        seeds: Optional[List[int]] = None,
+    ) -> Rollout:
         rows = [ids for ids, n in zip(prompt_ids, counts) for _ in range(n)]
         if seeds:  # one batch, one generator: seeded by the round's first seed
             torch.manual_seed(seeds[0])
@@ -61,29 +73,40 @@ class HFGenerator(Generator):
         input_ids = torch.full((len(rows), P), pad, dtype=torch.long)
         attention = torch.zeros((len(rows), P), dtype=torch.long)
         for i, r in enumerate(rows):
-            input_ids[i, P - len(r):] = torch.tensor(r)
-            attention[i, P - len(r):] = 1
+            input_ids[i, P - len(r) :] = torch.tensor(r)
+            attention[i, P - len(r) :] = 1
         device = next(model.parameters()).device
         tap = routing.tap_of(self.engine)  # a MoE policy: the experts of every token are kept (routing replay)
         if tap is not None:
             tap.use(None)
-        with self._gathered(), (tap.record() if tap is not None else contextlib.nullcontext()) as recorded:
-            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                                 do_sample=sampling.temperature > 0,  # temperature 0: greedy, as vLLM reads it
-                                 max_new_tokens=sampling.max_tokens, temperature=sampling.temperature or None,
-                                 top_p=sampling.top_p, top_k=sampling.top_k or 0, min_p=sampling.min_p,
-                                 repetition_penalty=sampling.repetition_penalty, pad_token_id=pad, eos_token_id=eos,
-                                 use_cache=True, synced_gpus=self.synced, output_scores=True,
-                                 return_dict_in_generate=True, cache_implementation=self.cache_implementation,
-                                 **hf_generate_kwargs(sampling))
+        with self._gathered(), tap.record() if tap is not None else contextlib.nullcontext() as recorded:
+            out = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                do_sample=sampling.temperature > 0,  # temperature 0: greedy, as vLLM reads it
+                max_new_tokens=sampling.max_tokens,
+                temperature=sampling.temperature or None,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k or 0,
+                min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,
+                pad_token_id=pad,
+                eos_token_id=eos,
+                use_cache=True,
+                synced_gpus=self.synced,
+                output_scores=True,
+                return_dict_in_generate=True,
+                cache_implementation=self.cache_implementation,
+                **hf_generate_kwargs(sampling),
+            )
         if was_training:
             model.train()
         if isinstance(out, torch.Tensor):  # a generate that returns the sequences alone (a user's, a test's mock)
             new = out[:, P:].cpu()
             logps = torch.full(new.shape, float("nan"))  # unknown: NaN (off_policy_mask and the gap metric skip it)
         else:
-            new = out.sequences[:, P:].cpu()                                           # [B, T']
-            scores = torch.stack(out.scores, dim=1).float().cpu()                      # [B, T', V] processed
+            new = out.sequences[:, P:].cpu()  # [B, T']
+            scores = torch.stack(out.scores, dim=1).float().cpu()  # [B, T', V] processed
             logps = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         routes = None
         if recorded is not None and all(recorded):
@@ -97,7 +120,7 @@ class HFGenerator(Generator):
             rollout.sampler_logprobs.append(logps[i, :stop].tolist())
             rollout.truncated.append(eos not in tokens[:stop])
             if routes is not None:
-                rollout.routes.append(routes[i, P - len(r):P + stop].clone())
+                rollout.routes.append(routes[i, P - len(r) : P + stop].clone())
         return rollout
 
 

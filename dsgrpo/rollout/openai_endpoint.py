@@ -46,14 +46,19 @@ BATCH_WINDOW_S = 0.005
 class RequestError(ValueError):
     """A request the endpoint refuses: OpenAI's error shape, with this status."""
 
-    def __init__(self, message: str, param: Optional[str] = None, code: Optional[str] = None, status: int = 400,
-                 kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        message: str,
+        param: Optional[str] = None,
+        code: Optional[str] = None,
+        status: int = 400,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.param, self.code, self.kind = status, param, code, kind
 
     def reply(self) -> Tuple[int, dict]:
-        return self.status, {"error": {"message": str(self), "type": self.kind, "param": self.param,
-                                       "code": self.code}}
+        return self.status, {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -62,16 +67,17 @@ class Choice:
     logprobs: List[float]
     versions: List[int]
     truncated: bool
-    answer: Optional[dict] = None   # chat: the assistant message sent back, normalised (matched by the next call)
+    answer: Optional[dict] = None  # chat: the assistant message sent back, normalised (matched by the next call)
 
 
 @dataclass
 class Call:
     """One request: its prompt and the n completions it was answered with; `chosen` is the one the episode went on
     with (the next request's match; the first until one is known)."""
+
     prompt_ids: List[int]
     choices: List[Choice]
-    extends: bool                         # the prompt continues the previous call's prompt + chosen completion
+    extends: bool  # the prompt continues the previous call's prompt + chosen completion
     messages: Optional[List[dict]] = None  # chat: the request's messages, normalised
     chosen: int = 0
 
@@ -93,8 +99,8 @@ def chains_of(calls: List[Call]) -> List[List[Call]]:
 
 @dataclass
 class Episode:
-    budget: int                           # tokens a chain may hold after its first prompt
-    whole_episode: bool = False           # the budget holds every chain's tokens (they all train: rollout/agents.py)
+    budget: int  # tokens a chain may hold after its first prompt
+    whole_episode: bool = False  # the budget holds every chain's tokens (they all train: rollout/agents.py)
     calls: List[Call] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -110,8 +116,10 @@ class Episode:
         if not self.whole_episode:
             return 0
         chains = chains_of(self.calls)
-        return sum(len(c[-1].prompt_ids) + len(c[-1].sampled.ids) - len(c[0].prompt_ids)
-                   for c in (chains[:-1] if extends else chains))
+        return sum(
+            len(c[-1].prompt_ids) + len(c[-1].sampled.ids) - len(c[0].prompt_ids)
+            for c in (chains[:-1] if extends else chains)
+        )
 
 
 class Episodes:
@@ -129,9 +137,13 @@ class Episodes:
         with self._lock:
             episode = self._open.get(str(episode_id)) if episode_id is not None else None
         if episode is None:
-            raise RequestError("the request names no open episode: pass the episode id the trainer gave your agent "
-                               "(extra_body={'episode_id': ...} or the X-Episode-Id header)", "episode_id",
-                               "unknown_episode", status=404 if episode_id is not None else 400)
+            raise RequestError(
+                "the request names no open episode: pass the episode id the trainer gave your agent "
+                "(extra_body={'episode_id': ...} or the X-Episode-Id header)",
+                "episode_id",
+                "unknown_episode",
+                status=404 if episode_id is not None else 400,
+            )
         return episode
 
     def close(self, episode_id: str) -> Episode:
@@ -146,8 +158,7 @@ def normal_message(message, index: int) -> dict:
         raise RequestError(f"messages[{index}] must be an object whose role is one of {list(ROLES)}", "messages")
     content = message.get("content")
     if isinstance(content, list):  # OpenAI's content parts: text only
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
             raise RequestError(f"messages[{index}].content: only text parts are served", "messages")
         content = "".join(p["text"] for p in content)
     if content is not None and not isinstance(content, str):
@@ -164,8 +175,9 @@ def normal_message(message, index: int) -> dict:
                 try:
                     arguments = json.loads(arguments) if arguments.strip() else {}
                 except ValueError:
-                    raise RequestError(f"messages[{index}].tool_calls: arguments of {fn['name']!r} are not JSON",
-                                       "messages") from None
+                    raise RequestError(
+                        f"messages[{index}].tool_calls: arguments of {fn['name']!r} are not JSON", "messages"
+                    ) from None
             calls.append({"type": "function", "function": {"name": fn["name"], "arguments": arguments}})
         out["tool_calls"] = calls
     if message["role"] == "tool" and message.get("name"):
@@ -184,9 +196,21 @@ def _answer_matches(sent: Optional[dict], given: dict) -> bool:
 class OpenAIEndpoint:
     """The endpoint and its engine thread. `url` is the base an OpenAI client takes; `episodes` the open ones."""
 
-    def __init__(self, generator, tokenizer, sampling: SamplingConfig, *, call_format, max_model_len: Optional[int],
-                 model_name: str = "policy", host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
-                 max_request_bytes: int = 16 * 2**20, chat_template_kwargs: Optional[dict] = None):
+    def __init__(
+        self,
+        generator,
+        tokenizer,
+        sampling: SamplingConfig,
+        *,
+        call_format,
+        max_model_len: Optional[int],
+        model_name: str = "policy",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: Optional[str] = None,
+        max_request_bytes: int = 16 * 2**20,
+        chat_template_kwargs: Optional[dict] = None,
+    ):
         self.generator, self.tokenizer, self.sampling = generator, tokenizer, sampling
         self.call_format, self.max_model_len, self.model_name = call_format, max_model_len, model_name
         self.template_kwargs = dict(chat_template_kwargs or {})
@@ -197,16 +221,30 @@ class OpenAIEndpoint:
         self._serving = threading.Event()
         self._serving.set()
         self._engine_busy = threading.Lock()
-        routes = {("POST", "/v1/chat/completions"): self._answering(self._chat),
-                  ("POST", "/v1/completions"): self._answering(self._complete),
-                  ("GET", "/v1/models"): lambda body: (200, {"object": "list", "data": [
-                      {"id": model_name, "object": "model", "owned_by": "dsgrpo"}]}),
-                  ("GET", "/health"): lambda body: (200, {"status": "ok"})}
-        self.server = json_server(routes, host, port, token, max_request_bytes, max_connections=256,
-                                  read_timeout_s=60.0, header_fields={"X-Episode-Id": "episode_id"})
+        routes = {
+            ("POST", "/v1/chat/completions"): self._answering(self._chat),
+            ("POST", "/v1/completions"): self._answering(self._complete),
+            ("GET", "/v1/models"): lambda body: (
+                200,
+                {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "dsgrpo"}]},
+            ),
+            ("GET", "/health"): lambda body: (200, {"status": "ok"}),
+        }
+        self.server = json_server(
+            routes,
+            host,
+            port,
+            token,
+            max_request_bytes,
+            max_connections=256,
+            read_timeout_s=60.0,
+            header_fields={"X-Episode-Id": "episode_id"},
+        )
         self.host, self.port = host, self.server.server_address[1]
-        self._threads = [threading.Thread(target=self.server.serve_forever, name="openai-endpoint", daemon=True),
-                         threading.Thread(target=self._engine_loop, name="openai-endpoint-engine", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self.server.serve_forever, name="openai-endpoint", daemon=True),
+            threading.Thread(target=self._engine_loop, name="openai-endpoint-engine", daemon=True),
+        ]
         for t in self._threads:
             t.start()
 
@@ -238,12 +276,17 @@ class OpenAIEndpoint:
                 return route(body)
             except RequestError as exc:
                 return exc.reply()
+
         return answer
 
     def _common(self, body: dict) -> Tuple[Episode, int, SamplingConfig, Optional[int], Optional[int]]:
         if body.get("model") not in (None, self.model_name):
-            raise RequestError(f"The model {body.get('model')!r} does not exist; this endpoint serves "
-                               f"{self.model_name!r}.", "model", "model_not_found", status=404)
+            raise RequestError(
+                f"The model {body.get('model')!r} does not exist; this endpoint serves {self.model_name!r}.",
+                "model",
+                "model_not_found",
+                status=404,
+            )
         if not isinstance(body.get("stream", False), bool):
             raise RequestError("stream must be true or false", "stream")
         options = body.get("stream_options")
@@ -274,18 +317,24 @@ class OpenAIEndpoint:
 
     def _room(self, episode: Episode, prompt_ids: List[int], extends: bool, wanted: Optional[int]) -> int:
         if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
-            raise RequestError(f"the prompt has {len(prompt_ids)} tokens; the engine's context holds "
-                               f"{self.max_model_len}", "messages", "context_length_exceeded")
+            raise RequestError(
+                f"the prompt has {len(prompt_ids)} tokens; the engine's context holds {self.max_model_len}",
+                "messages",
+                "context_length_exceeded",
+            )
         start = len(episode.calls[episode.chain_start()].prompt_ids) if extends else len(prompt_ids)
         room = episode.budget - episode.spent(extends) - (len(prompt_ids) - start)
         if self.max_model_len is not None:
             room = min(room, self.max_model_len - len(prompt_ids))
         if room <= 0:
-            raise RequestError(f"this episode's token budget is used up: its conversation holds "
-                               f"{len(prompt_ids) - start} tokens after its first prompt"
-                               + (f" and its earlier chains {episode.spent(extends)}" if episode.spent(extends) else "")
-                               + f", and the trainer trains at most {episode.budget} (max_completion_length)",
-                               "messages", "context_length_exceeded")
+            raise RequestError(
+                f"this episode's token budget is used up: its conversation holds "
+                f"{len(prompt_ids) - start} tokens after its first prompt"
+                + (f" and its earlier chains {episode.spent(extends)}" if episode.spent(extends) else "")
+                + f", and the trainer trains at most {episode.budget} (max_completion_length)",
+                "messages",
+                "context_length_exceeded",
+            )
         return min(room, wanted) if wanted is not None else room
 
     def _chat(self, body: dict) -> Tuple[int, dict]:
@@ -295,9 +344,12 @@ class OpenAIEndpoint:
             raise RequestError("messages must be a non-empty list", "messages")
         messages = [normal_message(m, i) for i, m in enumerate(messages)]
         tools = body.get("tools") or None
-        if tools is not None and not (isinstance(tools, list) and all(
-                isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"]
-                for t in tools)):
+        if tools is not None and not (
+            isinstance(tools, list)
+            and all(
+                isinstance(t, dict) and isinstance(t.get("function"), dict) and "name" in t["function"] for t in tools
+            )
+        ):
             raise RequestError("tools must be a list of {'type': 'function', 'function': {'name', ...}}", "tools")
         choice = body.get("tool_choice")
         if choice not in (None, "auto", "none"):
@@ -310,22 +362,38 @@ class OpenAIEndpoint:
         choices = self._generate(prompt_ids, n, sampling, room, seed)
         out = []
         for i, c in enumerate(choices):
-            text = self.tokenizer.decode(c.ids[:-1] if c.ids and c.ids[-1] == self.tokenizer.eos_token_id
-                                         else c.ids, skip_special_tokens=False)
+            text = self.tokenizer.decode(
+                c.ids[:-1] if c.ids and c.ids[-1] == self.tokenizer.eos_token_id else c.ids, skip_special_tokens=False
+            )
             message = assistant_message(text, self.call_format)
             c.answer = normal_message(message, 0)
             reply = {"role": "assistant", "content": message["content"] or None}
             if message.get("tool_calls"):
-                reply["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                                        "function": {"name": t["function"]["name"],
-                                                     "arguments": json.dumps(t["function"]["arguments"])}}
-                                       for t in message["tool_calls"]]
+                reply["tool_calls"] = [
+                    {
+                        "id": f"call_{uuid.uuid4().hex[:24]}",
+                        "type": "function",
+                        "function": {
+                            "name": t["function"]["name"],
+                            "arguments": json.dumps(t["function"]["arguments"]),
+                        },
+                    }
+                    for t in message["tool_calls"]
+                ]
             finish = "length" if c.truncated else ("tool_calls" if message.get("tool_calls") else "stop")
             out.append({"index": i, "message": reply, "finish_reason": finish, "logprobs": None})
         self._record(episode, Call(prompt_ids, choices, extends, messages))
-        return _answer(body, {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                              "created": int(time.time()), "model": self.model_name, "choices": out,
-                              "usage": _usage(prompt_ids, choices)})
+        return _answer(
+            body,
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": out,
+                "usage": _usage(prompt_ids, choices),
+            },
+        )
 
     def _chat_prompt(self, episode: Episode, messages: List[dict], tools) -> Tuple[List[int], bool]:
         """(prompt ids, whether they continue the episode's last call): see the module's docstring."""
@@ -336,12 +404,13 @@ class OpenAIEndpoint:
                 for j, c in enumerate(last.choices):
                     if _answer_matches(c.answer, messages[k]):
                         last.chosen = j
-                        after = ids_after_reply(self.tokenizer, messages[k + 1:], self.template_kwargs)
+                        after = ids_after_reply(self.tokenizer, messages[k + 1 :], self.template_kwargs)
                         if c.ids and after and c.ids[-1] == after[0] and after[0] in self.tokenizer.all_special_ids:
                             after = after[1:]  # the model sampled the end-of-turn token the template starts with
                         return last.prompt_ids + c.ids + after, True
-        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
-                                                  **self.template_kwargs)
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+        )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"], False
 
     def _complete(self, body: dict) -> Tuple[int, dict]:
@@ -349,8 +418,11 @@ class OpenAIEndpoint:
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
             prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and 0 <= t < len(self.tokenizer)
-                                                         for t in prompt):
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and 0 <= t < len(self.tokenizer) for t in prompt)
+        ):
             prompt_ids = list(prompt)
         else:
             raise RequestError("prompt must be a non-empty string or a list of token ids of this model", "prompt")
@@ -359,25 +431,41 @@ class OpenAIEndpoint:
             last = episode.calls[-1] if episode.calls else None
             for j, c in enumerate(last.choices if last else []):
                 head = last.prompt_ids + c.ids
-                if len(prompt_ids) > len(head) and prompt_ids[:len(head)] == head:
+                if len(prompt_ids) > len(head) and prompt_ids[: len(head)] == head:
                     last.chosen, extends = j, True
                     break
             room = self._room(episode, prompt_ids, extends, wanted)
         choices = self._generate(prompt_ids, n, sampling, room, seed)
         self._record(episode, Call(prompt_ids, choices, extends))
-        out = [{"index": i, "text": self.tokenizer.decode(c.ids, skip_special_tokens=True), "logprobs": None,
-                "finish_reason": "length" if c.truncated else "stop"} for i, c in enumerate(choices)]
-        return _answer(body, {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                              "created": int(time.time()), "model": self.model_name, "choices": out,
-                              "usage": _usage(prompt_ids, choices)})
+        out = [
+            {
+                "index": i,
+                "text": self.tokenizer.decode(c.ids, skip_special_tokens=True),
+                "logprobs": None,
+                "finish_reason": "length" if c.truncated else "stop",
+            }
+            for i, c in enumerate(choices)
+        ]
+        return _answer(
+            body,
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": out,
+                "usage": _usage(prompt_ids, choices),
+            },
+        )
 
     def _record(self, episode: Episode, call: Call) -> None:
         with episode.lock:
             episode.calls.append(call)
 
     # ------------------------------------------------------------------------------------------------ the engine
-    def _generate(self, prompt_ids: List[int], n: int, sampling: SamplingConfig, max_tokens: int,
-                  seed: Optional[int]) -> List[Choice]:
+    def _generate(
+        self, prompt_ids: List[int], n: int, sampling: SamplingConfig, max_tokens: int, seed: Optional[int]
+    ) -> List[Choice]:
         done = threading.Event()
         slot: dict = {}
         self._pending.put((prompt_ids, n, sampling, max_tokens, seed, done, slot))
@@ -413,19 +501,30 @@ class OpenAIEndpoint:
     def _run(self, items: list) -> None:
         try:
             longest = max(item[3] for item in items)
-            rollout = self.generator.generate([item[0] for item in items], [item[1] for item in items],
-                                              replace(items[0][2], max_tokens=longest),
-                                              seeds=[item[4] for item in items])
+            rollout = self.generator.generate(
+                [item[0] for item in items],
+                [item[1] for item in items],
+                replace(items[0][2], max_tokens=longest),
+                seeds=[item[4] for item in items],
+            )
             row = 0
             for prompt_ids, n, _, max_tokens, _, done, slot in items:
                 choices = []
                 for _ in range(n):
                     ids, lps = rollout.completion_ids[row], rollout.sampler_logprobs[row]
-                    versions = (rollout.weight_versions[row] if rollout.weight_versions
-                                else [self.generator.weight_version] * len(ids))
-                    choices.append(Choice(list(ids[:max_tokens]), list(lps[:max_tokens]),
-                                          list(versions[:max_tokens]),
-                                          rollout.truncated[row] or len(ids) > max_tokens))
+                    versions = (
+                        rollout.weight_versions[row]
+                        if rollout.weight_versions
+                        else [self.generator.weight_version] * len(ids)
+                    )
+                    choices.append(
+                        Choice(
+                            list(ids[:max_tokens]),
+                            list(lps[:max_tokens]),
+                            list(versions[:max_tokens]),
+                            rollout.truncated[row] or len(ids) > max_tokens,
+                        )
+                    )
                     row += 1
                 slot["choices"] = choices
                 done.set()
@@ -437,8 +536,11 @@ class OpenAIEndpoint:
 
 def _usage(prompt_ids: List[int], choices: List[Choice]) -> dict:
     completion = sum(len(c.ids) for c in choices)
-    return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
-            "total_tokens": len(prompt_ids) + completion}
+    return {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": completion,
+        "total_tokens": len(prompt_ids) + completion,
+    }
 
 
 def _answer(body: dict, reply: dict):
@@ -462,10 +564,15 @@ def stream_chunks(reply: dict, include_usage: bool) -> List[dict]:
             if message.get("content"):
                 deltas.append({"content": message["content"]})
             deltas += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(message.get("tool_calls", []))]
-            chunks += [{**head, "choices": [{"index": i, "delta": d, "finish_reason": None, "logprobs": None}]}
-                       for d in deltas]
-            chunks.append({**head, "choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"],
-                                                "logprobs": None}]})
+            chunks += [
+                {**head, "choices": [{"index": i, "delta": d, "finish_reason": None, "logprobs": None}]} for d in deltas
+            ]
+            chunks.append(
+                {
+                    **head,
+                    "choices": [{"index": i, "delta": {}, "finish_reason": choice["finish_reason"], "logprobs": None}],
+                }
+            )
     else:
         head["object"] = "text_completion"
         chunks += [{**head, "choices": [choice]} for choice in reply["choices"]]

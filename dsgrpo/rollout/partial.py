@@ -52,12 +52,13 @@ TAIL_MIN_TOKENS = 16
 class Completion(Episode):
     """One completion of a group, sampled in one or more segments (a segment per round it ran in, and with tools
     one per turn: tools.Episode holds its tokens, tool turns and conversation)."""
+
     member: int = 0
     seed: int = 0
     versions: List[int] = field(default_factory=list)
-    segments: int = 0               # submissions so far (the next one's seed)
+    segments: int = 0  # submissions so far (the next one's seed)
     finished: bool = False
-    restarts: int = 0               # times it was sampled again from the start (over-stale)
+    restarts: int = 0  # times it was sampled again from the start (over-stale)
 
     def oldest(self) -> Optional[int]:
         return min(self.versions) if self.versions else None
@@ -79,17 +80,21 @@ class Completion(Episode):
 
 @dataclass
 class InFlightGroup:
-    position: int                   # place in the prompt stream: the group's id
-    prompt_index: int               # dataset row
+    position: int  # place in the prompt stream: the group's id
+    prompt_index: int  # dataset row
     members: List[Completion]
-    carried: int = 0                # rounds it was carried over unfinished
+    carried: int = 0  # rounds it was carried over unfinished
 
     def complete(self) -> bool:
         return all(c.finished for c in self.members)
 
     def to_json(self) -> dict:
-        return {"position": self.position, "prompt_index": self.prompt_index, "carried": self.carried,
-                "members": [c.to_json() for c in self.members]}
+        return {
+            "position": self.position,
+            "prompt_index": self.prompt_index,
+            "carried": self.carried,
+            "members": [c.to_json() for c in self.members],
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "InFlightGroup":
@@ -138,8 +143,9 @@ class InFlight:
 
     def add(self, position: int, prompt_index: int, first_seed: int) -> None:
         """A new group: G completions, member j seeded as the synchronous trainer seeds slot j of its run."""
-        group = InFlightGroup(position, prompt_index, [Completion(member=j, seed=(first_seed + j) % (2 ** 31 - 1))
-                                                       for j in range(self.G)])
+        group = InFlightGroup(
+            position, prompt_index, [Completion(member=j, seed=(first_seed + j) % (2**31 - 1)) for j in range(self.G)]
+        )
         self.groups[position] = group
         for c in group.members:
             self._open(group, c)
@@ -175,8 +181,11 @@ class InFlight:
     def at_risk(self, version: int, max_staleness: int) -> List[int]:
         """Groups that must complete in the round sampling `version`: a token of theirs would be over-stale in the
         next one (it would be sampled again from the start, its work lost)."""
-        return sorted(p for p, g in self.groups.items()
-                      if any(c.oldest() is not None and c.oldest() <= version - max_staleness for c in g.members))
+        return sorted(
+            p
+            for p, g in self.groups.items()
+            if any(c.oldest() is not None and c.oldest() <= version - max_staleness for c in g.members)
+        )
 
     def requests(self, skip=()) -> List[Tuple[str, List[int], int, int]]:
         """(request id, tokens so far, tokens left, seed) of every unfinished completion, oldest group first (but
@@ -185,14 +194,16 @@ class InFlight:
         for position in sorted(self.groups):
             for c in self.groups[position].members:
                 if not c.finished and (not skip or request_id(position, c.member, c.segments - 1) not in skip):
-                    seed = (c.seed + SEGMENT_SEED_STRIDE * c.segments) % (2 ** 31 - 1)
-                    out.append((request_id(position, c.member, c.segments), c.tokens, self.max_tokens - len(c.tokens),
-                                seed))
+                    seed = (c.seed + SEGMENT_SEED_STRIDE * c.segments) % (2**31 - 1)
+                    out.append(
+                        (request_id(position, c.member, c.segments), c.tokens, self.max_tokens - len(c.tokens), seed)
+                    )
                     c.segments += 1
         return out
 
-    def record(self, rid: str, tokens: List[int], logprobs: List[float], finished: bool, truncated: bool,
-               version: int) -> None:
+    def record(
+        self, rid: str, tokens: List[int], logprobs: List[float], finished: bool, truncated: bool, version: int
+    ) -> None:
         """A request's new tokens, sampled on `version`. A completion that ended a turn with tool calls has them
         answered here and goes on in a new request (it stays unfinished)."""
         position, member = parse_request_id(rid)
@@ -205,7 +216,7 @@ class InFlight:
         if self.turns is not None:
             c.finished = not self.turns.after_segment(c, self.live[(position, member)][0], self.max_tokens)
             # the tool turn's tokens (outside the loss) carry the version that answered them; a cut drops some
-            del c.versions[len(c.tokens):]
+            del c.versions[len(c.tokens) :]
             c.versions.extend([version] * (len(c.tokens) - len(c.versions)))
 
     def complete(self) -> List[int]:
@@ -214,9 +225,11 @@ class InFlight:
     def take(self, n: int) -> List[InFlightGroup]:
         """n complete groups out of flight: those with the oldest tokens first (the next round could no longer train
         them), then by stream position."""
+
         def age(p):
             oldest = [c.oldest() for c in self.groups[p].members if c.oldest() is not None]
             return (min(oldest) if oldest else float("inf"), p)
+
         chosen = sorted(self.complete(), key=age)[:n]
         return [self.groups.pop(p) for p in sorted(chosen)]
 
@@ -256,8 +269,9 @@ class InFlight:
                 self._open(group, c)
 
 
-def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, version: int,
-              max_staleness: Optional[int] = None) -> dict:
+def run_round(
+    engine, inflight: InFlight, prompt_ids, sampling, need: int, version: int, max_staleness: Optional[int] = None
+) -> dict:
     """Submit every unfinished completion (prompt + its tokens so far), step the engine until `need` groups are
     complete (or nothing runs), then stop the rest: their tokens stay in `inflight` for the next round. With
     `max_staleness`, the round also waits for the groups that would be over-stale in the next one (the sampler is
@@ -267,6 +281,7 @@ def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, versi
     def done() -> bool:
         complete = inflight.complete()
         return len(complete) >= need and must <= set(complete)
+
     running = set()
 
     def submit() -> int:
@@ -277,6 +292,7 @@ def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, versi
             engine.submit(rid, inflight.prompt_of(position, member, prompt_ids) + list(prefix), sampling, left, seed)
             running.add(rid)
         return len(new)
+
     # groups finished beyond the last round's need may already fill this one: then nothing is submitted
     submitted = submit() if not done() else 0
     sampled = 0
@@ -289,8 +305,10 @@ def run_round(engine, inflight: InFlight, prompt_ids, sampling, need: int, versi
         if not done():
             submitted += submit()
         if running and not engine.unfinished():  # the engine lost requests it was given
-            raise RuntimeError(f"the generation engine holds none of the {len(running)} completions it was given "
-                               f"(e.g. {sorted(running)[:3]}): they were never finished nor stopped.")
+            raise RuntimeError(
+                f"the generation engine holds none of the {len(running)} completions it was given "
+                f"(e.g. {sorted(running)[:3]}): they were never finished nor stopped."
+            )
     engine.abort(sorted(running))
     inflight.end_round()
     return {"submitted": submitted, "stopped": len(running), "sampled": sampled, "waited_for": len(must)}

@@ -1,12 +1,12 @@
 """`PartialRolloutSource`: GRPOTrainer's source with `partial_rollout=True` (how it works: rollout/partial.py).
 
-    next batch   with nothing in flight and no long tail in the last round (partial_rollout_adaptive): the round's
-                 groups as one plain batch, as partial_rollout=False samples them. Else restart over-stale
-                 completions; claim new groups so this rank holds its share + overprovision (+ 0 when the tail
-                 is gone: the groups in flight drain); step the engine until the share is complete; the rest stop
-                 and keep their tokens. Either way the round's tail decides whether the next over-provisions.
-    weight sync  as the synchronous source (nothing is running: the engine is empty between rounds)
-    checkpoint   each rank's groups in flight with their prefixes, and the stream position"""
+next batch   with nothing in flight and no long tail in the last round (partial_rollout_adaptive): the round's
+             groups as one plain batch, as partial_rollout=False samples them. Else restart over-stale
+             completions; claim new groups so this rank holds its share + overprovision (+ 0 when the tail
+             is gone: the groups in flight drain); step the engine until the share is complete; the rest stop
+             and keep their tokens. Either way the round's tail decides whether the next over-provisions.
+weight sync  as the synchronous source (nothing is running: the engine is empty between rounds)
+checkpoint   each rank's groups in flight with their prefixes, and the stream position"""
 
 from __future__ import annotations
 
@@ -15,8 +15,15 @@ from typing import List, Optional
 import torch
 
 from .. import dist
-from .partial import InFlight, has_long_tail, overprovision_per_rank, positions_for, run_round, \
-    segment_seed, staleness_metrics
+from .partial import (
+    InFlight,
+    has_long_tail,
+    overprovision_per_rank,
+    positions_for,
+    run_round,
+    segment_seed,
+    staleness_metrics,
+)
 from .batch import Batch
 from .pool import PromptStream
 from .sources import RolloutSetup, RolloutSource, check_on_policy, label_versions, version_metrics
@@ -27,16 +34,24 @@ class PartialRolloutSource(RolloutSource):
         super().__init__(setup)
         self._claims(setup)
         self.sampling = setup.sampler.sampling
-        self.inflight = InFlight(self.args.num_generations, self.sampling.max_tokens,
-                                 turns=setup.sampler.turns(setup.prompts))
+        self.inflight = InFlight(
+            self.args.num_generations, self.sampling.max_tokens, turns=setup.sampler.turns(setup.prompts)
+        )
 
     def _claims(self, setup: RolloutSetup) -> None:
         """The prompt stream groups are claimed from, and how many this rank keeps in flight."""
         a, world = self.args, setup.placement.trainers
         self.share = setup.prompts_per_round // world
         self.extra = overprovision_per_rank(a.rollout_overprovision, world)
-        self.stream = PromptStream(setup.prompts, setup.prompts_per_round, a.num_generations, world, a.seed,
-                                   a.shuffle_dataset, order_seed=a.order_seed)
+        self.stream = PromptStream(
+            setup.prompts,
+            setup.prompts_per_round,
+            a.num_generations,
+            world,
+            a.seed,
+            a.shuffle_dataset,
+            order_seed=a.order_seed,
+        )
         self.next_position: Optional[int] = None  # the stream's next unclaimed position (the same on every rank)
         self.resumed_note: Optional[str] = None
         self.last_positions: List[int] = []
@@ -44,22 +59,30 @@ class PartialRolloutSource(RolloutSource):
         self.overprovisioning = not a.partial_rollout_adaptive
         if self.extra > self.share * max(1, a.max_staleness) and dist.is_main():
             # a carried group must be trained within max_staleness rounds, and a round trains `share` of them
-            print(f"dsgrpo: note: rollout_overprovision={a.rollout_overprovision} keeps {self.extra} groups per rank "
-                  f"in flight beyond a round's {self.share}; with max_staleness={a.max_staleness} some will be "
-                  f"over-stale before a round can train them and are sampled again (work lost). Keep it at most "
-                  f"{self.share * max(1, a.max_staleness) * world} or raise max_staleness.", flush=True)
+            print(
+                f"dsgrpo: note: rollout_overprovision={a.rollout_overprovision} keeps {self.extra} groups per rank "
+                f"in flight beyond a round's {self.share}; with max_staleness={a.max_staleness} some will be "
+                f"over-stale before a round can train them and are sampled again (work lost). Keep it at most "
+                f"{self.share * max(1, a.max_staleness) * world} or raise max_staleness.",
+                flush=True,
+            )
 
     @classmethod
-    def check(cls, args, *, placement, prompts_per_round: int, reward_models: bool, evaluates: bool,
-              streaming: bool = False) -> None:
+    def check(
+        cls, args, *, placement, prompts_per_round: int, reward_models: bool, evaluates: bool, streaming: bool = False
+    ) -> None:
         if streaming:
-            raise ValueError("partial_rollout=True hands prompt groups out by stream position, so it needs a map-style "
-                             "datasets.Dataset, not an IterableDataset. Load it without streaming, or set "
-                             "partial_rollout=False.")
+            raise ValueError(
+                "partial_rollout=True hands prompt groups out by stream position, so it needs a map-style "
+                "datasets.Dataset, not an IterableDataset. Load it without streaming, or set "
+                "partial_rollout=False."
+            )
         if prompts_per_round % placement.trainers:
-            raise ValueError(f"partial_rollout=True keeps whole prompt groups on each rank, but a round has "
-                             f"{prompts_per_round} prompts for {placement.trainers} ranks. Make generation batch / "
-                             f"num_generations (= {prompts_per_round}) a multiple of {placement.trainers}.")
+            raise ValueError(
+                f"partial_rollout=True keeps whole prompt groups on each rank, but a round has "
+                f"{prompts_per_round} prompts for {placement.trainers} ranks. Make generation batch / "
+                f"num_generations (= {prompts_per_round}) a multiple of {placement.trainers}."
+            )
 
     def _prompt_ids(self, index: int) -> List[int]:
         return self.setup.prompts.prompt_ids[index]
@@ -88,8 +111,9 @@ class PartialRolloutSource(RolloutSource):
         """[longest (those still running count at their length so far), trained tokens, trained completions,
         groups over-provisioned] of this rank, for the all-gather that decides the next round."""
         lengths = [len(c) for c in rollout.completion_ids]
-        return torch.tensor([[max(lengths + running, default=0), sum(lengths), len(lengths), extra]],
-                            dtype=torch.float64)
+        return torch.tensor(
+            [[max(lengths + running, default=0), sum(lengths), len(lengths), extra]], dtype=torch.float64
+        )
 
     def _plain_round(self, version: int):
         """Nothing in flight and no tail seen: the round's groups as one batch through the sampler, exactly what
@@ -99,8 +123,12 @@ class PartialRolloutSource(RolloutSource):
         positions = positions_for([self.share] * self.setup.placement.trainers, self.next_position, dist.rank())
         self.next_position += self.stream.P
         indices = [self.stream.prompt_index(p) for p in positions]
-        rollout = self.setup.sampler.sample(self.setup.prompts, indices, [G] * len(indices),
-                                            [segment_seed(a.seed, p, self.stream.P, G) for p in positions])
+        rollout = self.setup.sampler.sample(
+            self.setup.prompts,
+            indices,
+            [G] * len(indices),
+            [segment_seed(a.seed, p, self.stream.P, G) for p in positions],
+        )
         label_versions(rollout, version)
         self.last_positions = positions
         self.setup.generator.end_generation()
@@ -110,10 +138,20 @@ class PartialRolloutSource(RolloutSource):
         batch.metrics.update(version_metrics(rollout))
         batch.metrics.update(self._tool_metrics(batch))
         batch.metrics.update({f"partial/staleness/{age}": float(age == 0) for age in range(a.max_staleness + 1)})
-        batch.metrics.update({f"partial/{k}": 0.0 for k in ("mixed_version_completions", "completions_stopped",
-                                                             "completions_resampled", "tokens_discarded",
-                                                             "groups_carried_in", "groups_in_flight",
-                                                             "groups_trained_carried")})
+        batch.metrics.update(
+            {
+                f"partial/{k}": 0.0
+                for k in (
+                    "mixed_version_completions",
+                    "completions_stopped",
+                    "completions_resampled",
+                    "tokens_discarded",
+                    "groups_carried_in",
+                    "groups_in_flight",
+                    "groups_trained_carried",
+                )
+            }
+        )
         batch.metrics["partial/tokens_sampled"] = float(ranks[:, 1].sum())
         return batch, ranks
 
@@ -130,25 +168,44 @@ class PartialRolloutSource(RolloutSource):
         if self.resumed_note is not None:
             if dist.is_main():
                 groups, tokens = sum(n[1] for n in needs), sum(n[2] for n in needs)
-                print(f"dsgrpo: resumed {groups} prompt group(s) in flight ({tokens} tokens sampled before the "
-                      f"checkpoint): {self.resumed_note}", flush=True)
+                print(
+                    f"dsgrpo: resumed {groups} prompt group(s) in flight ({tokens} tokens sampled before the "
+                    f"checkpoint): {self.resumed_note}",
+                    flush=True,
+                )
             self.resumed_note = None
         for position in positions_for([n[0] for n in needs], self.next_position, dist.rank()):
-            self.inflight.add(position, self.stream.prompt_index(position),
-                              segment_seed(a.seed, position, self.stream.P, self.stream.G))
+            self.inflight.add(
+                position,
+                self.stream.prompt_index(position),
+                segment_seed(a.seed, position, self.stream.P, self.stream.G),
+            )
         self.next_position += sum(n[0] for n in needs)
         carried = sum(1 for g in self.inflight.groups.values() if g.carried)
-        counts = run_round(generator, self.inflight, self._prompt_ids, self.sampling, self.share, version,
-                           a.max_staleness)
+        counts = run_round(
+            generator, self.inflight, self._prompt_ids, self.sampling, self.share, version, a.max_staleness
+        )
         groups = self.inflight.take(self.share)
         self.last_positions = [g.position for g in groups]  # the stream positions this round trains
         generator.end_generation()  # sleep mode: nothing runs until the next round
         rollout = self.inflight.rollout(groups, self._prompt_ids)
-        batch = self.setup.build_batch(self.setup.prompts, [g.prompt_index for g in groups],
-                                       [len(g.members) for g in groups], rollout)
-        self._add_metrics(batch, rollout, version,
-                          [counts["stopped"], counts["sampled"], restarted, discarded, carried, len(self.inflight),
-                           sum(1 for g in groups if g.carried)])
+        batch = self.setup.build_batch(
+            self.setup.prompts, [g.prompt_index for g in groups], [len(g.members) for g in groups], rollout
+        )
+        self._add_metrics(
+            batch,
+            rollout,
+            version,
+            [
+                counts["stopped"],
+                counts["sampled"],
+                restarted,
+                discarded,
+                carried,
+                len(self.inflight),
+                sum(1 for g in groups if g.carried),
+            ],
+        )
         running = [len(c.tokens) for g in self.inflight.groups.values() for c in g.members if not c.finished]
         return batch, dist.all_gather(self._lengths(rollout, running, extra))
 
@@ -158,23 +215,29 @@ class PartialRolloutSource(RolloutSource):
         batch.metrics.update(self._tool_metrics(batch))
         tokens = sum(len(c) for c in rollout.completion_ids)
         mine = staleness_metrics(rollout, version, a.max_staleness)
-        batch.metrics.update(dist.reduce_metrics(mine, {k: tokens if "staleness" in k else len(rollout)
-                                                        for k in mine}))
+        batch.metrics.update(dist.reduce_metrics(mine, {k: tokens if "staleness" in k else len(rollout) for k in mine}))
         totals = dist.all_reduce_sum(torch.tensor(counts, dtype=torch.float64)).tolist()
-        batch.metrics.update({
-            "partial/completions_stopped": totals[0],      # still running when the round was cut: carried over
-            "partial/tokens_sampled": totals[1],           # this round, trained now or later
-            "partial/completions_resampled": totals[2],    # over-stale: sampled again from the start
-            "partial/tokens_discarded": totals[3],
-            "partial/groups_carried_in": totals[4],        # groups that had run in an earlier round
-            "partial/groups_in_flight": totals[5],         # after the cut
-            "partial/groups_trained_carried": totals[6],
-        })
+        batch.metrics.update(
+            {
+                "partial/completions_stopped": totals[0],  # still running when the round was cut: carried over
+                "partial/tokens_sampled": totals[1],  # this round, trained now or later
+                "partial/completions_resampled": totals[2],  # over-stale: sampled again from the start
+                "partial/tokens_discarded": totals[3],
+                "partial/groups_carried_in": totals[4],  # groups that had run in an earlier round
+                "partial/groups_in_flight": totals[5],  # after the cut
+                "partial/groups_trained_carried": totals[6],
+            }
+        )
 
     # ---- checkpoints
     def state_dict(self) -> dict:
-        return {"partial_rollout": {"next_position": self.next_position, "in_flight": self.inflight.state(),
-                                    "overprovisioning": self.overprovisioning}}
+        return {
+            "partial_rollout": {
+                "next_position": self.next_position,
+                "in_flight": self.inflight.state(),
+                "overprovisioning": self.overprovisioning,
+            }
+        }
 
     def load_state_dict(self, state: Optional[dict]) -> None:
         mine = (state or {}).get("partial_rollout")
@@ -183,11 +246,15 @@ class PartialRolloutSource(RolloutSource):
         self.next_position = int(mine["next_position"])
         self.inflight.load(mine["in_flight"])
         self.overprovisioning = bool(mine.get("overprovisioning", True)) or not self.args.partial_rollout_adaptive
-        self.resumed_note = "they continue from their prefixes (their old tokens keep their versions; " \
-                            "max_staleness re-samples the ones too old)"
+        self.resumed_note = (
+            "they continue from their prefixes (their old tokens keep their versions; "
+            "max_staleness re-samples the ones too old)"
+        )
         if self.inflight.turns is not None and self.inflight.turns.stateful:
-            self.resumed_note = "they act on environments, which a checkpoint cannot hold: each episode starts again " \
-                                "from reset (the tokens above are sampled again)"
+            self.resumed_note = (
+                "they act on environments, which a checkpoint cannot hold: each episode starts again "
+                "from reset (the tokens above are sampled again)"
+            )
 
     def without_samples(self, state: Optional[dict]) -> Optional[dict]:
         if state and "partial_rollout" in state:
@@ -200,10 +267,16 @@ class PartialRolloutSource(RolloutSource):
         if any(not s or "partial_rollout" not in s for s in states):  # written without partial rollouts
             return {}
         mine = [r for r in range(len(states)) if r % world == rank]
-        return {"partial_rollout": {"next_position": states[0]["partial_rollout"]["next_position"],
-                                    "overprovisioning": states[0]["partial_rollout"].get("overprovisioning", True),
-                                    "in_flight": [g for r in mine for g in states[r]["partial_rollout"]["in_flight"]]}}
+        return {
+            "partial_rollout": {
+                "next_position": states[0]["partial_rollout"]["next_position"],
+                "overprovisioning": states[0]["partial_rollout"].get("overprovisioning", True),
+                "in_flight": [g for r in mine for g in states[r]["partial_rollout"]["in_flight"]],
+            }
+        }
 
     def reshard_note(self, saved_world: int, world: int) -> Optional[str]:
-        return (f"the {saved_world} ranks' prompt groups in flight are dealt out to {world} (each continued from its "
-                "prefix, none sampled twice)")
+        return (
+            f"the {saved_world} ranks' prompt groups in flight are dealt out to {world} (each continued from its "
+            "prefix, none sampled twice)"
+        )

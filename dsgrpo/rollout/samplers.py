@@ -51,17 +51,34 @@ class GeneratorSampler:
 class ToolSampler:
     uses_tools = True
 
-    def __init__(self, generator: Generator, sampling: SamplingConfig, tokenizer, runner: ToolRunner,
-                 max_iterations: Optional[int], call_format=None, lockstep=None):
+    def __init__(
+        self,
+        generator: Generator,
+        sampling: SamplingConfig,
+        tokenizer,
+        runner: ToolRunner,
+        max_iterations: Optional[int],
+        call_format=None,
+        lockstep=None,
+    ):
         self.generator, self.sampling, self.tokenizer = generator, sampling, tokenizer
         self.runner, self.max_iterations, self.call_format = runner, max_iterations, call_format
         self.lockstep = lockstep  # tools.run_tool_turns: the ranks of a tensor-parallel engine continue together
 
     def sample(self, prompts, indices, counts, seeds):
-        rollout, _ = run_tool_turns(self.generator, self.tokenizer, [prompts.prompt_ids[i] for i in indices], counts,
-                                    self.sampling, seeds, self.runner, self.max_iterations,
-                                    chat_template_kwargs=prompts.chat_template_kwargs, call_format=self.call_format,
-                                    lockstep=self.lockstep)
+        rollout, _ = run_tool_turns(
+            self.generator,
+            self.tokenizer,
+            [prompts.prompt_ids[i] for i in indices],
+            counts,
+            self.sampling,
+            seeds,
+            self.runner,
+            self.max_iterations,
+            chat_template_kwargs=prompts.chat_template_kwargs,
+            call_format=self.call_format,
+            lockstep=self.lockstep,
+        )
         return rollout
 
     def turns(self, prompts):
@@ -91,14 +108,21 @@ class RolloutFuncSampler:
         """What the function returned for `count` rows, checked (custom.py), as a Rollout with its columns."""
         tool_counts = out.pop("tool_counts", None) if self.uses_tools and isinstance(out, dict) else None
         rollout, extra = rollout_from_func_output(
-            out, count, eos_token_id=self.tokenizer.eos_token_id, max_tokens=self.max_tokens,
-            vocab_size=len(self.tokenizer), dataset_columns=prompts.columns)
+            out,
+            count,
+            eos_token_id=self.tokenizer.eos_token_id,
+            max_tokens=self.max_tokens,
+            vocab_size=len(self.tokenizer),
+            dataset_columns=prompts.columns,
+        )
         rollout.columns = extra
         if rollout.restarts is not None and any(rollout.restarts) and self.trainer.budget is None:
-            raise ValueError("rollout_func returned 'restarts' (completions sampled after prompts of their own), "
-                             "which train as separate sequences in packed steps, but this run trains padded "
-                             "micro-batches (token_budget=0, or a model that lets packed sequences attend to each "
-                             "other): leave token_budget unset, or return each row's last piece alone.")
+            raise ValueError(
+                "rollout_func returned 'restarts' (completions sampled after prompts of their own), "
+                "which train as separate sequences in packed steps, but this run trains padded "
+                "micro-batches (token_budget=0, or a model that lets packed sequences attend to each "
+                "other): leave token_budget unset, or return each row's last piece alone."
+            )
         if self.uses_tools:
             rollout.tool_counts = tool_counts
         return rollout
@@ -107,10 +131,19 @@ class RolloutFuncSampler:
         return None  # its own rollouts (partial rollouts of agents: rollout/agent_partial.py)
 
 
-def make_sampler(generator: Optional[Generator], sampling: SamplingConfig, *, tokenizer,
-                 tool_runner: Optional[ToolRunner] = None, max_tool_calling_iterations: Optional[int] = None,
-                 rollout_func: Optional[Callable] = None, trainer=None, environments=None,
-                 tool_call_format: Optional[str] = None, lockstep: Optional[Callable[[bool], bool]] = None):
+def make_sampler(
+    generator: Optional[Generator],
+    sampling: SamplingConfig,
+    *,
+    tokenizer,
+    tool_runner: Optional[ToolRunner] = None,
+    max_tool_calling_iterations: Optional[int] = None,
+    rollout_func: Optional[Callable] = None,
+    trainer=None,
+    environments=None,
+    tool_call_format: Optional[str] = None,
+    lockstep: Optional[Callable[[bool], bool]] = None,
+):
     """The sampler the trainer's arguments ask for (None where this rank has no generator and no rollout_func).
     `lockstep`: the generator's ranks must make the same calls (tools.run_tool_turns)."""
     if rollout_func is not None:
@@ -121,9 +154,11 @@ def make_sampler(generator: Optional[Generator], sampling: SamplingConfig, *, to
     if lockstep is None and isinstance(generator, TensorParallelGenerator):
         lockstep = generator.lockstep
     if environments is not None:
-        return EnvironmentSampler(generator, sampling, tokenizer, environments, max_tool_calling_iterations,
-                                  call_format, lockstep)
+        return EnvironmentSampler(
+            generator, sampling, tokenizer, environments, max_tool_calling_iterations, call_format, lockstep
+        )
     if tool_runner is not None:
-        return ToolSampler(generator, sampling, tokenizer, tool_runner, max_tool_calling_iterations, call_format,
-                           lockstep)
+        return ToolSampler(
+            generator, sampling, tokenizer, tool_runner, max_tool_calling_iterations, call_format, lockstep
+        )
     return GeneratorSampler(generator, sampling)

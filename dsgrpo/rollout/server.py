@@ -65,24 +65,34 @@ class EngineServer:
         self.world, self.rank = dist.world_size(), dist.rank()
         self.tp, self.dp = a.tensor_parallel_size, a.data_parallel_size
         if self.world != self.tp * self.dp:
-            raise ValueError(f"--tensor-parallel-size {self.tp} × --data-parallel-size {self.dp} = "
-                             f"{self.tp * self.dp} engine ranks, but {self.world} processes run: start the server "
-                             f"with `torchrun --nproc_per_node {self.tp * self.dp} -m dsgrpo.cli vllm-serve ...`.")
+            raise ValueError(
+                f"--tensor-parallel-size {self.tp} × --data-parallel-size {self.dp} = "
+                f"{self.tp * self.dp} engine ranks, but {self.world} processes run: start the server "
+                f"with `torchrun --nproc_per_node {self.tp * self.dp} -m dsgrpo.cli vllm-serve ...`."
+            )
         self.model = a.model
-        cfg = GRPOConfig(output_dir=os.devnull, seed=a.seed, vllm_max_model_length=a.max_model_len,
-                         vllm_tensor_parallel_size=self.tp, vllm_kv_cache_bytes=a.kv_cache_bytes,
-                         vllm_gpu_memory_utilization=a.gpu_memory_utilization, trust_remote_code=a.trust_remote_code,
-                         max_completion_length=a.max_completion_length, vllm_model_impl=a.vllm_model_impl,
-                         vllm_enforce_eager={"auto": None, "true": True, "false": False}[a.enforce_eager],
-                         routing_replay=a.routing_replay, report_to="none")
+        cfg = GRPOConfig(
+            output_dir=os.devnull,
+            seed=a.seed,
+            vllm_max_model_length=a.max_model_len,
+            vllm_tensor_parallel_size=self.tp,
+            vllm_kv_cache_bytes=a.kv_cache_bytes,
+            vllm_gpu_memory_utilization=a.gpu_memory_utilization,
+            trust_remote_code=a.trust_remote_code,
+            max_completion_length=a.max_completion_length,
+            vllm_model_impl=a.vllm_model_impl,
+            vllm_enforce_eager={"auto": None, "true": True, "false": False}[a.enforce_eager],
+            routing_replay=a.routing_replay,
+            report_to="none",
+        )
         dist.tensor_parallel_groups(self.tp)  # before the engine: its seed is the engine's index
         # every rank of an engine runs each command with the same request, as external_launcher needs
         self.engine = VLLMGenerator(a.model, cfg, dtype=_dtype(a.dtype))
         self.server_id = uuid.uuid4().hex[:12]
-        self.version = "0"                      # the weights on disk; a push sets the trainer's "<run>/<n>"
-        self.last_error: Optional[str] = None   # of a queued command (a push), reported by /health
+        self.version = "0"  # the weights on disk; a push sets the trainer's "<run>/<n>"
+        self.last_error: Optional[str] = None  # of a queued command (a push), reported by /health
         self.communicator: Optional[dist.Communicator] = None
-        self.store = None                       # (port, TCPStore): one for the server's life
+        self.store = None  # (port, TCPStore): one for the server's life
         self.checkpoint = checkpoint_shapes(a.model)
         # the largest weight bucket it accepts (a wire setting both sides must agree on: the trainer checks it
         # before its first push, and every bucket is checked before a byte is allocated for it)
@@ -132,12 +142,17 @@ class EngineServer:
         engine = self.rank // self.tp
         cut = [round(i * len(counts) / self.dp) for i in range(self.dp + 1)]  # engine e takes prompts cut[e]:cut[e+1]
         mine = slice(cut[engine], cut[engine + 1])
-        rollout = self.engine.generate(prompt_ids[mine], counts[mine], sampling,
-                                       seeds=None if seeds is None else seeds[mine])
+        rollout = self.engine.generate(
+            prompt_ids[mine], counts[mine], sampling, seeds=None if seeds is None else seeds[mine]
+        )
         parts = dist.all_gather_object(rollout.to_json() if self.rank % self.tp == 0 else None)
         full = Rollout.concat([Rollout.from_json(p) for p in parts if p is not None])
-        reply = {"completion_ids": full.completion_ids, "logprobs": full.sampler_logprobs,
-                 "truncated": full.truncated, "weight_version": self.version}
+        reply = {
+            "completion_ids": full.completion_ids,
+            "logprobs": full.sampler_logprobs,
+            "truncated": full.truncated,
+            "weight_version": self.version,
+        }
         if full.routes is not None:
             reply["routes"] = encode_routes(full.routes)
         return reply
@@ -146,20 +161,28 @@ class EngineServer:
         from vllm import SamplingParams
 
         ids = body["token_ids"]
-        out = self.engine.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                                       use_tqdm=False)[0]
-        return {"logprobs": [step[t].logprob for step, t in zip(out.prompt_logprobs[1:], ids[1:])],
-                "weight_version": self.version}
+        out = self.engine.llm.generate(
+            [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+        )[0]
+        return {
+            "logprobs": [step[t].logprob for step, t in zip(out.prompt_logprobs[1:], ids[1:])],
+            "weight_version": self.version,
+        }
 
     def _init_communicator(self, body: dict) -> dict:
         port, timeout_s = int(body["port"]), float(body.get("timeout_s", 300))
         if self.store is None or self.store[0] != port:
             host = self.host if self.host not in ("0.0.0.0", "::") else "127.0.0.1"
-            self.store = (port, dist.Communicator.rendezvous_store(host, port, is_master=self.rank == 0,
-                                                                   timeout_s=timeout_s, bind=self.host))
+            self.store = (
+                port,
+                dist.Communicator.rendezvous_store(
+                    host, port, is_master=self.rank == 0, timeout_s=timeout_s, bind=self.host
+                ),
+            )
         self.communicator = None  # a new trainer (or the same one after a failure): a new group, a new namespace
-        self.communicator = dist.Communicator(self.store[1], str(body["name"]), rank=self.rank, world=self.world + 1,
-                                              timeout_s=timeout_s)
+        self.communicator = dist.Communicator(
+            self.store[1], str(body["name"]), rank=self.rank, world=self.world + 1, timeout_s=timeout_s
+        )
         return {"world_size": self.world}
 
     def _update_weights(self, body: dict) -> dict:
@@ -168,8 +191,13 @@ class EngineServer:
         if self.communicator is None:
             raise RuntimeError("no communicator: POST /init_communicator first")
         self.version = "receiving"  # a push that breaks off leaves weights no one can name
-        self.engine.load_weights(received_weights(self.communicator, src=self.world,  # resets the prefix cache
-                                                  max_bytes=self.max_bucket_bytes))
+        self.engine.load_weights(
+            received_weights(
+                self.communicator,
+                src=self.world,  # resets the prefix cache
+                max_bytes=self.max_bucket_bytes,
+            )
+        )
         self.version, self.last_error = str(body["version"]), None
         return {"weight_version": self.version}
 
@@ -183,15 +211,25 @@ class EngineServer:
     # ---- HTTP (server rank 0)
     def http(self, token: Optional[str], max_request_bytes: int, port: int):
         def health(_):
-            return 200, {"status": "ok", "server_id": self.server_id, "weight_version": self.version,
-                         "model": self.model, "world_size": self.world, "checkpoint": self.checkpoint,
-                         "max_model_len": self.engine.max_model_len, "tensor_parallel_size": self.tp,
-                         "data_parallel_size": self.dp, "routes": bool(self.engine.routes),
-                         "max_weight_bucket_bytes": self.max_bucket_bytes, "last_error": self.last_error}
+            return 200, {
+                "status": "ok",
+                "server_id": self.server_id,
+                "weight_version": self.version,
+                "model": self.model,
+                "world_size": self.world,
+                "checkpoint": self.checkpoint,
+                "max_model_len": self.engine.max_model_len,
+                "tensor_parallel_size": self.tp,
+                "data_parallel_size": self.dp,
+                "routes": bool(self.engine.routes),
+                "max_weight_bucket_bytes": self.max_bucket_bytes,
+                "last_error": self.last_error,
+            }
 
         def run(command):
             def route(body):
                 return 200, self.submit(command, body)
+
             return route
 
         def queue(command, reply):
@@ -199,20 +237,30 @@ class EngineServer:
             def route(body):
                 self.submit(command, body, wait=False)
                 return 200, reply(body)
+
             return route
 
-        routes = {("GET", "/health"): health, ("GET", "/get_world_size"): lambda _: (200, {"world_size": self.world}),
-                  ("POST", "/generate"): run("generate"), ("POST", "/score"): run("score"),
-                  ("POST", "/init_communicator"): queue("init_communicator", lambda b: {"world_size": self.world}),
-                  ("POST", "/update_weights"): queue("update_weights", lambda b: {"queued": str(b["version"])}),
-                  ("POST", "/reset_prefix_cache"): run("reset_prefix_cache")}
+        routes = {
+            ("GET", "/health"): health,
+            ("GET", "/get_world_size"): lambda _: (200, {"world_size": self.world}),
+            ("POST", "/generate"): run("generate"),
+            ("POST", "/score"): run("score"),
+            ("POST", "/init_communicator"): queue("init_communicator", lambda b: {"world_size": self.world}),
+            ("POST", "/update_weights"): queue("update_weights", lambda b: {"queued": str(b["version"])}),
+            ("POST", "/reset_prefix_cache"): run("reset_prefix_cache"),
+        }
         return json_server(routes, self.host, port, token, max_request_bytes)
 
 
 def _dtype(name: str):
     import torch
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-            "auto": torch.bfloat16 if device.on_gpu() else torch.float32}[name]
+
+    return {
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "auto": torch.bfloat16 if device.on_gpu() else torch.float32,
+    }[name]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -220,12 +268,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="hub id or local path (the policy's checkpoint)")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--data-parallel-size", type=int, default=1)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; anything else needs --token)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default loopback; anything else needs --token)"
+    )
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--group-port", type=int, default=51216, help="port of the weight communicator (the trainer's "
-                   "vllm_group_port)")
-    p.add_argument("--token", default=None, help="loopback only, with a warning: prefer DSGRPO_VLLM_TOKEN (a command "
-                                                 "line is readable by every local user)")
+    p.add_argument(
+        "--group-port", type=int, default=51216, help="port of the weight communicator (the trainer's vllm_group_port)"
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help="loopback only, with a warning: prefer DSGRPO_VLLM_TOKEN (a command line is readable by every local user)",
+    )
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-completion-length", type=int, default=512)
@@ -234,16 +288,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--vllm-model-impl", default="vllm", choices=("vllm", "transformers", "auto"))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--enforce-eager", default="auto", choices=("auto", "true", "false"),
-                   help="no torch.compile / CUDA graphs (auto: compiled on GPU, eager on CPU)")
+    p.add_argument(
+        "--enforce-eager",
+        default="auto",
+        choices=("auto", "true", "false"),
+        help="no torch.compile / CUDA graphs (auto: compiled on GPU, eager on CPU)",
+    )
     p.add_argument("--max-request-bytes", type=int, default=64 << 20)
-    p.add_argument("--max-weight-bucket-bytes", type=int, default=0,
-                   help="the largest weight bucket a push may send (default: 64 MiB or four bytes per element of the "
-                        "checkpoint's largest tensor, the larger); a trainer whose buckets can be larger is refused "
-                        "before its first push")
-    p.add_argument("--routing-replay", default="off", choices=("off", "rollout"),
-                   help="rollout: return each token's routed experts with its completion, for a trainer with "
-                        "routing_replay='rollout' (MoE models; vLLM's enable_return_routed_experts, GPU only)")
+    p.add_argument(
+        "--max-weight-bucket-bytes",
+        type=int,
+        default=0,
+        help="the largest weight bucket a push may send (default: 64 MiB or four bytes per element of the "
+        "checkpoint's largest tensor, the larger); a trainer whose buckets can be larger is refused "
+        "before its first push",
+    )
+    p.add_argument(
+        "--routing-replay",
+        default="off",
+        choices=("off", "rollout"),
+        help="rollout: return each token's routed experts with its completion, for a trainer with "
+        "routing_replay='rollout' (MoE models; vLLM's enable_return_routed_experts, GPU only)",
+    )
     return p
 
 
@@ -256,14 +322,21 @@ def main(argv: List[str]) -> int:
         return 2
     if a.routing_replay == "rollout" and not device.on_gpu():
         from ..engines.routing import VLLM_CPU_CANNOT
-        print(f"error: --routing-replay rollout returns each token's experts, and {VLLM_CPU_CANNOT} Serve from a "
-              "GPU, or train with use_vllm=False (the policy's own generate captures them).", file=sys.stderr)
+
+        print(
+            f"error: --routing-replay rollout returns each token's experts, and {VLLM_CPU_CANNOT} Serve from a "
+            "GPU, or train with use_vllm=False (the policy's own generate captures them).",
+            file=sys.stderr,
+        )
         return 2
     server = EngineServer(a)
     if server.rank == 0:
         http = server.http(token, a.max_request_bytes, a.port)
         threading.Thread(target=http.serve_forever, daemon=True, name="dsgrpo-vllm-http").start()
-        print(f"dsgrpo vllm-serve: serving {a.model} on http://{a.host}:{http.server_address[1]} "
-              f"({server.world} engine rank(s), server_id {server.server_id})", flush=True)
+        print(
+            f"dsgrpo vllm-serve: serving {a.model} on http://{a.host}:{http.server_address[1]} "
+            f"({server.world} engine rank(s), server_id {server.server_id})",
+            flush=True,
+        )
     server.serve()
     return 0

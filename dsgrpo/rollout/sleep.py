@@ -30,8 +30,10 @@ class EngineSleep:
 
     def before_generate(self) -> None:
         if self.state == ASLEEP:
-            raise RuntimeError("generation on a vLLM engine asleep at level 2 (its weights were discarded): load "
-                               "weights first (vllm_enable_sleep_mode)")
+            raise RuntimeError(
+                "generation on a vLLM engine asleep at level 2 (its weights were discarded): load "
+                "weights first (vllm_enable_sleep_mode)"
+            )
 
     def sleep(self) -> None:
         """The round's generation is done: release the weights and the KV cache until the next load."""

@@ -31,11 +31,12 @@ from .tools import ToolStats
 @dataclass(frozen=True)
 class Placement:
     """Which ranks train and which generate."""
-    trains: bool            # this rank runs the policy update
-    generates: bool         # this rank runs a generation engine
-    trainers: int           # training ranks (the world a ZeRO-3 engine spans)
-    generators: int         # generating ranks
-    first_generator: int    # global rank of the first generating rank
+
+    trains: bool  # this rank runs the policy update
+    generates: bool  # this rank runs a generation engine
+    trainers: int  # training ranks (the world a ZeRO-3 engine spans)
+    generators: int  # generating ranks
+    first_generator: int  # global rank of the first generating rank
 
     @classmethod
     def colocated(cls) -> "Placement":
@@ -46,25 +47,27 @@ class Placement:
 @dataclass
 class RolloutSetup:
     """What a source is built from (the trainer makes it once)."""
-    args: object                         # GRPOConfig
-    prompts: object                      # the training PromptSource
-    sampler: object                      # rollout.samplers.Sampler; None on a split-placement training rank
-    generator: Optional[Generator]       # the engine weights are synced into; None where this rank has none
+
+    args: object  # GRPOConfig
+    prompts: object  # the training PromptSource
+    sampler: object  # rollout.samplers.Sampler; None on a split-placement training rank
+    generator: Optional[Generator]  # the engine weights are synced into; None where this rank has none
     build_batch: BatchBuilder
     reward_matrix: Callable[[Batch], torch.Tensor]  # [L, K] of a batch (the reward stack)
-    scores_anywhere: bool                # the rewards hold no collective (no sharded reward model)
+    scores_anywhere: bool  # the rewards hold no collective (no sharded reward model)
     placement: Placement
     prompts_per_round: int
     steps_after_round: Callable[[int], int]  # optimizer steps completed once a generation round is trained
     max_steps: int
-    tied: bool                           # tied embeddings: lm_head.weight is sent too
-    timer: object                        # PhaseTimer: sources may add phases (time/wait_for_weights)
+    tied: bool  # tied embeddings: lm_head.weight is sent too
+    timer: object  # PhaseTimer: sources may add phases (time/wait_for_weights)
     reward_weights: Optional[list] = None  # each reward source's weight (the stack's: environments' included)
     weight_sync: Optional[Callable] = None  # the trainer's weight_sync.TrainerWeightSync
 
 
 class RolloutSource:
     """The synchronous defaults of every method; `next_batch` is each source's own."""
+
     generates_while_training = False  # the engine's memory is never free for training (sleep mode cannot apply)
     last_sync = None  # rollout/weight_sync.py SyncStats of the last sync
 
@@ -78,8 +81,16 @@ class RolloutSource:
         return Placement.colocated()
 
     @classmethod
-    def check(cls, args, *, placement: Placement, prompts_per_round: int, reward_models: bool, evaluates: bool,
-              streaming: bool = False) -> None:
+    def check(
+        cls,
+        args,
+        *,
+        placement: Placement,
+        prompts_per_round: int,
+        reward_models: bool,
+        evaluates: bool,
+        streaming: bool = False,
+    ) -> None:
         """Refuse settings this source cannot serve, before any model is loaded."""
 
     # ---- the round
@@ -161,19 +172,27 @@ class RolloutSource:
         sampler call (per_device_eval_batch_size for evaluation); the seeds are the same either way."""
         world = self.setup.placement.trainers
         share = prompts.rank_slice(rows, group, dist.rank(), world)
-        seeds = [round_seed(self.args.seed, round_index, share.first_slot + sum(share.counts[:j]))
-                 for j in range(len(share.counts))]
+        seeds = [
+            round_seed(self.args.seed, round_index, share.first_slot + sum(share.counts[:j]))
+            for j in range(len(share.counts))
+        ]
         parts, start = [], 0
         while start < len(share.indices):
             end, size = start, 0
             while end < len(share.indices) and (end == start or chunk is None or size + share.counts[end] <= chunk):
                 size += share.counts[end]
                 end += 1
-            parts.append(self.setup.sampler.sample(prompts, share.indices[start:end], share.counts[start:end],
-                                                   seeds[start:end]))
+            parts.append(
+                self.setup.sampler.sample(prompts, share.indices[start:end], share.counts[start:end], seeds[start:end])
+            )
             start = end
-        rollout = parts[0] if len(parts) == 1 else Rollout.concat(parts) if parts else \
-            self.setup.sampler.sample(prompts, [], [], [])
+        rollout = (
+            parts[0]
+            if len(parts) == 1
+            else Rollout.concat(parts)
+            if parts
+            else self.setup.sampler.sample(prompts, [], [], [])
+        )
         label_versions(rollout, engine_version(self.setup.generator))
         batch = self.setup.build_batch(prompts, share.indices, share.counts, rollout)
         batch.metrics.update(self._tool_metrics(batch))
@@ -214,9 +233,11 @@ def check_on_policy(rollout: Rollout, version: int) -> None:
     served other weights than the trainer synced (a reload that did not take), and training on it would be wrong."""
     stale = sorted({v for row in rollout.weight_versions or [] for v in row if v != version})
     if stale:
-        raise RuntimeError(f"the generation engine sampled tokens with weights of version(s) {stale[:5]}, but the "
-                           f"trainer synced version {version}: its weights are not the policy's. The weight sync "
-                           "did not take; rerun with verify_weight_sync='checksum' to find where.")
+        raise RuntimeError(
+            f"the generation engine sampled tokens with weights of version(s) {stale[:5]}, but the "
+            f"trainer synced version {version}: its weights are not the policy's. The weight sync "
+            "did not take; rerun with verify_weight_sync='checksum' to find where."
+        )
 
 
 class GenerationSource(RolloutSource):
@@ -224,8 +245,9 @@ class GenerationSource(RolloutSource):
 
     def next_batch(self, round_index: int) -> Batch:
         args = self.args
-        rows = self.setup.prompts.round_prompts(round_index, self.setup.prompts_per_round, args.order_seed,
-                                                args.shuffle_dataset)
+        rows = self.setup.prompts.round_prompts(
+            round_index, self.setup.prompts_per_round, args.order_seed, args.shuffle_dataset
+        )
         batch = self._sample(self.setup.prompts, rows, round_index, args.num_generations)
         self.setup.generator.end_generation()  # sleep mode: the engine's memory goes to training until the sync
         check_on_policy(batch.rollout, engine_version(self.setup.generator))

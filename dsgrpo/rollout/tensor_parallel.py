@@ -40,7 +40,7 @@ class TensorParallelGenerator(Generator):
 
     def __init__(self, engine):
         self.engine = engine
-        self.llm = engine.llm          # rollout_func users reach the engine here (the same call on every TP rank)
+        self.llm = engine.llm  # rollout_func users reach the engine here (the same call on every TP rank)
 
     @property
     def max_model_len(self) -> Optional[int]:
@@ -74,16 +74,22 @@ class TensorParallelGenerator(Generator):
         """Whether any rank of the engine has tool turns to continue (every rank then joins the call)."""
         return dist.all_gather_object(continuing, group=dist.TP).count(True) > 0
 
-    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
-                 seeds: Optional[List[int]] = None) -> Rollout:
+    def generate(
+        self,
+        prompt_ids: List[List[int]],
+        counts: List[int],
+        sampling: SamplingConfig,
+        seeds: Optional[List[int]] = None,
+    ) -> Rollout:
         requests = dist.all_gather_object((prompt_ids, counts, seeds, sampling.max_tokens), group=dist.TP)
         me = dist.rank(dist.TP)
         ids = [p for r in requests for p in r[0]]
         all_counts = [n for r in requests for n in r[1]]
         all_seeds = None if any(r[2] is None for r in requests) else [s for r in requests for s in r[2]]
         # one call with one budget: tool turns ask each rank's largest room left, and a rank cuts its rows to its own
-        rollout = self.engine.generate(ids, all_counts, replace(sampling, max_tokens=max(r[3] for r in requests)),
-                                       seeds=all_seeds)
+        rollout = self.engine.generate(
+            ids, all_counts, replace(sampling, max_tokens=max(r[3] for r in requests)), seeds=all_seeds
+        )
         start = sum(sum(r[1]) for r in requests[:me])
         return rollout.rows(slice(start, start + sum(counts)))
 
@@ -125,15 +131,20 @@ class LeadingGenerator(Generator):
         self.engine, self.link = engine, link
 
     @property
-    def weight_version(self) -> int:   # the worker labels its tokens itself; an agent's endpoint reads this
+    def weight_version(self) -> int:  # the worker labels its tokens itself; an agent's endpoint reads this
         return self.engine.weight_version
 
     @property
     def max_model_len(self) -> Optional[int]:
         return self.engine.max_model_len
 
-    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
-                 seeds: Optional[List[int]] = None) -> Rollout:
+    def generate(
+        self,
+        prompt_ids: List[List[int]],
+        counts: List[int],
+        sampling: SamplingConfig,
+        seeds: Optional[List[int]] = None,
+    ) -> Rollout:
         self.link.send((prompt_ids, counts, sampling, seeds))
         return self.engine.generate(prompt_ids, counts, sampling, seeds=seeds)
 
@@ -141,6 +152,7 @@ class LeadingGenerator(Generator):
 class MirrorWorker(BackgroundThread):
     """A follower's rollout thread: makes the leader's calls on this rank's engine shard; claims and holds nothing.
     Has what GroupExchange reads of a RolloutWorker."""
+
     thread_name = "dsgrpo-tp-mirror"
 
     def __init__(self, engine, rank: int):
@@ -151,8 +163,8 @@ class MirrorWorker(BackgroundThread):
         self.error: Optional[str] = None
         self._leader = dist.tensor_parallel_leader()
         self._state = threading.Condition()
-        self._pauses_taken = 0      # PAUSE messages the mirror has taken
-        self._pauses_done = 0       # pauses of this rank's main thread that have ended
+        self._pauses_taken = 0  # PAUSE messages the mirror has taken
+        self._pauses_done = 0  # pauses of this rank's main thread that have ended
         self._pauses_entered = 0
         self._stopped = False
 

@@ -30,6 +30,7 @@ THINK_END = "</think>"
 @dataclass
 class ToolCall:
     """One parsed call. `error` is set (and the call is not run) when the block could not be read."""
+
     name: Optional[str]
     arguments: Dict[str, Any]
     error: Optional[str] = None
@@ -48,7 +49,7 @@ def answer_part(text: str) -> str:
 def call_from_object(obj: Any, example: str, arguments_key: str = "arguments") -> ToolCall:
     """A ToolCall from a decoded JSON object {"name": ..., "<arguments_key>": {...}}, or one that says what is wrong."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return ToolCall(None, {}, f"the tool call has no \"name\" string. Write calls as {example}")
+        return ToolCall(None, {}, f'the tool call has no "name" string. Write calls as {example}')
     arguments = obj.get(arguments_key, obj.get("arguments", obj.get("parameters", {})))
     if isinstance(arguments, str):  # some models emit the arguments as a JSON string (OpenAI's wire format)
         try:
@@ -56,8 +57,11 @@ def call_from_object(obj: Any, example: str, arguments_key: str = "arguments") -
         except json.JSONDecodeError:
             pass
     if not isinstance(arguments, dict):
-        return ToolCall(obj["name"], {}, f"the \"{arguments_key}\" of {obj['name']!r} must be a JSON object, got "
-                                         f"{json.dumps(arguments)}.")
+        return ToolCall(
+            obj["name"],
+            {},
+            f'the "{arguments_key}" of {obj["name"]!r} must be a JSON object, got {json.dumps(arguments)}.',
+        )
     return ToolCall(obj["name"], arguments)
 
 
@@ -73,6 +77,7 @@ class ToolCallFormat:
     """A family's way of writing calls: `parse(text)` reads every call of a sampled turn in order (never raises),
     `content(text)` is the turn without its calls (what reward functions see as the message's content). `prefix`:
     the text before the turn (the prompt and earlier turns), which a template-driven parser needs."""
+
     name = "base"
     example = ""
     needs_prefix = False
@@ -95,8 +100,9 @@ class HermesFormat(ToolCallFormat):
         for match in self.BLOCK.finditer(answer_part(text)):
             body, closed = match.group(1).strip(), bool(match.group(2))
             if not closed:
-                calls.append(ToolCall(None, {}, f"<tool_call> without a closing </tool_call>. Write calls as "
-                                                f"{self.example}"))
+                calls.append(
+                    ToolCall(None, {}, f"<tool_call> without a closing </tool_call>. Write calls as {self.example}")
+                )
                 continue
             calls.append(_json_call(body, self.example))
         return calls
@@ -108,6 +114,7 @@ class HermesFormat(ToolCallFormat):
 class Llama3Format(ToolCallFormat):
     """Llama 3.x's JSON tool calls: the reply is the call(s), nothing else (a reply that does not start with '{'
     after <|python_tag|> is plain text: no call)."""
+
     name = "llama3"
     example = '{"name": <function-name>, "parameters": <args-json-object>}'
     TAG = "<|python_tag|>"
@@ -118,7 +125,7 @@ class Llama3Format(ToolCallFormat):
             answer = answer.replace(end, "")
         answer = answer.strip()
         if answer.startswith(self.TAG):
-            answer = answer[len(self.TAG):].strip()
+            answer = answer[len(self.TAG) :].strip()
         return answer if answer.startswith("{") else None
 
     def parse(self, text, prefix=""):
@@ -130,8 +137,9 @@ class Llama3Format(ToolCallFormat):
             try:
                 obj, end = decoder.raw_decode(body, i)
             except json.JSONDecodeError as e:
-                calls.append(ToolCall(None, {}, f"the tool call is not valid JSON ({e}). Write calls as "
-                                                f"{self.example}"))
+                calls.append(
+                    ToolCall(None, {}, f"the tool call is not valid JSON ({e}). Write calls as {self.example}")
+                )
                 break
             calls.append(call_from_object(obj, self.example, arguments_key="parameters"))
             i = end
@@ -155,16 +163,17 @@ class MistralFormat(ToolCallFormat):
         calls = []
         for part in answer.split(self.MARK)[1:]:
             part = part.strip()
-            if part.startswith("["):   # v3: a JSON list of calls
+            if part.startswith("["):  # v3: a JSON list of calls
                 try:
                     objs, _ = json.JSONDecoder().raw_decode(part)
                 except json.JSONDecodeError as e:
-                    calls.append(ToolCall(None, {}, f"the tool calls are not valid JSON ({e}). Write calls as "
-                                                    f"{self.example}"))
+                    calls.append(
+                        ToolCall(None, {}, f"the tool calls are not valid JSON ({e}). Write calls as {self.example}")
+                    )
                     continue
                 objs = objs if isinstance(objs, list) else [objs]
                 calls += [call_from_object(obj, self.example) for obj in objs]
-            elif "[ARGS]" in part:     # v11+: name[ARGS]{...}
+            elif "[ARGS]" in part:  # v11+: name[ARGS]{...}
                 name, _, args = part.partition("[ARGS]")
                 try:
                     arguments, _ = json.JSONDecoder().raw_decode(args.strip())
@@ -182,6 +191,7 @@ class MistralFormat(ToolCallFormat):
 
 class TransformersFormat(ToolCallFormat):
     """The tokenizer's own parser (transformers' `parse_response`, driven by its `response_template`)."""
+
     name = "transformers"
     example = "the format the chat template shows"
     needs_prefix = True
@@ -199,8 +209,11 @@ class TransformersFormat(ToolCallFormat):
     def parse(self, text, prefix=""):
         message, error = self._message(text, prefix)
         if message is None:
-            return [ToolCall(None, {}, f"the reply could not be parsed ({error or 'no message'}).")] \
-                if "{" in answer_part(text) else []
+            return (
+                [ToolCall(None, {}, f"the reply could not be parsed ({error or 'no message'}).")]
+                if "{" in answer_part(text)
+                else []
+            )
         calls = []
         for call in message.get("tool_calls") or []:
             fn = call.get("function", call) if isinstance(call, dict) else None
@@ -213,8 +226,11 @@ class TransformersFormat(ToolCallFormat):
 
 
 FORMATS: Dict[str, Callable[[Any], ToolCallFormat]] = {
-    "hermes": lambda tok: HermesFormat(), "llama3": lambda tok: Llama3Format(),
-    "mistral": lambda tok: MistralFormat(), "transformers": TransformersFormat}
+    "hermes": lambda tok: HermesFormat(),
+    "llama3": lambda tok: Llama3Format(),
+    "mistral": lambda tok: MistralFormat(),
+    "transformers": TransformersFormat,
+}
 
 
 def _template_text(tokenizer) -> str:

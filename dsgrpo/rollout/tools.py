@@ -51,11 +51,14 @@ def tool_schemas(tools: Sequence[Callable]) -> List[dict]:
                 '        """Evaluate an arithmetic expression.\n\n'
                 "        Args:\n"
                 '            expression: The expression, e.g. "2 + 3".\n'
-                '        """') from e
+                '        """'
+            ) from e
         name = schema["function"]["name"]
         if name in seen:
-            raise ValueError(f"two tools are named {name!r}; the model calls tools by name, so names must be unique. "
-                             "Rename one of them.")
+            raise ValueError(
+                f"two tools are named {name!r}; the model calls tools by name, so names must be unique. "
+                "Rename one of them."
+            )
         seen.add(name)
         schemas.append(schema)
     return schemas
@@ -78,15 +81,16 @@ class ToolStats:
     stats.weights())`): calls per completion weighted by completions, failures per call weighted by calls; and
     per episode (a completion: all its turns) the calls that could not be parsed, that raised in the tool or its
     environment, that timed out, and the sampled turns; the seconds a tool call took, weighted by calls."""
+
     completions: int = 0
     calls: int = 0
-    failures: int = 0   # calls that could not be parsed, named an unknown tool, raised or timed out
+    failures: int = 0  # calls that could not be parsed, named an unknown tool, raised or timed out
     parse_failures: int = 0
-    errors: int = 0     # calls whose tool (an environment's method) raised
+    errors: int = 0  # calls whose tool (an environment's method) raised
     timeouts: int = 0
     turns: int = 0
     tool_ms: int = 0
-    rewrites: int = 0   # agent episodes whose history was rewritten (rollout/agents.py): split where it was
+    rewrites: int = 0  # agent episodes whose history was rewritten (rollout/agents.py): split where it was
 
     @classmethod
     def of(cls, rollout: Rollout) -> "ToolStats":
@@ -94,19 +98,23 @@ class ToolStats:
         one cut from groups generated in the background."""
         totals = [0] * len(COUNTS)
         for row in rollout.tool_counts or []:
-            for k, v in enumerate(row[:len(COUNTS)]):
+            for k, v in enumerate(row[: len(COUNTS)]):
                 totals[k] += v
         return cls(len(rollout), *totals)
 
     def metrics(self) -> Dict[str, float]:
         episodes = max(self.completions, 1)
-        return {"tools/call_frequency": self.calls / episodes,
-                "tools/failure_frequency": self.failures / max(self.calls, 1),
-                "tools/calls_per_episode": self.calls / episodes,
-                "tools/parse_failures": self.parse_failures / episodes,
-                "env/errors": self.errors / episodes, "env/timeouts": self.timeouts / episodes,
-                "env/step_s": self.tool_ms / 1000 / max(self.calls, 1), "episode/turns": self.turns / episodes,
-                "episode/rewritten": self.rewrites / episodes}
+        return {
+            "tools/call_frequency": self.calls / episodes,
+            "tools/failure_frequency": self.failures / max(self.calls, 1),
+            "tools/calls_per_episode": self.calls / episodes,
+            "tools/parse_failures": self.parse_failures / episodes,
+            "env/errors": self.errors / episodes,
+            "env/timeouts": self.timeouts / episodes,
+            "env/step_s": self.tool_ms / 1000 / max(self.calls, 1),
+            "episode/turns": self.turns / episodes,
+            "episode/rewritten": self.rewrites / episodes,
+        }
 
     def weights(self) -> Dict[str, float]:
         per_call = ("tools/failure_frequency", "env/step_s")
@@ -141,7 +149,11 @@ class ToolRunner:
             return f"Error: {call.error}", "parse", 0.0
         fn = self.tools.get(call.name)
         if fn is None:
-            return f"Error: unknown tool {call.name!r}. Available tools: {', '.join(sorted(self.tools))}.", "unknown", 0.0
+            return (
+                f"Error: unknown tool {call.name!r}. Available tools: {', '.join(sorted(self.tools))}.",
+                "unknown",
+                0.0,
+            )
         outcome: Dict[str, Any] = {}
 
         def target():
@@ -180,8 +192,9 @@ def assistant_message(text: str, call_format: Optional[ToolCallFormat] = None, p
     message = {"role": "assistant", "content": call_format.content(text, prefix)}
     calls = [c for c in call_format.parse(text, prefix) if c.error is None]
     if calls:
-        message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                 for c in calls]
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
     return message
 
 
@@ -190,14 +203,18 @@ def assistant_message(text: str, call_format: Optional[ToolCallFormat] = None, p
 _REPLY_MARKER = "DSGRPOREPLYMARKER"
 
 
-def tool_result_ids(tokenizer, results: Sequence[Tuple[Optional[str], str]],
-                    chat_template_kwargs: Optional[dict] = None) -> List[int]:
+def tool_result_ids(
+    tokenizer, results: Sequence[Tuple[Optional[str], str]], chat_template_kwargs: Optional[dict] = None
+) -> List[int]:
     """Tokens that follow an assistant reply that made tool calls: the end of that turn, the tool turn holding
     each (tool name, result text) and the header of the next assistant turn, as the tokenizer's chat template
     renders them (ChatML: `<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n
     <|im_start|>assistant\\n`)."""
-    return ids_after_reply(tokenizer, [{"role": "tool", "name": name or "unknown", "content": text}
-                                       for name, text in results], chat_template_kwargs)
+    return ids_after_reply(
+        tokenizer,
+        [{"role": "tool", "name": name or "unknown", "content": text} for name, text in results],
+        chat_template_kwargs,
+    )
 
 
 def ids_after_reply(tokenizer, messages: Sequence[dict], chat_template_kwargs: Optional[dict] = None) -> List[int]:
@@ -205,13 +222,16 @@ def ids_after_reply(tokenizer, messages: Sequence[dict], chat_template_kwargs: O
     the end of that turn, the messages and the header of the next assistant turn, as the chat template renders
     them."""
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _REPLY_MARKER}, *messages]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         **(chat_template_kwargs or {}))
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+    )
     if text.count(_REPLY_MARKER) != 1:
-        raise ValueError("the chat template does not render an assistant message's content verbatim, so the tool "
-                         "turn that follows a reply cannot be cut out of it. Use a chat template that renders "
-                         "assistant content as is (Qwen2.5 / ChatML style).")
-    suffix = text[text.index(_REPLY_MARKER) + len(_REPLY_MARKER):]
+        raise ValueError(
+            "the chat template does not render an assistant message's content verbatim, so the tool "
+            "turn that follows a reply cannot be cut out of it. Use a chat template that renders "
+            "assistant content as is (Qwen2.5 / ChatML style)."
+        )
+    suffix = text[text.index(_REPLY_MARKER) + len(_REPLY_MARKER) :]
     # templates write their own special tokens, so no BOS/EOS is added here
     return tokenizer(suffix, add_special_tokens=False)["input_ids"]
 
@@ -221,18 +241,19 @@ class Episode:
     """One completion being built: sampled segments and tool turns, in order. Defaults on every field so that a
     completion that keeps more state (partial rollouts' `partial.Completion`, which continues across rounds) can be
     one."""
+
     prompt: List[int] = field(default_factory=list)
     tokens: List[int] = field(default_factory=list)
     logprobs: List[float] = field(default_factory=list)
     mask: List[int] = field(default_factory=list)
     truncated: bool = False
-    turn_start: int = 0   # where the latest sampled segment begins: only its tool calls are still unanswered
+    turn_start: int = 0  # where the latest sampled segment begins: only its tool calls are still unanswered
     calls: int = 0
     failures: int = 0
     counts: Dict[str, float] = field(default_factory=dict)  # parse failures, errors, timeouts, tool seconds
     turns: int = 1
     messages: List[dict] = field(default_factory=list)  # the conversation so far, for the reward functions
-    routes: Any = None    # a MoE sampler's experts of prompt + tokens so far ([tokens, layers, k]; see take_routes)
+    routes: Any = None  # a MoE sampler's experts of prompt + tokens so far ([tokens, layers, k]; see take_routes)
 
     def append(self, ids: List[int], logprobs: Optional[List[float]] = None) -> None:
         """Sampled tokens with their log-probs, or (logprobs None) inserted tokens outside the loss."""
@@ -252,16 +273,16 @@ class Episode:
             self.routes = routes if self.routes is None and not self.tokens else None
             return
         merged = routes.clone()
-        old = self.routes[:len(merged)]
+        old = self.routes[: len(merged)]
         known = (old >= 0).all(dim=-1)
-        merged[:len(old)][known] = old[known]
+        merged[: len(old)][known] = old[known]
         self.routes = merged
 
     def close_turn(self, tokenizer, call_format: ToolCallFormat) -> None:
         """The latest sampled segment becomes an assistant message of the conversation."""
         # decoded whole: some families' call markers are special tokens (Mistral's [TOOL_CALLS], Llama's
         # <|python_tag|>); the special tokens left in the content (its end of turn) are then dropped
-        text = tokenizer.decode(self.tokens[self.turn_start:], skip_special_tokens=False)
+        text = tokenizer.decode(self.tokens[self.turn_start :], skip_special_tokens=False)
         message = assistant_message(text, call_format, self.prefix(tokenizer, call_format))
         for token in tokenizer.all_special_tokens:
             message["content"] = message["content"].replace(token, "")
@@ -270,24 +291,32 @@ class Episode:
 
     def close_last_turn(self, tokenizer, call_format: ToolCallFormat) -> None:
         """The episode ended: its last sampled turn (or its only one) joins the conversation."""
-        if self.tokens[self.turn_start:] or not self.messages:
+        if self.tokens[self.turn_start :] or not self.messages:
             self.close_turn(tokenizer, call_format)
 
     def prefix(self, tokenizer, call_format: ToolCallFormat) -> str:
         """What came before the latest turn, for parsers that read it (the tokenizer's own: tool_formats.py)."""
         if not call_format.needs_prefix:
             return ""
-        return tokenizer.decode(self.prompt + self.tokens[:self.turn_start], skip_special_tokens=False)
+        return tokenizer.decode(self.prompt + self.tokens[: self.turn_start], skip_special_tokens=False)
 
-    def answer_calls(self, runner: "ToolRunner", tokenizer, call_format: ToolCallFormat, limit: int,
-                     chat_template_kwargs: Optional[dict] = None) -> bool:
+    def answer_calls(
+        self,
+        runner: "ToolRunner",
+        tokenizer,
+        call_format: ToolCallFormat,
+        limit: int,
+        chat_template_kwargs: Optional[dict] = None,
+    ) -> bool:
         """Run the tool calls of the latest sampled turn and append the tool turn (outside the loss). True when a
         continuation is to be sampled; False when the turn made no call, or the tool turn left no room under
         `limit` tokens (it is then cut and the episode truncated)."""
         if self.truncated:
             return False
-        calls = call_format.parse(tokenizer.decode(self.tokens[self.turn_start:], skip_special_tokens=False),
-                                  self.prefix(tokenizer, call_format))
+        calls = call_format.parse(
+            tokenizer.decode(self.tokens[self.turn_start :], skip_special_tokens=False),
+            self.prefix(tokenizer, call_format),
+        )
         if not calls:
             return False
         outcomes = [runner.call(call) for call in calls]
@@ -297,26 +326,35 @@ class Episode:
         for _, kind, seconds in outcomes:
             self.counts[kind] = self.counts.get(kind, 0) + 1
             self.counts["seconds"] = self.counts.get("seconds", 0.0) + seconds
-        turn = tool_result_ids(tokenizer, [(c.name, text) for c, (text, _) in zip(calls, results)],
-                               chat_template_kwargs)
+        turn = tool_result_ids(
+            tokenizer, [(c.name, text) for c, (text, _) in zip(calls, results)], chat_template_kwargs
+        )
         if self.tokens and turn and self.tokens[-1] == turn[0] and turn[0] in set(tokenizer.all_special_ids):
-            turn = turn[1:]   # the model already sampled the end-of-turn token (its eos) the template starts with
+            turn = turn[1:]  # the model already sampled the end-of-turn token (its eos) the template starts with
         self.close_turn(tokenizer, call_format)
         self.append(turn)
         self.turn_start = len(self.tokens)
-        if len(self.tokens) >= limit:   # no room left to answer: the tool turn is cut, not part of the conversation
+        if len(self.tokens) >= limit:  # no room left to answer: the tool turn is cut, not part of the conversation
             self.cut(limit)
             self.truncated = True
             return False
-        self.messages += [{"role": "tool", "name": c.name or "unknown", "content": text}
-                          for c, (text, _) in zip(calls, results)]
+        self.messages += [
+            {"role": "tool", "name": c.name or "unknown", "content": text} for c, (text, _) in zip(calls, results)
+        ]
         return True
 
     def tool_counts(self) -> List[int]:
         """The episode's row of Rollout.tool_counts, in COUNTS' order."""
         c = self.counts
-        return [self.calls, self.failures, int(c.get("parse", 0)), int(c.get("raised", 0)), int(c.get("timeout", 0)),
-                self.turns, int(round(c.get("seconds", 0.0) * 1000))]
+        return [
+            self.calls,
+            self.failures,
+            int(c.get("parse", 0)),
+            int(c.get("raised", 0)),
+            int(c.get("timeout", 0)),
+            self.turns,
+            int(round(c.get("seconds", 0.0) * 1000)),
+        ]
 
     def restart_turns(self) -> None:
         """Forget everything sampled and answered (the prompt stays)."""
@@ -329,14 +367,23 @@ class SegmentTurns:
     `open` an episode for a dataset row, `after_segment` when one of its sampled segments ends (its calls are
     answered and a continuation is due, or the episode is over). `stateful`: episodes act on environments, which a
     checkpoint cannot hold (a resumed run re-runs them from reset)."""
+
     stateful = False
 
-    def __init__(self, prompts, tokenizer, call_format: ToolCallFormat, max_iterations: Optional[int],
-                 runner: Optional["ToolRunner"] = None, chat_template_kwargs: Optional[dict] = None):
+    def __init__(
+        self,
+        prompts,
+        tokenizer,
+        call_format: ToolCallFormat,
+        max_iterations: Optional[int],
+        runner: Optional["ToolRunner"] = None,
+        chat_template_kwargs: Optional[dict] = None,
+    ):
         self.prompts, self.tokenizer, self.call_format = prompts, tokenizer, call_format or HERMES
         self.max_iterations, self.runner = max_iterations, runner
-        self.chat_template_kwargs = chat_template_kwargs if chat_template_kwargs is not None \
-            else prompts.chat_template_kwargs
+        self.chat_template_kwargs = (
+            chat_template_kwargs if chat_template_kwargs is not None else prompts.chat_template_kwargs
+        )
 
     def open(self, index: int, instance: Any = None) -> Tuple[List[int], "ToolRunner", Any]:
         """(prompt ids, the runner its calls go to, its environment or None) of a new episode of dataset row
@@ -347,8 +394,9 @@ class SegmentTurns:
         """A sampled segment ended (its own stop or max tokens, not a round's cut). True when the episode goes on:
         its calls were answered and a continuation is to be sampled; else its last turn is closed."""
         answered = episode.turns - 1
-        if (self.max_iterations is None or answered < self.max_iterations) and \
-                episode.answer_calls(runner, self.tokenizer, self.call_format, limit, self.chat_template_kwargs):
+        if (self.max_iterations is None or answered < self.max_iterations) and episode.answer_calls(
+            runner, self.tokenizer, self.call_format, limit, self.chat_template_kwargs
+        ):
             episode.turns += 1
             return True
         episode.close_last_turn(self.tokenizer, self.call_format)
@@ -365,17 +413,24 @@ def _routes_of(row: Episode):
     routes = row.routes[:n]
     if len(routes) < n:
         routes = routes.new_full((n, *routes.shape[1:]), -1)
-        routes[:len(row.routes)] = row.routes
+        routes[: len(row.routes)] = row.routes
     return routes
 
 
-def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]], counts: List[int],
-                   sampling: SamplingConfig, seeds: Optional[List[int]],
-                   runner: Union[ToolRunner, Sequence[ToolRunner]],
-                   max_tool_calling_iterations: Optional[int], *,
-                   chat_template_kwargs: Optional[dict] = None,
-                   call_format: Optional[ToolCallFormat] = None,
-                   lockstep: Optional[Callable[[bool], bool]] = None) -> Tuple[Rollout, ToolStats]:
+def run_tool_turns(
+    generator: Generator,
+    tokenizer,
+    prompt_ids: List[List[int]],
+    counts: List[int],
+    sampling: SamplingConfig,
+    seeds: Optional[List[int]],
+    runner: Union[ToolRunner, Sequence[ToolRunner]],
+    max_tool_calling_iterations: Optional[int],
+    *,
+    chat_template_kwargs: Optional[dict] = None,
+    call_format: Optional[ToolCallFormat] = None,
+    lockstep: Optional[Callable[[bool], bool]] = None,
+) -> Tuple[Rollout, ToolStats]:
     """Generate counts[j] completions for prompt j (as `generator.generate`), answering tool calls.
 
     Each iteration takes the completions whose latest turn ended (not truncated) with tool calls, runs the calls,
@@ -392,8 +447,9 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
     Returns the Rollout (rows prompt by prompt as in `generate`, with `tool_mask`) and this call's ToolStats.
     Continuations are seeded from (seeds[j], iteration, position in the group), so a rerun samples the same."""
     if max_tool_calling_iterations is not None and max_tool_calling_iterations < 0:
-        raise ValueError(f"max_tool_calling_iterations={max_tool_calling_iterations}: use a count >= 0, or None "
-                         "for no limit.")
+        raise ValueError(
+            f"max_tool_calling_iterations={max_tool_calling_iterations}: use a count >= 0, or None for no limit."
+        )
     call_format = call_format or HERMES
     first = generator.generate(prompt_ids, counts, sampling, seeds=seeds)
     runners = [runner] * len(first) if isinstance(runner, ToolRunner) else list(runner)
@@ -408,35 +464,48 @@ def run_tool_turns(generator: Generator, tokenizer, prompt_ids: List[List[int]],
     limit = sampling.max_tokens
     candidates = list(range(len(rows)))
     iteration = 0
-    while (candidates or lockstep) and (max_tool_calling_iterations is None or
-                                        iteration < max_tool_calling_iterations):
+    while (candidates or lockstep) and (max_tool_calling_iterations is None or iteration < max_tool_calling_iterations):
         iteration += 1
         # ---- run the calls of every completion whose latest turn made some; append the tool turns
-        continuing = [i for i in candidates
-                      if rows[i].answer_calls(runners[i], tokenizer, call_format, limit, chat_template_kwargs)]
+        continuing = [
+            i
+            for i in candidates
+            if rows[i].answer_calls(runners[i], tokenizer, call_format, limit, chat_template_kwargs)
+        ]
         if not (lockstep(bool(continuing)) if lockstep else continuing):
             break
         # ---- one continuation each, in one call. The call's max_tokens is the largest room left; each row is then
         # cut to its own room (sampling stops at max_tokens, so the kept tokens are what a shorter limit samples;
         # a row whose prompt + max_tokens passes vLLM's max_model_len just stops there, past its own cut)
         room = [limit - len(rows[i].tokens) for i in continuing]
-        cont_seeds = None if seeds is None else [round_seed(seeds[origin[i][0]], iteration, origin[i][1])
-                                                 for i in continuing]
-        more = generator.generate([rows[i].prompt + rows[i].tokens for i in continuing], [1] * len(continuing),
-                                  replace(sampling, max_tokens=max(room, default=1)), seeds=cont_seeds)
+        cont_seeds = (
+            None if seeds is None else [round_seed(seeds[origin[i][0]], iteration, origin[i][1]) for i in continuing]
+        )
+        more = generator.generate(
+            [rows[i].prompt + rows[i].tokens for i in continuing],
+            [1] * len(continuing),
+            replace(sampling, max_tokens=max(room, default=1)),
+            seeds=cont_seeds,
+        )
         for n, i in enumerate(continuing):
             row, ids, logprobs = rows[i], list(more.completion_ids[n]), list(more.sampler_logprobs[n])
             row.take_routes(None if more.routes is None else more.routes[n])
             row.turn_start = len(row.tokens)
             row.truncated = more.truncated[n] or len(ids) > room[n]
-            row.append(ids[:room[n]], logprobs[:room[n]])
+            row.append(ids[: room[n]], logprobs[: room[n]])
             row.turns += 1
         candidates = continuing
     for row in rows:
         row.close_last_turn(tokenizer, call_format)
-    rollout = Rollout([r.prompt for r in rows], [r.tokens for r in rows], [r.logprobs for r in rows],
-                      [r.truncated for r in rows], tool_mask=[r.mask for r in rows], messages=[r.messages for r in rows],
-                      tool_counts=[r.tool_counts() for r in rows])
+    rollout = Rollout(
+        [r.prompt for r in rows],
+        [r.tokens for r in rows],
+        [r.logprobs for r in rows],
+        [r.truncated for r in rows],
+        tool_mask=[r.mask for r in rows],
+        messages=[r.messages for r in rows],
+        tool_counts=[r.tool_counts() for r in rows],
+    )
     if rows and all(r.routes is not None for r in rows):
         rollout.routes = [_routes_of(r) for r in rows]
     return rollout, ToolStats.of(rollout)

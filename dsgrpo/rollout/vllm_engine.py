@@ -40,8 +40,12 @@ def enforce_eager(args, total_steps: Optional[int]) -> bool:
         return False
     if not total_steps:
         return True
-    rounds = total_steps * args.gradient_accumulation_steps / max(1, args.resolved_steps_per_generation(
-        dist.world_size())) / max(1, args.num_iterations)
+    rounds = (
+        total_steps
+        * args.gradient_accumulation_steps
+        / max(1, args.resolved_steps_per_generation(dist.world_size()))
+        / max(1, args.num_iterations)
+    )
     return rounds * args.max_completion_length < CPU_COMPILE_MIN_DECODE_STEPS
 
 
@@ -52,7 +56,7 @@ class VLLMGenerator(Generator):
 
     def __init__(self, model_path: str, args, *, dtype: torch.dtype, total_steps: Optional[int] = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # keep the engine in this process
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")       # its INFO lines would print every sync
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would print every sync
         from vllm import LLM
 
         compat.quiet_vllm_rotary_reload_warning()
@@ -60,14 +64,19 @@ class VLLMGenerator(Generator):
             compat.unique_cpu_shm_names()
             compat.eager_token_ranks_on_cpu()  # no inductor compile in the first round (2-3.5 s)
 
-        kwargs = dict(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
-                      # engines must sample different completions; the ranks of one tensor-parallel engine the same
-                      seed=args.seed + dist.tensor_parallel_index(),
-                      max_model_len=args.vllm_max_model_length or _default_max_model_len(args),
-                      logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
-                      trust_remote_code=args.trust_remote_code, model_impl=args.vllm_model_impl,
-                      enable_sleep_mode=args.vllm_enable_sleep_mode and device.on_gpu(),
-                      tensor_parallel_size=args.vllm_tensor_parallel_size)
+        kwargs = dict(
+            model=model_path,
+            tokenizer=model_path,
+            dtype=str(dtype).replace("torch.", ""),
+            # engines must sample different completions; the ranks of one tensor-parallel engine the same
+            seed=args.seed + dist.tensor_parallel_index(),
+            max_model_len=args.vllm_max_model_length or _default_max_model_len(args),
+            logprobs_mode="processed_logprobs",  # log-probs after temperature, as the trainer computes them
+            trust_remote_code=args.trust_remote_code,
+            model_impl=args.vllm_model_impl,
+            enable_sleep_mode=args.vllm_enable_sleep_mode and device.on_gpu(),
+            tensor_parallel_size=args.vllm_tensor_parallel_size,
+        )
         if dist.world_size() > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
         if device.on_gpu():
@@ -96,15 +105,23 @@ class VLLMGenerator(Generator):
     def needs_weight_sync(self) -> bool:
         return True
 
-    def generate(self, prompt_ids: List[List[int]], counts: List[int], sampling: SamplingConfig,
-                 seeds: Optional[List[int]] = None) -> Rollout:
+    def generate(
+        self,
+        prompt_ids: List[List[int]],
+        counts: List[int],
+        sampling: SamplingConfig,
+        seeds: Optional[List[int]] = None,
+    ) -> Rollout:
 
         self.sleep.before_generate()
         seeds = seeds or [None] * len(counts)
         params = [self._params(sampling, n, seed, sampling.max_tokens) for n, seed in zip(counts, seeds)]
         todo = [(ids, p) for ids, p in zip(prompt_ids, params) if p.n > 0]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in todo], [p for _, p in todo],
-                                    use_tqdm=False) if todo else []
+        outputs = (
+            self.llm.generate([{"prompt_token_ids": ids} for ids, _ in todo], [p for _, p in todo], use_tqdm=False)
+            if todo
+            else []
+        )
         rollout = Rollout([], [], [], [], routes=[] if self.routes else None)
         rollout.weight_versions = versions = []
         for (ids, _), request in zip(todo, outputs):
@@ -112,14 +129,19 @@ class VLLMGenerator(Generator):
                 if self.routes:
                     routes = compat.vllm_routes(out, len(ids))
                     if routes is None:
-                        raise RuntimeError("routing_replay='rollout': vLLM returned no routed experts for a "
-                                           "completion (enable_return_routed_experts is set); set "
-                                           "routing_replay='off'.")
+                        raise RuntimeError(
+                            "routing_replay='rollout': vLLM returned no routed experts for a "
+                            "completion (enable_return_routed_experts is set); set "
+                            "routing_replay='off'."
+                        )
                     rollout.routes.append(routes)
                 tokens = list(out.token_ids)
                 labels = compat.vllm_token_versions(out, len(tokens))
-                versions.append([self.weight_version] * len(tokens) if labels is None else
-                                [int(v) if v is not None and str(v).isdigit() else self.weight_version for v in labels])
+                versions.append(
+                    [self.weight_version] * len(tokens)
+                    if labels is None
+                    else [int(v) if v is not None and str(v).isdigit() else self.weight_version for v in labels]
+                )
                 rollout.prompt_ids.append(list(ids))
                 rollout.completion_ids.append(tokens)
                 rollout.sampler_logprobs.append([step[tok].logprob for step, tok in zip(out.logprobs, tokens)])
@@ -134,13 +156,23 @@ class VLLMGenerator(Generator):
         # the trainer reads token ids, never vLLM's text: detokenizing every step costs ~7% of a CPU decode step
         # (W2: 5.85 → 5.47 ms), but stop strings need the text
         extra.setdefault("detokenize", bool(extra.get("stop")))
-        return SamplingParams(n=n, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                              top_k=sampling.top_k or 0, min_p=sampling.min_p or 0.0,
-                              repetition_penalty=sampling.repetition_penalty, logprobs=0, seed=seed, **extra)
+        return SamplingParams(
+            n=n,
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k or 0,
+            min_p=sampling.min_p or 0.0,
+            repetition_penalty=sampling.repetition_penalty,
+            logprobs=0,
+            seed=seed,
+            **extra,
+        )
 
     # ---- one completion at a time, stepped by the caller (rollout/partial.py: partial rollouts)
-    def submit(self, request_id: str, prompt_ids: List[int], sampling: SamplingConfig, max_tokens: int,
-               seed: Optional[int]) -> None:
+    def submit(
+        self, request_id: str, prompt_ids: List[int], sampling: SamplingConfig, max_tokens: int, seed: Optional[int]
+    ) -> None:
         """Queue one completion of `prompt_ids` (at most `max_tokens` more tokens); `advance` samples it."""
         self.sleep.before_generate()
         compat.vllm_add_request(self.llm, request_id, prompt_ids, self._params(sampling, 1, seed, max_tokens))
@@ -169,6 +201,7 @@ class VLLMGenerator(Generator):
         def reload():
             compat.reload_vllm_weights(self.llm, named_tensors)
             self.llm.reset_prefix_cache()  # stale KV blocks from the old weights would be reused otherwise
+
         self.sleep.load(reload)
 
     def weights_not_held(self) -> set:
@@ -201,10 +234,13 @@ class VLLMGenerator(Generator):
             nonlocal received
             with phase("sync/load"):
                 if self.native_weights:
+
                     def loaded(seconds):
                         stats.load_s += seconds
-                    received = compat.vllm_native_weight_update(self.llm, pairs(False), stats.version, checksum,
-                                                                on_group=loaded)
+
+                    received = compat.vllm_native_weight_update(
+                        self.llm, pairs(False), stats.version, checksum, on_group=loaded
+                    )
                     stats.path = "native"
                 else:
                     start = time.perf_counter()
@@ -214,6 +250,7 @@ class VLLMGenerator(Generator):
                 start = time.perf_counter()
                 self.llm.reset_prefix_cache()  # stale KV blocks from the old weights would be reused otherwise
                 stats.load_s += time.perf_counter() - start
+
         self.sleep.load(load)
         if str(stats.version).isdigit():
             self.weight_version = int(stats.version)
@@ -238,22 +275,33 @@ def vllm_sampling_kwargs(sampling: SamplingConfig) -> dict:
     return kwargs
 
 
-def join_engine_setup_without_engine(model_path: str, args, *, dtype: torch.dtype,
-                                     total_steps: Optional[int] = None) -> None:
+def join_engine_setup_without_engine(
+    model_path: str, args, *, dtype: torch.dtype, total_steps: Optional[int] = None
+) -> None:
     """Split placement, on a training rank: take part in the world-wide collectives the generating ranks' vLLM
     engines run while they start, without building an engine (compat.join_vllm_startup_collectives)."""
     from vllm.engine.arg_utils import EngineArgs
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    engine_args = EngineArgs(model=model_path, tokenizer=model_path, dtype=str(dtype).replace("torch.", ""),
-                             max_model_len=args.vllm_max_model_length or _default_max_model_len(args),
-                             trust_remote_code=args.trust_remote_code, model_impl=args.vllm_model_impl,
-                             distributed_executor_backend="external_launcher", tensor_parallel_size=1,
-                             enforce_eager=enforce_eager(args, total_steps),
-                             kv_cache_memory_bytes=args.vllm_kv_cache_bytes or default_kv_cache_bytes())
-    compat.join_vllm_startup_collectives(engine_args, world_size=dist.world_size(dist.EVERYONE),
-                                         rank=dist.rank(dist.EVERYONE), local_rank=dist.local_rank(),
-                                         backend=device.dist_backend())
+    engine_args = EngineArgs(
+        model=model_path,
+        tokenizer=model_path,
+        dtype=str(dtype).replace("torch.", ""),
+        max_model_len=args.vllm_max_model_length or _default_max_model_len(args),
+        trust_remote_code=args.trust_remote_code,
+        model_impl=args.vllm_model_impl,
+        distributed_executor_backend="external_launcher",
+        tensor_parallel_size=1,
+        enforce_eager=enforce_eager(args, total_steps),
+        kv_cache_memory_bytes=args.vllm_kv_cache_bytes or default_kv_cache_bytes(),
+    )
+    compat.join_vllm_startup_collectives(
+        engine_args,
+        world_size=dist.world_size(dist.EVERYONE),
+        rank=dist.rank(dist.EVERYONE),
+        local_rank=dist.local_rank(),
+        backend=device.dist_backend(),
+    )
 
 
 def _default_max_model_len(args) -> Optional[int]:

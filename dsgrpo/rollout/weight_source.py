@@ -113,8 +113,7 @@ class Zero3WeightSource:
         return out
 
     def total_bytes(self) -> int:
-        return sum(int(torch.Size(m.shape).numel()) * torch.empty((), dtype=m.dtype).element_size()
-                   for m in self._meta)
+        return sum(int(torch.Size(m.shape).numel()) * torch.empty((), dtype=m.dtype).element_size() for m in self._meta)
 
     # ---- one group
     def prepare(self, index: int) -> PreparedGroup:
@@ -143,15 +142,19 @@ class Zero3WeightSource:
                     names.append(name)
                     tensors.append(t)
         if names != self._names[index]:
-            raise RuntimeError(f"weight sync: group {index} produced {names[:4]}..., its metadata says "
-                               f"{self._names[index][:4]}...: the source's order is broken")
+            raise RuntimeError(
+                f"weight sync: group {index} produced {names[:4]}..., its metadata says "
+                f"{self._names[index][:4]}...: the source's order is broken"
+            )
         checksums = [compat.tensor_checksum(t) for t in tensors] if self.checksum else []
-        return PreparedGroup(index, names, tensors, gathered, gather_s, time.perf_counter() - start, checksums,
-                             borrowed=gathered.reused)
+        return PreparedGroup(
+            index, names, tensors, gathered, gather_s, time.perf_counter() - start, checksums, borrowed=gathered.reused
+        )
 
 
-def prefetched(source: Zero3WeightSource, ahead: bool, on_error: Callable[[BaseException], None] = None
-               ) -> Iterator[PreparedGroup]:
+def prefetched(
+    source: Zero3WeightSource, ahead: bool, on_error: Callable[[BaseException], None] = None
+) -> Iterator[PreparedGroup]:
     """Every group of `source`, prepared one ahead on a worker thread (with `ahead`): group g+1 is gathered and
     converted while the caller loads group g. The caller releases each group it is given. All of the sync's
     collectives happen on the worker thread (the caller issues none until this generator is exhausted)."""
@@ -179,6 +182,7 @@ def prefetched(source: Zero3WeightSource, ahead: bool, on_error: Callable[[BaseE
                 def release_and_free(release=release):
                     release()
                     in_flight.release()
+
                 group.release = release_and_free
                 handoff.put(group)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there

@@ -50,9 +50,11 @@ def check_against_checkpoint(module, model_path: str, tied_lm_head: bool) -> Non
     missing = sorted(set(on_disk) - set(sending))
     wrong = sorted(n for n in set(on_disk) & set(sending) if on_disk[n] != sending[n])
     if missing or wrong:
-        raise ValueError(f"Weight sync would not match the checkpoint vLLM loaded from {model_path}: "
-                         f"missing {missing[:5]}, shape mismatch {wrong[:5]}. The policy must be the same "
-                         "architecture as that checkpoint.")
+        raise ValueError(
+            f"Weight sync would not match the checkpoint vLLM loaded from {model_path}: "
+            f"missing {missing[:5]}, shape mismatch {wrong[:5]}. The policy must be the same "
+            "architecture as that checkpoint."
+        )
 
 
 class WeightSyncError(RuntimeError):
@@ -63,23 +65,36 @@ class WeightSyncError(RuntimeError):
 class SyncStats:
     """What one sync cost, by phase (seconds; gather and convert run on the prefetching thread, overlapped with the
     load of the previous group: `wait_s` is the part of them the load did not hide)."""
+
     version: str = "0"
-    gather_s: float = 0.0     # the groups' gathers (collective)
-    convert_s: float = 0.0    # LoRA merges, MoE splits, checksums
-    wire_s: float = 0.0       # moving the bytes to another process (server mode, split placement); 0 in-process
-    load_s: float = 0.0       # the engine taking them in (vLLM's load, its repack, the prefix-cache reset)
-    wait_s: float = 0.0       # the loading thread waiting for the next group
+    gather_s: float = 0.0  # the groups' gathers (collective)
+    convert_s: float = 0.0  # LoRA merges, MoE splits, checksums
+    wire_s: float = 0.0  # moving the bytes to another process (server mode, split placement); 0 in-process
+    load_s: float = 0.0  # the engine taking them in (vLLM's load, its repack, the prefix-cache reset)
+    wait_s: float = 0.0  # the loading thread waiting for the next group
     verify_s: float = 0.0
     total_s: float = 0.0
     bytes: int = 0
     groups: int = 0
     peak_extra_bytes: int = 0  # full weights held at once beyond the policy's own (per rank; the shared buffer once)
     gather: str = ""
-    path: str = ""             # how the engine took them in: native (vLLM's weight-transfer API), reload, stream
+    path: str = ""  # how the engine took them in: native (vLLM's weight-transfer API), reload, stream
 
     def metrics(self) -> Dict[str, float]:
-        out = {f"sync/{k}": float(getattr(self, k)) for k in ("gather_s", "convert_s", "wire_s", "load_s", "wait_s",
-                                                             "verify_s", "total_s", "bytes", "peak_extra_bytes")}
+        out = {
+            f"sync/{k}": float(getattr(self, k))
+            for k in (
+                "gather_s",
+                "convert_s",
+                "wire_s",
+                "load_s",
+                "wait_s",
+                "verify_s",
+                "total_s",
+                "bytes",
+                "peak_extra_bytes",
+            )
+        }
         memcpy = memcpy_seconds(self.bytes)
         if memcpy > 0 and self.total_s > 0:
             out["sync/x_memcpy"] = self.total_s / memcpy
@@ -146,29 +161,44 @@ class WeightSync:
             # a tmpfs too small for the buffer (a container's 64 MB /dev/shm) would kill a rank with SIGBUS mid-write
             fits = all(dist.all_gather_object(shm_free_bytes() >= need + (64 << 20)))
             if fits:
-                path = dist.broadcast_object(f"/dev/shm/dsgrpo-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                                             if dist.is_main() else None)
-                gather = SharedMemoryGather(probe.sharded_bytes(), int(args.weight_sync_bucket_bytes), dist.rank(),
-                                            world, path, create=dist.is_main(), barrier=self._barrier)
+                path = dist.broadcast_object(
+                    f"/dev/shm/dsgrpo-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}" if dist.is_main() else None
+                )
+                gather = SharedMemoryGather(
+                    probe.sharded_bytes(),
+                    int(args.weight_sync_bucket_bytes),
+                    dist.rank(),
+                    world,
+                    path,
+                    create=dist.is_main(),
+                    barrier=self._barrier,
+                )
             elif dist.is_main():
-                print(f"dsgrpo: note: /dev/shm has less than the {need >> 20} MiB the weight sync's shared buffer "
-                      "needs; gathering through DeepSpeed instead (slower on CPU). Enlarge /dev/shm (docker: "
-                      "--shm-size) to use it.", flush=True)
+                print(
+                    f"dsgrpo: note: /dev/shm has less than the {need >> 20} MiB the weight sync's shared buffer "
+                    "needs; gathering through DeepSpeed instead (slower on CPU). Enlarge /dev/shm (docker: "
+                    "--shm-size) to use it.",
+                    flush=True,
+                )
         self.gather = gather
         self.source = Zero3WeightSource(module, tied, gather, checksum=self.verify != "off")
         self.last: Optional[SyncStats] = None
 
     def _barrier(self, reason: str) -> None:
         from .. import dist
+
         try:
             dist.monitored_barrier(reason, self.side, self.timeout_s)
         except TimeoutError as exc:
             from .. import watchdog
+
             lost = watchdog.explain(exc)  # a peer that died mid-sync is named as any lost rank is
             if lost is not None:
                 raise lost from None
-            raise WeightSyncError(f"weight sync stalled on rank {dist.rank()} waiting until {exc} "
-                                  f"(weight_sync_timeout_s={self.timeout_s:g})") from None
+            raise WeightSyncError(
+                f"weight sync stalled on rank {dist.rank()} waiting until {exc} "
+                f"(weight_sync_timeout_s={self.timeout_s:g})"
+            ) from None
 
     def sync(self, generator, version: str) -> SyncStats:
         """Every training rank: the policy's weights into `generator`, labelled `version`."""
@@ -193,8 +223,11 @@ class WeightSync:
                 yield group
                 waited = time.perf_counter()
 
-        received = generator.load_weight_groups(counted(), stats) if generator.loads_weight_groups \
+        received = (
+            generator.load_weight_groups(counted(), stats)
+            if generator.loads_weight_groups
             else _load_flat(generator, counted(), stats)
+        )
         stats.peak_extra_bytes = GatherStats.peak_bytes
         if self.verify != "off" and received is not None:
             t = time.perf_counter()
@@ -217,12 +250,14 @@ def shm_free_bytes() -> int:
 def _load_flat(generator, groups, stats: SyncStats):
     """A generator without group loading: the tensors as one stream; the time it takes them is its load (or, for
     one that sends them on, its wire)."""
+
     def flat():
         for group in groups:
             try:  # a consumer may keep a tensor past its group: views of reused memory are copied first
                 yield from zip(group.names, [t.clone() for t in group.tensors] if group.borrowed else group.tensors)
             finally:
                 group.release()
+
     start = time.perf_counter()
     generator.load_weights(flat())
     spent = time.perf_counter() - start - stats.wait_s
@@ -237,13 +272,16 @@ def _load_flat(generator, groups, stats: SyncStats):
 def check_received(sent: list, received: list, version: str) -> None:
     """The engine's checksums of what it received against the trainer's of what it sent, tensor by tensor."""
     if len(received) != len(sent):
-        raise WeightSyncError(f"weight sync (version {version}): the engine received {len(received)} tensors, "
-                              f"{len(sent)} were sent")
+        raise WeightSyncError(
+            f"weight sync (version {version}): the engine received {len(received)} tensors, {len(sent)} were sent"
+        )
     for (name, mine), (their_name, theirs) in zip(sent, received):
         if name != their_name or not _same_checksum(mine, theirs):
-            raise WeightSyncError(f"weight sync (version {version}): {their_name} as the engine received it "
-                                  f"(sum, sum of squares, size {theirs}) differs from {name} as sent ({mine}): "
-                                  "the engine would sample from other weights than the policy's")
+            raise WeightSyncError(
+                f"weight sync (version {version}): {their_name} as the engine received it "
+                f"(sum, sum of squares, size {theirs}) differs from {name} as sent ({mine}): "
+                "the engine would sample from other weights than the policy's"
+            )
 
 
 def _same_checksum(a, b) -> bool:

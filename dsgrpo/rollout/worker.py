@@ -26,6 +26,7 @@ from .pool import ClaimCounter, Group, GroupPool, PromptStream
 
 class BackgroundThread:
     """The thread of a rollout worker (and of a tensor-parallel mirror): started once, by the main thread."""
+
     thread_name = "dsgrpo-rollout"
     rank: int
     _thread: Optional[threading.Thread] = None
@@ -44,20 +45,36 @@ class BackgroundThread:
 
 
 class RolloutWorker(BackgroundThread):
-    def __init__(self, *, sampler, prompts, stream: PromptStream, counter: ClaimCounter, pool: GroupPool,
-                 score: Optional[Callable], balanced: bool, chunk_groups: int, max_staleness: int, drop_zero_std: bool,
-                 reward_weights, rank: int, version: int, slot: Optional[int] = None, link=None):
+    def __init__(
+        self,
+        *,
+        sampler,
+        prompts,
+        stream: PromptStream,
+        counter: ClaimCounter,
+        pool: GroupPool,
+        score: Optional[Callable],
+        balanced: bool,
+        chunk_groups: int,
+        max_staleness: int,
+        drop_zero_std: bool,
+        reward_weights,
+        rank: int,
+        version: int,
+        slot: Optional[int] = None,
+        link=None,
+    ):
         self.sampler, self.prompts, self.stream, self.counter, self.pool = sampler, prompts, stream, counter, pool
         self.score = score
         self.balanced, self.chunk, self.max_staleness = balanced, chunk_groups, max_staleness
         self.drop_zero_std, self.reward_weights, self.rank = drop_zero_std, reward_weights, rank
         self.slot = rank if slot is None else slot  # this rank's index among the generating ranks
-        self.version = version              # weight syncs the engine has seen
-        self.link = link                    # tensor parallel: the engine's other ranks (tensor_parallel.MirrorLink)
+        self.version = version  # weight syncs the engine has seen
+        self.link = link  # tensor parallel: the engine's other ranks (tensor_parallel.MirrorLink)
         self.completions_generated = 0
         self.zero_std_dropped = 0
-        self.error: Optional[str] = None     # the traceback, when the thread died
-        self._work = threading.Lock()        # held for a whole chunk: claim, generate, score, pool
+        self.error: Optional[str] = None  # the traceback, when the thread died
+        self._work = threading.Lock()  # held for a whole chunk: claim, generate, score, pool
         self._pause_requests = 0
         self._pause_lock = threading.Lock()
         self._stop = threading.Event()
@@ -88,8 +105,10 @@ class RolloutWorker(BackgroundThread):
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():  # a generate call that does not return: the daemon thread dies with us
-                print(f"[dsgrpo] rank {self.rank}: rollout worker still busy after {timeout:.0f} s; leaving it",
-                      flush=True)
+                print(
+                    f"[dsgrpo] rank {self.rank}: rollout worker still busy after {timeout:.0f} s; leaving it",
+                    flush=True,
+                )
 
     # ------------------------------------------------------------------------------------ the thread
     def _run(self) -> None:
@@ -124,8 +143,9 @@ class RolloutWorker(BackgroundThread):
         G = self.stream.G
         indices = [self.stream.prompt_index(p) for p in positions]
         version = self.version
-        rollout = self.sampler.sample(self.prompts, indices, [G] * len(positions),
-                                      [self.stream.sampling_seed(p) for p in positions])
+        rollout = self.sampler.sample(
+            self.prompts, indices, [G] * len(positions), [self.stream.sampling_seed(p) for p in positions]
+        )
         self._pool(positions, indices, rollout, [version] * len(positions))
 
     def _pool(self, positions: List[int], indices: List[int], rollout, versions: List[int]) -> None:
@@ -141,8 +161,16 @@ class RolloutWorker(BackgroundThread):
         for j, (position, index) in enumerate(zip(positions, indices)):
             if keep[j]:
                 rows = slice(j * G, (j + 1) * G)
-                groups.append(Group(position, index, versions[j], self.rank, rollout.rows(rows),
-                                    None if rewards is None else rewards[rows].clone()))
+                groups.append(
+                    Group(
+                        position,
+                        index,
+                        versions[j],
+                        self.rank,
+                        rollout.rows(rows),
+                        None if rewards is None else rewards[rows].clone(),
+                    )
+                )
         dropped = len(positions) - len(groups)
         if dropped:
             self.zero_std_dropped += dropped
@@ -161,11 +189,12 @@ class PartialRolloutWorker(RolloutWorker):
     def __init__(self, *, overprovision: int, **kw):
         super().__init__(**kw)
         from .partial import InFlight
+
         self.engine, self.sampling = self.sampler.generator, self.sampler.sampling
-        self.target = self.chunk + overprovision   # groups in flight
+        self.target = self.chunk + overprovision  # groups in flight
         self.inflight = InFlight(self.stream.G, self.sampling.max_tokens, turns=self.sampler.turns(self.prompts))
-        self.running: set = set()                  # request ids the engine holds
-        self.stopped = self.resampled = 0          # completions stopped by pauses; sampled again (over-stale)
+        self.running: set = set()  # request ids the engine holds
+        self.stopped = self.resampled = 0  # completions stopped by pauses; sampled again (over-stale)
 
     @contextmanager
     def paused(self):
@@ -200,12 +229,16 @@ class PartialRolloutWorker(RolloutWorker):
         """Claim up to the target, submit what is not running, one engine step, pool what completed. False when
         there was nothing to do."""
         from .partial import parse_request_id, segment_seed
+
         restarted, _ = self.inflight.restart_stale(self.version, self.max_staleness)
         self.resampled += restarted
         want = self.target - len(self.inflight)
-        for position in (self._claim_up_to(want) if want > 0 else []):
-            self.inflight.add(position, self.stream.prompt_index(position),
-                              segment_seed(self.stream.seed, position, self.stream.P, self.stream.G))
+        for position in self._claim_up_to(want) if want > 0 else []:
+            self.inflight.add(
+                position,
+                self.stream.prompt_index(position),
+                segment_seed(self.stream.seed, position, self.stream.P, self.stream.G),
+            )
         for rid, prefix, left, seed in self.inflight.requests(skip=self.running):
             position, member = parse_request_id(rid)
             prompt = self.inflight.prompt_of(position, member, self._prompt_ids)
@@ -221,8 +254,12 @@ class PartialRolloutWorker(RolloutWorker):
         done = self.inflight.take(len(self.inflight.complete()))
         if done:
             rollout = self.inflight.rollout(done, self._prompt_ids)
-            self._pool([g.position for g in done], [g.prompt_index for g in done], rollout,
-                       [min(min(c.versions or [self.version]) for c in g.members) for g in done])
+            self._pool(
+                [g.position for g in done],
+                [g.prompt_index for g in done],
+                rollout,
+                [min(min(c.versions or [self.version]) for c in g.members) for g in done],
+            )
         return True
 
     def _prompt_ids(self, index: int) -> List[int]:

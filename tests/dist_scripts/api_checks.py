@@ -15,8 +15,17 @@ from datasets import Dataset
 
 from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
 from api_checks_tools import TOOLS
-from recorder import (check_config, SHARDED_ZERO3, after_each_sync, calls_the_engine_sampled, digit_fraction,
-                      recorder, spy_batches, spy_engine, training_rows)
+from recorder import (
+    check_config,
+    SHARDED_ZERO3,
+    after_each_sync,
+    calls_the_engine_sampled,
+    digit_fraction,
+    recorder,
+    spy_batches,
+    spy_engine,
+    training_rows,
+)
 from dsgrpo.testing import Ledger, tiny_model
 
 OUT, TOOL_MODEL = sys.argv[1], sys.argv[2]
@@ -41,8 +50,9 @@ saw_tool_messages = []
 def tool_reward(prompts, completions, **kwargs):
     """1 when the completion (tool turns included) holds the right sum. Records, per completion, whether it came
     as TRL's message list and whether a tool result is in it."""
-    saw_tool_messages.extend((isinstance(c, list), isinstance(c, list) and any(m.get("role") == "tool" for m in c))
-                             for c in completions)
+    saw_tool_messages.extend(
+        (isinstance(c, list), isinstance(c, list) and any(m.get("role") == "tool" for m in c)) for c in completions
+    )
     return [1.0 if "5" in str(c) else 0.0 for c in completions]
 
 
@@ -57,9 +67,16 @@ def tool_rows(trainer, batches):
             mask = r.tool_mask[i] if r.tool_mask else [1] * len(r.completion_ids[i])
             inserted = [t for t, m in zip(r.completion_ids[i], mask) if m == 0]
             sampled_lp = [lp for lp, m in zip(r.sampler_logprobs[i], mask) if m == 0]
-            rows.append({"text": tok.decode(r.completion_ids[i]), "inserted": tok.decode(inserted),
-                         "n_inserted": len(inserted), "inserted_logprobs_zero": all(lp == 0.0 for lp in sampled_lp),
-                         "length": len(r.completion_ids[i]), "truncated": r.truncated[i]})
+            rows.append(
+                {
+                    "text": tok.decode(r.completion_ids[i]),
+                    "inserted": tok.decode(inserted),
+                    "n_inserted": len(inserted),
+                    "inserted_logprobs_zero": all(lp == 0.0 for lp in sampled_lp),
+                    "length": len(r.completion_ids[i]),
+                    "truncated": r.truncated[i],
+                }
+            )
         expected = [sum(r.tool_mask[i]) if r.tool_mask else len(r.completion_ids[i]) for i in range(len(r))]
         got = [s for mb in batch.micro for s in mb["completion_mask"].sum(1).tolist()]
         rows[-1]["mask_matches"] = got == expected
@@ -69,17 +86,31 @@ def tool_rows(trainer, batches):
 @check("tools")
 def _():
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(12)])
-    trainer = GRPOTrainer(TOOL_MODEL, tool_reward, train_dataset=data, tools=TOOLS, args=config(
-        "tools", max_completion_length=96, temperature=0.3, max_tool_calling_iterations=2, tool_timeout_s=0.5,
-        shuffle_dataset=False))
+    trainer = GRPOTrainer(
+        TOOL_MODEL,
+        tool_reward,
+        train_dataset=data,
+        tools=TOOLS,
+        args=config(
+            "tools",
+            max_completion_length=96,
+            temperature=0.3,
+            max_tool_calling_iterations=2,
+            tool_timeout_s=0.5,
+            shuffle_dataset=False,
+        ),
+    )
     KEEP.append(trainer)
     batches = spy_batches(trainer)
     start = time.perf_counter()
     trainer.train()
     tok = trainer.tokenizer
-    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches),
-            "seconds": time.perf_counter() - start,
-            "prompt_shows_tools": "<tools>" in tok.decode(trainer.train_prompts.prompt_ids[0])}
+    return {
+        "history": training_rows(trainer),
+        "rows": tool_rows(trainer, batches),
+        "seconds": time.perf_counter() - start,
+        "prompt_shows_tools": "<tools>" in tok.decode(trainer.train_prompts.prompt_ids[0]),
+    }
 
 
 # ------------------------------------------------------------------ 1b. environment_factory: the same tools, as an environment's methods
@@ -88,28 +119,48 @@ environments_seen = []
 
 def environment_reward(completions, environments, **kwargs):
     """Records what reward functions receive: one environment per completion, each its own instance."""
-    environments_seen.append([len(environments) == len(completions), len({id(e) for e in environments}) == len(completions)])
+    environments_seen.append(
+        [len(environments) == len(completions), len({id(e) for e in environments}) == len(completions)]
+    )
     return [0.0] * len(completions)
 
 
 @check("environments")
 def _():
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(12)])
-    trainer = GRPOTrainer(TOOL_MODEL, environment_reward, train_dataset=data, environment_factory=Ledger, args=config(
-        "environments", max_completion_length=96, temperature=0.3, max_tool_calling_iterations=2, tool_timeout_s=0.5,
-        shuffle_dataset=False))
+    trainer = GRPOTrainer(
+        TOOL_MODEL,
+        environment_reward,
+        train_dataset=data,
+        environment_factory=Ledger,
+        args=config(
+            "environments",
+            max_completion_length=96,
+            temperature=0.3,
+            max_tool_calling_iterations=2,
+            tool_timeout_s=0.5,
+            shuffle_dataset=False,
+        ),
+    )
     KEEP.append(trainer)
     batches = spy_batches(trainer)
     trainer.train()
     last = trainer.environments
     counts = batches[-1].rollout.tool_counts
-    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches),
-            "reward_names": trainer.reward_func_names, "weights": trainer.reward_weights.tolist(),
-            "instances": len(last), "distinct": len({id(e) for e in last}), "batch_rows": len(batches[-1].rollout),
-            "env_adds": sum(len(e.calls) for e in last), "answered_calls": sum(c[0] - c[1] for c in counts),
-            "env_prompts_match": [e.prompt for e in last] == [p[-1]["content"] for p in batches[-1].prompts],
-            "own_rewards": [float(e.total == 5) for e in last],
-            "seen": environments_seen}
+    return {
+        "history": training_rows(trainer),
+        "rows": tool_rows(trainer, batches),
+        "reward_names": trainer.reward_func_names,
+        "weights": trainer.reward_weights.tolist(),
+        "instances": len(last),
+        "distinct": len({id(e) for e in last}),
+        "batch_rows": len(batches[-1].rollout),
+        "env_adds": sum(len(e.calls) for e in last),
+        "answered_calls": sum(c[0] - c[1] for c in counts),
+        "env_prompts_match": [e.prompt for e in last] == [p[-1]["content"] for p in batches[-1].prompts],
+        "own_rewards": [float(e.total == 5) for e in last],
+        "seen": environments_seen,
+    }
 
 
 # ------------------------------------------------------------------ 1c. adapters: TextArena's games and OpenEnv
@@ -124,16 +175,23 @@ def _():
 
     games = TASKS["textarena"]("GuessTheNumber-v0,TowerOfHanoi-v0").select(range(16))
     rows = [dict(row, environment="textarena" if i % 2 == 0 else "openenv") for i, row in enumerate(games)]
-    trainer = GRPOTrainer(TOOL_MODEL, train_dataset=Dataset.from_list(rows), args=config(
-        "adapters", max_completion_length=64, max_tool_calling_iterations=2, shuffle_dataset=False),
-        environment_factory={"textarena": TextArenaGame, "openenv": GuessNumber})
+    trainer = GRPOTrainer(
+        TOOL_MODEL,
+        train_dataset=Dataset.from_list(rows),
+        args=config("adapters", max_completion_length=64, max_tool_calling_iterations=2, shuffle_dataset=False),
+        environment_factory={"textarena": TextArenaGame, "openenv": GuessNumber},
+    )
     KEEP.append(trainer)
     batches = spy_batches(trainer)
     trainer.train()
     last = trainer.environments
-    return {"history": training_rows(trainer), "reward_names": trainer.reward_func_names,
-            "prompts": [trainer.tokenizer.decode(ids) for b in batches for ids in b.rollout.prompt_ids],
-            "kinds": [type(e).__name__ for e in last], "rewards": [e.get_reward() for e in last]}
+    return {
+        "history": training_rows(trainer),
+        "reward_names": trainer.reward_func_names,
+        "prompts": [trainer.tokenizer.decode(ids) for b in batches for ids in b.rollout.prompt_ids],
+        "kinds": [type(e).__name__ for e in last],
+        "rewards": [e.get_reward() for e in last],
+    }
 
 
 # ------------------------------------------------------------------ 2. rollout_func: bring your own generation
@@ -148,26 +206,38 @@ def tagged_reward(prompts, completions, tag, **kwargs):
 def my_rollout(prompts, trainer):
     """Generates with the trainer's own colocated vLLM and adds a per-row column."""
     from vllm import SamplingParams
+
     ids = [trainer.tokenizer(p)["input_ids"] for p in prompts]
     params = SamplingParams(max_tokens=8, temperature=1.0, logprobs=0, seed=7)
     outs = trainer.generator.llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
     completions = [list(o.outputs[0].token_ids) for o in outs]
     logprobs = [[step[t].logprob for step, t in zip(o.outputs[0].logprobs, c)] for o, c in zip(outs, completions)]
-    return {"prompt_ids": ids, "completion_ids": completions, "logprobs": logprobs,
-            "tag": [f"rank{dist.rank()}-row{i}" for i in range(len(prompts))]}
+    return {
+        "prompt_ids": ids,
+        "completion_ids": completions,
+        "logprobs": logprobs,
+        "tag": [f"rank{dist.rank()}-row{i}" for i in range(len(prompts))],
+    }
 
 
 @check("rollout_func")
 def _():
     data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
-    trainer = GRPOTrainer(tiny_model("qwen2"), tagged_reward, train_dataset=data, rollout_func=my_rollout,
-                          args=config("rollout_func", max_completion_length=8))
+    trainer = GRPOTrainer(
+        tiny_model("qwen2"),
+        tagged_reward,
+        train_dataset=data,
+        rollout_func=my_rollout,
+        args=config("rollout_func", max_completion_length=8),
+    )
     KEEP.append(trainer)
     trainer.train()
     errors = {}
-    for name, bad in {"missing": lambda p, t: {"prompt_ids": [[1]] * len(p), "completion_ids": [[2]] * len(p)},
-                      "short": lambda p, t: {**my_rollout(p, t), "logprobs": [[0.0]] * len(p)},
-                      "not_a_dict": lambda p, t: [1, 2, 3]}.items():
+    for name, bad in {
+        "missing": lambda p, t: {"prompt_ids": [[1]] * len(p), "completion_ids": [[2]] * len(p)},
+        "short": lambda p, t: {**my_rollout(p, t), "logprobs": [[0.0]] * len(p)},
+        "not_a_dict": lambda p, t: [1, 2, 3],
+    }.items():
         trainer.sampler.rollout_func = bad
         try:
             trainer.source.next_batch(0)
@@ -182,15 +252,33 @@ def _():
 def _():
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(12)])
     saw_tool_messages.clear()
-    trainer = AsyncGRPOTrainer(TOOL_MODEL, tool_reward, train_dataset=data, tools=TOOLS, args=config(
-        "async_tools", max_steps=3, max_completion_length=160, temperature=0.3, max_tool_calling_iterations=2,
-        tool_timeout_s=0.5, shuffle_dataset=False, max_staleness=1, async_chunk_groups=1))
+    trainer = AsyncGRPOTrainer(
+        TOOL_MODEL,
+        tool_reward,
+        train_dataset=data,
+        tools=TOOLS,
+        args=config(
+            "async_tools",
+            max_steps=3,
+            max_completion_length=160,
+            temperature=0.3,
+            max_tool_calling_iterations=2,
+            tool_timeout_s=0.5,
+            shuffle_dataset=False,
+            max_staleness=1,
+            async_chunk_groups=1,
+        ),
+    )
     KEEP.append(trainer)
     batches = spy_batches(trainer)
     trainer.train()
-    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches),
-            "rewards_saw_lists": sum(a for a, _ in saw_tool_messages),
-            "rewards_saw_tool_results": sum(b for _, b in saw_tool_messages), "rewards_rows": len(saw_tool_messages)}
+    return {
+        "history": training_rows(trainer),
+        "rows": tool_rows(trainer, batches),
+        "rewards_saw_lists": sum(a for a, _ in saw_tool_messages),
+        "rewards_saw_tool_results": sum(b for _, b in saw_tool_messages),
+        "rewards_rows": len(saw_tool_messages),
+    }
 
 
 @check("async_environments")
@@ -198,15 +286,32 @@ def _():
     """AsyncGRPOTrainer with environments: the worker thread acts and scores them; the trainer trains the groups."""
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(12)])
     environments_seen.clear()
-    trainer = AsyncGRPOTrainer(TOOL_MODEL, environment_reward, train_dataset=data, environment_factory=Ledger,
-                               args=config("async_environments", max_steps=2, max_completion_length=96,
-                                           temperature=0.3, max_tool_calling_iterations=2, tool_timeout_s=0.5,
-                                           shuffle_dataset=False, max_staleness=1, async_chunk_groups=1))
+    trainer = AsyncGRPOTrainer(
+        TOOL_MODEL,
+        environment_reward,
+        train_dataset=data,
+        environment_factory=Ledger,
+        args=config(
+            "async_environments",
+            max_steps=2,
+            max_completion_length=96,
+            temperature=0.3,
+            max_tool_calling_iterations=2,
+            tool_timeout_s=0.5,
+            shuffle_dataset=False,
+            max_staleness=1,
+            async_chunk_groups=1,
+        ),
+    )
     KEEP.append(trainer)
     batches = spy_batches(trainer)
     trainer.train()
-    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches), "seen": environments_seen,
-            "reward_names": trainer.reward_func_names}
+    return {
+        "history": training_rows(trainer),
+        "rows": tool_rows(trainer, batches),
+        "seen": environments_seen,
+        "reward_names": trainer.reward_func_names,
+    }
 
 
 # ------------------------------------------------------------------ 3b. environments with partial rollouts
@@ -217,31 +322,65 @@ def episodes_across_rounds(batches):
     out = []
     for batch in batches:
         r = batch.rollout
-        envs = (r.columns or {}).get("environments")   # (a group stolen from another rank left its instances there)
+        envs = (r.columns or {}).get("environments")  # (a group stolen from another rank left its instances there)
         answered = [c[0] - c[1] for c in r.tool_counts]
         crossed = 0
         for mask, versions in zip(r.tool_mask, r.weight_versions):
             inserted = [v for v, m in zip(versions, mask) if m == 0]
             crossed += bool(inserted) and max(versions) > min(inserted)
-        out.append({"rows": len(r), "answered": answered, "mixed": sum(len(set(v)) > 1 for v in r.weight_versions),
-                    "crossed": crossed, **({"instances": len({id(e) for e in envs}), "env_adds": [len(e.calls) for e in envs],
-                                            "own_rewards": [float(e.total == 5) for e in envs]} if envs else {})})
+        out.append(
+            {
+                "rows": len(r),
+                "answered": answered,
+                "mixed": sum(len(set(v)) > 1 for v in r.weight_versions),
+                "crossed": crossed,
+                **(
+                    {
+                        "instances": len({id(e) for e in envs}),
+                        "env_adds": [len(e.calls) for e in envs],
+                        "own_rewards": [float(e.total == 5) for e in envs],
+                    }
+                    if envs
+                    else {}
+                ),
+            }
+        )
     return out
 
 
 def partial_environment_run(name, trainer_class, **settings):
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(48)])
     environments_seen.clear()
-    trainer = trainer_class(TOOL_MODEL, environment_reward, train_dataset=data, environment_factory=Ledger,
-                            args=config(name, max_steps=4, max_completion_length=192, temperature=0.3,
-                                        max_tool_calling_iterations=2, tool_timeout_s=0.5, shuffle_dataset=False,
-                                        partial_rollout=True, partial_rollout_adaptive=False, rollout_overprovision=8,
-                                        max_staleness=2, **settings))
+    trainer = trainer_class(
+        TOOL_MODEL,
+        environment_reward,
+        train_dataset=data,
+        environment_factory=Ledger,
+        args=config(
+            name,
+            max_steps=4,
+            max_completion_length=192,
+            temperature=0.3,
+            max_tool_calling_iterations=2,
+            tool_timeout_s=0.5,
+            shuffle_dataset=False,
+            partial_rollout=True,
+            partial_rollout_adaptive=False,
+            rollout_overprovision=8,
+            max_staleness=2,
+            **settings,
+        ),
+    )
     KEEP.append(trainer)
     batches = spy_batches(trainer)
     trainer.train()
-    return {"history": training_rows(trainer), "rows": tool_rows(trainer, batches), "seen": list(environments_seen),
-            "batches": episodes_across_rounds(batches), "reward_names": trainer.reward_func_names}
+    return {
+        "history": training_rows(trainer),
+        "rows": tool_rows(trainer, batches),
+        "seen": list(environments_seen),
+        "batches": episodes_across_rounds(batches),
+        "reward_names": trainer.reward_func_names,
+    }
 
 
 @check("partial_environments")
@@ -263,20 +402,38 @@ def _():
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": TOOL_PROMPTS[i % 3]}]} for i in range(48)])
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        trainer = GRPOTrainer(TOOL_MODEL, environment_reward, train_dataset=data, environment_factory=Ledger,
-                              args=config("partial_environments", max_steps=4, max_completion_length=192,
-                                          temperature=0.3, max_tool_calling_iterations=2, tool_timeout_s=0.5,
-                                          shuffle_dataset=False, partial_rollout=True, partial_rollout_adaptive=False,
-                                          rollout_overprovision=8, max_staleness=2, resume_from_checkpoint=saved,
-                                          save_steps=10**6))
+        trainer = GRPOTrainer(
+            TOOL_MODEL,
+            environment_reward,
+            train_dataset=data,
+            environment_factory=Ledger,
+            args=config(
+                "partial_environments",
+                max_steps=4,
+                max_completion_length=192,
+                temperature=0.3,
+                max_tool_calling_iterations=2,
+                tool_timeout_s=0.5,
+                shuffle_dataset=False,
+                partial_rollout=True,
+                partial_rollout_adaptive=False,
+                rollout_overprovision=8,
+                max_staleness=2,
+                resume_from_checkpoint=saved,
+                save_steps=10**6,
+            ),
+        )
         KEEP.append(trainer)
         batches = spy_batches(trainer)
         trainer.train()
-    return {"saved_tokens": sum(len(c["tokens"]) for g in state for c in g["members"]),
-            "saved_groups": len(state), "said": [line for line in printed.getvalue().splitlines()
-                                                 if "starts again from reset" in line],
-            "versions": [min(min(v) for v in b.rollout.weight_versions) for b in batches],
-            "batches": episodes_across_rounds(batches), "steps": trainer.state.global_step}
+    return {
+        "saved_tokens": sum(len(c["tokens"]) for g in state for c in g["members"]),
+        "saved_groups": len(state),
+        "said": [line for line in printed.getvalue().splitlines() if "starts again from reset" in line],
+        "versions": [min(min(v) for v in b.rollout.weight_versions) for b in batches],
+        "batches": episodes_across_rounds(batches),
+        "steps": trainer.state.global_step,
+    }
 
 
 @check("async_partial_environments")
@@ -296,13 +453,22 @@ def tagged_reward_async(prompts, completions, tag, **kwargs):
 @check("async_rollout_func")
 def _():
     data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
-    trainer = AsyncGRPOTrainer(tiny_model("qwen2"), tagged_reward_async, train_dataset=data, rollout_func=my_rollout,
-                               args=config("async_rollout_func", max_steps=3, max_completion_length=8))
+    trainer = AsyncGRPOTrainer(
+        tiny_model("qwen2"),
+        tagged_reward_async,
+        train_dataset=data,
+        rollout_func=my_rollout,
+        args=config("async_rollout_func", max_steps=3, max_completion_length=8),
+    )
     KEEP.append(trainer)
     batches = spy_batches(trainer)
     trainer.train()
-    return {"history": training_rows(trainer), "tags_seen": async_tags_seen,
-            "trained_tags": [b.columns["tag"] for b in batches], "trained_rows": [len(b.rollout) for b in batches]}
+    return {
+        "history": training_rows(trainer),
+        "tags_seen": async_tags_seen,
+        "trained_tags": [b.columns["tag"] for b in batches],
+        "trained_rows": [len(b.rollout) for b in batches],
+    }
 
 
 # ------------------------------------------------------------------ 5. TrainerControl flags set by a callback
@@ -337,16 +503,27 @@ def _():
     data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
     steering = Steering()
     out = os.path.join(OUT, "control")
-    trainer = GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=data, eval_dataset=data.select(range(4)),
-                          callbacks=[steering], args=config("control", max_steps=10, logging_steps=100,
-                                                            max_completion_length=8, eval_strategy="no"))
+    trainer = GRPOTrainer(
+        tiny_model("qwen2"),
+        digit_fraction,
+        train_dataset=data,
+        eval_dataset=data.select(range(4)),
+        callbacks=[steering],
+        args=config("control", max_steps=10, logging_steps=100, max_completion_length=8, eval_strategy="no"),
+    )
     KEEP.append(trainer)
     trainer.train()
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))] if dist.is_main() else []
     logged_lines = [[r["step"], "eval_reward" in r] for r in records]
-    return {"steps": trainer.state.global_step, "logged": steering.logged, "evaluated": steering.evaluated,
-            "saved": steering.saved, "checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")),
-            "model_saved": os.path.isfile(os.path.join(out, "config.json")), "metric_lines": logged_lines}
+    return {
+        "steps": trainer.state.global_step,
+        "logged": steering.logged,
+        "evaluated": steering.evaluated,
+        "saved": steering.saved,
+        "checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")),
+        "model_saved": os.path.isfile(os.path.join(out, "config.json")),
+        "metric_lines": logged_lines,
+    }
 
 
 # ------------------------------------------------------------------ 6. the best checkpoint (metric_for_best_model)
@@ -366,36 +543,63 @@ def step_reward(prompts, completions, **kwargs):
 
 def safetensors_of(folder):
     from safetensors.torch import load_file
+
     return load_file(os.path.join(folder, "model.safetensors"))
 
 
 @check("best_model")
 def _():
     from dsgrpo import checkpoint
+
     data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
     out = os.path.join(OUT, "best")
-    common = dict(learning_rate=1e-2, max_completion_length=8, eval_strategy="steps", eval_steps=1, save_steps=1,
-                  save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="rewards/step_reward/mean",
-                  eval_pass_at_k=[1, 2, 4], eval_correctness_reward="digit_fraction", eval_correct_threshold=0.5,
-                  eval_maj_at_k=[1, 4])
-    trainer = GRPOTrainer(tiny_model("qwen2"), [digit_fraction, step_reward], train_dataset=data,
-                          eval_dataset=data.select(range(4)), callbacks=[StepWatch()],
-                          args=config("best", max_steps=4, **common))
+    common = dict(
+        learning_rate=1e-2,
+        max_completion_length=8,
+        eval_strategy="steps",
+        eval_steps=1,
+        save_steps=1,
+        save_total_limit=1,
+        load_best_model_at_end=True,
+        metric_for_best_model="rewards/step_reward/mean",
+        eval_pass_at_k=[1, 2, 4],
+        eval_correctness_reward="digit_fraction",
+        eval_correct_threshold=0.5,
+        eval_maj_at_k=[1, 4],
+    )
+    trainer = GRPOTrainer(
+        tiny_model("qwen2"),
+        [digit_fraction, step_reward],
+        train_dataset=data,
+        eval_dataset=data.select(range(4)),
+        callbacks=[StepWatch()],
+        args=config("best", max_steps=4, **common),
+    )
     KEEP.append(trainer)
     trainer.train()
-    first = {"evals": [h for h in trainer.state.log_history if "eval_reward" in h],
-             "best": trainer.state.best_model_checkpoint, "best_step": trainer.state.best_global_step,
-             "best_metric": trainer.state.best_metric,
-             "checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-"))}
+    first = {
+        "evals": [h for h in trainer.state.log_history if "eval_reward" in h],
+        "best": trainer.state.best_model_checkpoint,
+        "best_step": trainer.state.best_global_step,
+        "best_metric": trainer.state.best_metric,
+        "checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")),
+    }
     # resumed for a fifth step (-20 after it): the record carries over and checkpoint-2 is still spared
-    resumed = GRPOTrainer(tiny_model("qwen2"), [digit_fraction, step_reward], train_dataset=data,
-                          eval_dataset=data.select(range(4)), callbacks=[StepWatch()],
-                          args=config("best", max_steps=5, resume_from_checkpoint=os.path.join(out, "checkpoint-4"),
-                                      **common))
+    resumed = GRPOTrainer(
+        tiny_model("qwen2"),
+        [digit_fraction, step_reward],
+        train_dataset=data,
+        eval_dataset=data.select(range(4)),
+        callbacks=[StepWatch()],
+        args=config("best", max_steps=5, resume_from_checkpoint=os.path.join(out, "checkpoint-4"), **common),
+    )
     KEEP.append(resumed)
     resumed.train()
-    result = {**first, "resumed_best": resumed.state.best_model_checkpoint,
-              "resumed_checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-"))}
+    result = {
+        **first,
+        "resumed_best": resumed.state.best_model_checkpoint,
+        "resumed_checkpoints": sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")),
+    }
     # the final model is checkpoint-2's weights, not the last step's (every rank calls export: the checksum check
     # it starts with is collective when a process group exists; rank 0's folders are read)
     best = checkpoint.export(os.path.join(out, "checkpoint-2"), os.path.join(OUT, f"best_export_2_{dist.rank()}"))
@@ -425,14 +629,23 @@ def _():
     def resumed(dataset, rewards, **kw):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            r = GRPOTrainer(tiny_model("qwen2"), rewards, train_dataset=dataset,
-                            args=config("guards", max_steps=3, resume_from_checkpoint=saved,
-                                        **{**common, "save_steps": 10**6}, **kw))
+            r = GRPOTrainer(
+                tiny_model("qwen2"),
+                rewards,
+                train_dataset=dataset,
+                args=config(
+                    "guards", max_steps=3, resume_from_checkpoint=saved, **{**common, "save_steps": 10**6}, **kw
+                ),
+            )
             KEEP.append(r)
             seen = spy_batches(r)
             r.train()
-        return {"said": [l for l in err.getvalue().splitlines() if l.startswith("dsgrpo: resuming")],
-                "prompts": sorted(set(seen[0].prompts)), "offset": r.train_prompts.round_offset}
+        return {
+            "said": [l for l in err.getvalue().splitlines() if l.startswith("dsgrpo: resuming")],
+            "prompts": sorted(set(seen[0].prompts)),
+            "offset": r.train_prompts.round_offset,
+        }
+
     same = resumed(first, digit_fraction)
     changed = resumed(other, digit_fraction)
     reset = resumed(other, digit_fraction, reset_data_position=True)
@@ -456,12 +669,17 @@ def _():
     (eval_do_sample=False) draws the same completions whatever the seed, where sampled evaluation does not."""
     data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
     runs = {}
-    for name, extra in (("no_eval", {}), ("greedy_eval", dict(eval_strategy="steps", eval_steps=1,
-                                                              eval_do_sample=False, eval_pass_at_k=[1]))):
-        t = GRPOTrainer(tiny_model("qwen2"), [digit_fraction, seen_completions], train_dataset=data,
-                        eval_dataset=data.select(range(4)) if extra else None,
-                        args=config(f"evalrng_{name}", max_steps=3, learning_rate=1e-2, max_completion_length=8,
-                                    **extra))
+    for name, extra in (
+        ("no_eval", {}),
+        ("greedy_eval", dict(eval_strategy="steps", eval_steps=1, eval_do_sample=False, eval_pass_at_k=[1])),
+    ):
+        t = GRPOTrainer(
+            tiny_model("qwen2"),
+            [digit_fraction, seen_completions],
+            train_dataset=data,
+            eval_dataset=data.select(range(4)) if extra else None,
+            args=config(f"evalrng_{name}", max_steps=3, learning_rate=1e-2, max_completion_length=8, **extra),
+        )
         KEEP.append(t)
         t.train()
         runs[name] = t
@@ -478,8 +696,12 @@ def _():
     if dist.is_main():
         with open(os.path.join(t.args.output_dir, "metrics.jsonl")) as fh:
             logged = [json.loads(line) for line in fh if "eval_reward" in line]
-    return {"rows": rows, "draws": draws, "logged_evals": len(logged),
-            "evals": [h for h in t.state.log_history if "eval_reward" in h][:3]}
+    return {
+        "rows": rows,
+        "draws": draws,
+        "logged_evals": len(logged),
+        "evals": [h for h in t.state.log_history if "eval_reward" in h][:3],
+    }
 
 
 # ------------------------------------------------------------------ 7. agent_rollout: agents that run their own loop
@@ -503,13 +725,15 @@ def agent_section():
         reply = None
         for turn in range(3):
             if turn == 1 and row["style"] == "append":  # streamed, as verifiers' chat loop asks: same chain
-                async with client.chat.completions.stream(model="policy", messages=messages, tools=schemas,
-                                                          stream_options={"include_usage": True}) as stream:
+                async with client.chat.completions.stream(
+                    model="policy", messages=messages, tools=schemas, stream_options={"include_usage": True}
+                ) as stream:
                     reply = await stream.get_final_completion()
                 streamed.append(reply.usage.completion_tokens)
             else:
-                reply = await client.chat.completions.create(model="policy", messages=messages, tools=schemas,
-                                                             temperature=0.7)
+                reply = await client.chat.completions.create(
+                    model="policy", messages=messages, tools=schemas, temperature=0.7
+                )
             calls_made.append(row["style"])
             message = reply.choices[0].message
             if message.tool_calls:
@@ -521,21 +745,36 @@ def agent_section():
                     except TypeError as exc:
                         results.append((call, f"Error: {exc}"))
                 if row["style"] == "rewrite":  # the agent summarises: the tool turn is gone from its history
-                    messages = [{"role": "user", "content": f"{row['prompt'][0]['content']} The add tool says "
-                                                            f"{results[0][1]}."}]
+                    messages = [
+                        {"role": "user", "content": f"{row['prompt'][0]['content']} The add tool says {results[0][1]}."}
+                    ]
                     continue
                 messages.append(message.model_dump(exclude_none=True))
-                messages += [{"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": text}
-                             for c, text in results]
+                messages += [
+                    {"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": text}
+                    for c, text in results
+                ]
             else:
                 messages += [message.model_dump(exclude_none=True), {"role": "user", "content": "Say it again."}]
         return 1.0 if "5" in (reply.choices[0].message.content or "") else 0.1 * len(messages)
 
     rollout = agent_rollout(agent, max_concurrent=8)
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}],
-                               "style": "append" if i % 2 == 0 else "rewrite"} for i in range(16)])
-    trainer = GRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=rollout,
-                          args=config("agents", max_completion_length=256, temperature=1.0))
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": "What is 2 plus 3?"}],
+                "style": "append" if i % 2 == 0 else "rewrite",
+            }
+            for i in range(16)
+        ]
+    )
+    trainer = GRPOTrainer(
+        TOOL_MODEL,
+        agent_reward,
+        train_dataset=data,
+        rollout_func=rollout,
+        args=config("agents", max_completion_length=256, temperature=1.0),
+    )
     KEEP.append(trainer)
     seen = spy_engine(trainer)
     restarts = spy_batches(trainer, lambda batch: [len(r) for r in batch.rollout.restarts or []])
@@ -549,38 +788,61 @@ def agent_section():
     for e in episodes:
         seq = assemble(e.calls, [1])
         inserted = [t for t, m in zip(seq["completion_ids"], seq["env_mask"]) if m == 0]
-        rows.append({"calls": len(e.calls), "rewritten": seq["rewritten"], "turns": seq["turns"],
-                     "extends": [c.extends for c in e.calls], "inserted": tok.decode(inserted),
-                     "length": len(seq["completion_ids"]), "restarts": [at for at, _ in seq["restarts"]],
-                     "answers": [c.sampled.answer for c in e.calls]})
+        rows.append(
+            {
+                "calls": len(e.calls),
+                "rewritten": seq["rewritten"],
+                "turns": seq["turns"],
+                "extends": [c.extends for c in e.calls],
+                "inserted": tok.decode(inserted),
+                "length": len(seq["completion_ids"]),
+                "restarts": [at for at, _ in seq["restarts"]],
+                "answers": [c.sampled.answer for c in e.calls],
+            }
+        )
     # bad requests, sent by hand on an open episode; the endpoint answers each and goes on serving
     endpoint = rollout.endpoint
     endpoint.episodes.open("probe", 256)
 
     def post(body, path="/chat/completions", headers=None):
-        req = urllib.request.Request(endpoint.url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+        req = urllib.request.Request(
+            endpoint.url + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
+
     hello = [{"role": "user", "content": "What is 2 plus 3?"}]
-    bad = {"unknown_model": post({"model": "gpt-9", "messages": hello, "episode_id": "probe"}),
-           "malformed_messages": post({"messages": "hi", "episode_id": "probe"}),
-           "bad_role": post({"messages": [{"role": "wizard", "content": "x"}], "episode_id": "probe"}),
-           "too_many_tokens": post({"messages": [{"role": "user", "content": "7 " * 3000}], "episode_id": "probe"}),
-           "unknown_episode": post({"messages": hello}, headers={"X-Episode-Id": "nobody"}),
-           "stream_options": post({"messages": hello, "stream_options": {"include_usage": True},
-                                   "episode_id": "probe"}),
-           "completions": post({"prompt": "Write some numbers", "max_tokens": 4}, "/completions",
-                               {"X-Episode-Id": "probe"}),
-           "after": post({"messages": hello, "max_tokens": 4, "episode_id": "probe"})}
-    return {"history": training_rows(trainer), "seconds": seconds, "rows": rows, "bad": bad,
-            "recorded": recorded, "matched_engine": matched, "trained_restarts": restarts,
-            "packed": trainer.budget is not None,
-            "calls_by_style": {s: calls_made.count(s) for s in ("append", "rewrite")}, "streamed": streamed,
-            "endpoint_host": endpoint.host}
+    bad = {
+        "unknown_model": post({"model": "gpt-9", "messages": hello, "episode_id": "probe"}),
+        "malformed_messages": post({"messages": "hi", "episode_id": "probe"}),
+        "bad_role": post({"messages": [{"role": "wizard", "content": "x"}], "episode_id": "probe"}),
+        "too_many_tokens": post({"messages": [{"role": "user", "content": "7 " * 3000}], "episode_id": "probe"}),
+        "unknown_episode": post({"messages": hello}, headers={"X-Episode-Id": "nobody"}),
+        "stream_options": post({"messages": hello, "stream_options": {"include_usage": True}, "episode_id": "probe"}),
+        "completions": post(
+            {"prompt": "Write some numbers", "max_tokens": 4}, "/completions", {"X-Episode-Id": "probe"}
+        ),
+        "after": post({"messages": hello, "max_tokens": 4, "episode_id": "probe"}),
+    }
+    return {
+        "history": training_rows(trainer),
+        "seconds": seconds,
+        "rows": rows,
+        "bad": bad,
+        "recorded": recorded,
+        "matched_engine": matched,
+        "trained_restarts": restarts,
+        "packed": trainer.budget is not None,
+        "calls_by_style": {s: calls_made.count(s) for s in ("append", "rewrite")},
+        "streamed": streamed,
+        "endpoint_host": endpoint.host,
+    }
 
 
 check("agents")(agent_section)
@@ -618,39 +880,74 @@ def _():
                 await asyncio.to_thread(until_a_sync_after, seen)
         return float("5" in (reply.choices[0].message.content or ""))
 
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}],
-                               "pace": "slow" if i % 3 == 2 else "fast"} for i in range(24)])
-    settings = dict(max_completion_length=96, partial_rollout=True, partial_rollout_adaptive=False,
-                    rollout_overprovision=2, max_staleness=2, shuffle_dataset=False, save_steps=2)
-    trainer = GRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=agent_rollout(agent),
-                          args=config("agents_partial", max_steps=4, **settings))
+    data = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": "What is 2 plus 3?"}], "pace": "slow" if i % 3 == 2 else "fast"}
+            for i in range(24)
+        ]
+    )
+    settings = dict(
+        max_completion_length=96,
+        partial_rollout=True,
+        partial_rollout_adaptive=False,
+        rollout_overprovision=2,
+        max_staleness=2,
+        shuffle_dataset=False,
+        save_steps=2,
+    )
+    trainer = GRPOTrainer(
+        TOOL_MODEL,
+        agent_reward,
+        train_dataset=data,
+        rollout_func=agent_rollout(agent),
+        args=config("agents_partial", max_steps=4, **settings),
+    )
     KEEP.append(trainer)
     positions = []
 
     def trained_round(needed):  # the stream positions each round trained, then the slow agents go on
         positions.append(list(trainer.source.last_positions))
         on_sync(needed)
+
     after_each_sync(trainer, trained_round)
-    trained = spy_batches(trainer, lambda batch: [
-        {"pace": pace, "versions": sorted({v for v, m in zip(versions, mask) if m})}
-        for pace, versions, mask in zip(batch.columns["pace"], batch.rollout.weight_versions, batch.rollout.tool_mask)])
+    trained = spy_batches(
+        trainer,
+        lambda batch: [
+            {"pace": pace, "versions": sorted({v for v, m in zip(versions, mask) if m})}
+            for pace, versions, mask in zip(
+                batch.columns["pace"], batch.rollout.weight_versions, batch.rollout.tool_mask
+            )
+        ],
+    )
     trainer.train()
     # a resume from step 2: the groups in flight then are run again from their start, and trained once
     saved = os.path.join(OUT, "agents_partial", "checkpoint-2")
     in_flight = json.load(open(os.path.join(saved, f"rollout_state_{dist.rank()}.json")))["agent_partial"]["in_flight"]
-    resumed = GRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=agent_rollout(agent),
-                          args=config("agents_partial_resumed", max_steps=4, resume_from_checkpoint=saved, **settings))
+    resumed = GRPOTrainer(
+        TOOL_MODEL,
+        agent_reward,
+        train_dataset=data,
+        rollout_func=agent_rollout(agent),
+        args=config("agents_partial_resumed", max_steps=4, resume_from_checkpoint=saved, **settings),
+    )
     KEEP.append(resumed)
     resumed_positions = []
 
     def resumed_round(needed):
         resumed_positions.append(list(resumed.source.last_positions))
         on_sync(needed)
+
     after_each_sync(resumed, resumed_round)
     resumed.train()
-    return {"history": training_rows(trainer), "trained": trained, "source": type(trainer.source).__name__,
-            "positions": positions, "in_flight_at_2": in_flight, "resumed_positions": resumed_positions,
-            "resumed_steps": resumed.state.global_step}
+    return {
+        "history": training_rows(trainer),
+        "trained": trained,
+        "source": type(trainer.source).__name__,
+        "positions": positions,
+        "in_flight_at_2": in_flight,
+        "resumed_positions": resumed_positions,
+        "resumed_steps": resumed.state.global_step,
+    }
 
 
 @check("agents_async")
@@ -663,21 +960,32 @@ def _():
         messages = list(row["prompt"])
         for _ in range(2):
             reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
-            messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                         {"role": "user", "content": "Say it again."}]
+            messages += [
+                reply.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": "Say it again."},
+            ]
         return float(len(reply.choices[0].message.content or "")) / 100.0
 
     rollout = agent_rollout(agent, max_concurrent=8)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}]} for _ in range(24)])
-    trainer = AsyncGRPOTrainer(TOOL_MODEL, agent_reward, train_dataset=data, rollout_func=rollout, args=config(
-        "agents_async", max_steps=3, max_completion_length=96, max_staleness=1, async_chunk_groups=1))
+    trainer = AsyncGRPOTrainer(
+        TOOL_MODEL,
+        agent_reward,
+        train_dataset=data,
+        rollout_func=rollout,
+        args=config("agents_async", max_steps=3, max_completion_length=96, max_staleness=1, async_chunk_groups=1),
+    )
     KEEP.append(trainer)
     seen = spy_engine(trainer)
     trainer.train()
     recorded, matched = calls_the_engine_sampled(rollout.last_episodes, seen)
-    return {"history": training_rows(trainer), "recorded": recorded, "matched_engine": matched,
-            "extends": [e.calls[-1].extends for e in rollout.last_episodes if len(e.calls) == 2],
-            "versions": sorted(set(seen["versions"]))}
+    return {
+        "history": training_rows(trainer),
+        "recorded": recorded,
+        "matched_engine": matched,
+        "extends": [e.calls[-1].extends for e in rollout.last_episodes if len(e.calls) == 2],
+        "versions": sorted(set(seen["versions"])),
+    }
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:

@@ -43,19 +43,34 @@ def fault_due() -> bool:
 def reward(prompts, completions, **kwargs):
     calls["n"] += 1
     if FAULT and dist.rank(dist.EVERYONE) == int(target) and fault_due():
-        print(f"FAULT rank {target} {kind} at reward call {calls['n']} t={time.time():.3f}", file=sys.stderr, flush=True)
+        print(
+            f"FAULT rank {target} {kind} at reward call {calls['n']} t={time.time():.3f}", file=sys.stderr, flush=True
+        )
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise ZeroDivisionError("the rollout worker dies mid-chunk, on purpose")
     return digit_fraction(prompts, completions)
 
 
-args = GRPOConfig(output_dir=OUT, max_steps=6, save_steps=2, per_device_train_batch_size=8 if PLACEMENT == "colocate"
-                  else 16, num_generations=4, max_completion_length=8, learning_rate=2e-3, logging_steps=1,
-                  gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=32 * 2**20,
-                  async_placement=PLACEMENT, max_staleness=1 if hold else 0,  # :save: room for rank 1 to claim
-                  async_chunk_groups=1, resume_from_checkpoint="latest",
-                  ddp_timeout=60)
+args = GRPOConfig(
+    output_dir=OUT,
+    max_steps=6,
+    save_steps=2,
+    per_device_train_batch_size=8 if PLACEMENT == "colocate" else 16,
+    num_generations=4,
+    max_completion_length=8,
+    learning_rate=2e-3,
+    logging_steps=1,
+    gradient_checkpointing=False,
+    seed=1,
+    deepspeed=SHARDED_ZERO3,
+    vllm_kv_cache_bytes=32 * 2**20,
+    async_placement=PLACEMENT,
+    max_staleness=1 if hold else 0,  # :save: room for rank 1 to claim
+    async_chunk_groups=1,
+    resume_from_checkpoint="latest",
+    ddp_timeout=60,
+)
 data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
 trainer = AsyncGRPOTrainer(tiny_model("qwen2"), reward, args=args, train_dataset=data)
 rounds = []
@@ -69,6 +84,7 @@ if hold == "save" and dist.rank(dist.EVERYONE) == int(target):
         while trainer.source.worker.error is None and time.time() < deadline:
             time.sleep(0.05)
         return original_save()
+
     trainer.save_checkpoint = save_checkpoint
 if trainer.trains:
     original = trainer.source.next_batch
@@ -77,6 +93,7 @@ if trainer.trains:
         out = original(round_index)
         rounds.append({"round": round_index, "positions": sorted(p for _, p, _ in trainer.source.last_plan.chosen)})
         return out
+
     trainer.source.next_batch = next_batch
 
 ended = {"how": "finished"}

@@ -42,8 +42,11 @@ target, _, how = target.partition(":")
 def die():
     if target and int(target) != dist.rank():
         return
-    print(f"FAULT rank {dist.rank()} {'stops' if how == 'stop' else 'dies'} at {FAULT} t={time.time():.3f}",
-          file=sys.stderr, flush=True)
+    print(
+        f"FAULT rank {dist.rank()} {'stops' if how == 'stop' else 'dies'} at {FAULT} t={time.time():.3f}",
+        file=sys.stderr,
+        flush=True,
+    )
     os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 
@@ -53,15 +56,31 @@ class Usr1:
             os.kill(os.getpid(), signal.SIGUSR1)
 
 
-args = GRPOConfig(output_dir=OUT, num_train_epochs=3, per_device_train_batch_size=4, num_generations=2,
-                  max_completion_length=8, learning_rate=5e-3, lr_scheduler_type="linear", warmup_steps=1,
-                  gradient_checkpointing=False, logging_steps=1, save_steps=2, save_total_limit=2, seed=3,
-                  resume_from_checkpoint="latest", vllm_kv_cache_bytes=32 * 2**20,
-                  ddp_timeout=int(os.environ.get("CKPT_DDP_TIMEOUT", 1800)),  # the chaos tests' bound
-                  deepspeed={"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-                             "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-                             "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                             "gradient_clipping": "auto"})
+args = GRPOConfig(
+    output_dir=OUT,
+    num_train_epochs=3,
+    per_device_train_batch_size=4,
+    num_generations=2,
+    max_completion_length=8,
+    learning_rate=5e-3,
+    lr_scheduler_type="linear",
+    warmup_steps=1,
+    gradient_checkpointing=False,
+    logging_steps=1,
+    save_steps=2,
+    save_total_limit=2,
+    seed=3,
+    resume_from_checkpoint="latest",
+    vllm_kv_cache_bytes=32 * 2**20,
+    ddp_timeout=int(os.environ.get("CKPT_DDP_TIMEOUT", 1800)),  # the chaos tests' bound
+    deepspeed={
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    },
+)
 data = Dataset.from_list([{"prompt": f"Numbers please, {i}:"} for i in range(8)])
 trainer = GRPOTrainer(tiny_model("qwen2"), digit_fraction, args=args, train_dataset=data, callbacks=[Usr1()])
 
@@ -72,11 +91,14 @@ if kind == "gen":
         if trainer.state.generation_round == at - 1:  # rounds count from 0; round R produces step R
             die()
         return original_generate(*a, **k)
+
     trainer.generator.generate = generate
 elif kind == "backward":
+
     def hook(module, inputs, output):
         if torch.is_grad_enabled() and trainer.state.global_step == at - 1:
             die()
+
     trainer.policy.module.register_forward_hook(hook)
 elif kind == "sync":
     original_sync = trainer.source.sync_weights
@@ -85,6 +107,7 @@ elif kind == "sync":
         if trainer.state.global_step == at:
             die()
         return original_sync(module, round, *a, **k)
+
     trainer.source.sync_weights = sync_weights
 elif kind == "save":
     original_save = trainer.policy.engine.save_checkpoint
@@ -94,6 +117,7 @@ elif kind == "save":
         if trainer.state.global_step == at:
             die()  # the shards are on disk, the checkpoint is not yet published
         return result
+
     trainer.policy.engine.save_checkpoint = save_checkpoint
 
 elif kind == "enospc":
@@ -103,6 +127,7 @@ elif kind == "enospc":
         if trainer.state.global_step == at and int(target) == dist.rank():
             raise OSError(28, "No space left on device", path)
         return engine_save(state_dict, path, *a, **k)
+
     trainer.policy.engine.checkpoint_engine.save = full_disk_save
 
 resumed_from = trainer.resume_path
@@ -118,8 +143,15 @@ with torch.no_grad():
     lp, _ = completion_logprobs(trainer.policy.engine, t["input_ids"], t["attention_mask"], 5)
 if dist.is_main():
     with open(os.path.join(OUT, "final_logps.json"), "w") as fh:
-        json.dump({"logps": lp[0].tolist(), "resumed_from": resumed_from, "steps": trainer.state.global_step,
-                   "history_steps": [h["step"] for h in training_rows(trainer)]}, fh)
+        json.dump(
+            {
+                "logps": lp[0].tolist(),
+                "resumed_from": resumed_from,
+                "steps": trainer.state.global_step,
+                "history_steps": [h["step"] for h in training_rows(trainer)],
+            },
+            fh,
+        )
 dist.barrier("final log-probs written")
 
 from dsgrpo.process_exit import leave  # noqa: E402

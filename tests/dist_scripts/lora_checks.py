@@ -19,8 +19,16 @@ from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
 from dsgrpo.engines.gather import GatherStats, full_parameters
 from dsgrpo.engines.weights import checkpoint_units
 from dsgrpo.testing import tiny_model
-from recorder import (check_config, SHARDED_ZERO3, digit_fraction, policy_logps, recorder, training_rows,
-                      vllm_logps, watch_split_versions)
+from recorder import (
+    check_config,
+    SHARDED_ZERO3,
+    digit_fraction,
+    policy_logps,
+    recorder,
+    training_rows,
+    vllm_logps,
+    watch_split_versions,
+)
 
 OUT = sys.argv[1]
 ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
@@ -36,9 +44,17 @@ def lora_config():
     return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0)
 
 
-config = check_config(OUT, max_steps=3, max_completion_length=12, learning_rate=2e-2, seed=1,
-                      deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20, beta=0.04,
-                      weight_sync_bucket_bytes=BUCKET)
+config = check_config(
+    OUT,
+    max_steps=3,
+    max_completion_length=12,
+    learning_rate=2e-2,
+    seed=1,
+    deepspeed=SHARDED_ZERO3,
+    vllm_kv_cache_bytes=64 * 2**20,
+    beta=0.04,
+    weight_sync_bucket_bytes=BUCKET,
+)
 
 
 def all_weights(trainer):
@@ -55,8 +71,15 @@ def watch_syncs(trainer):
         GatherStats.reset()
         original(policy_module, round_index, needed)
         if needed:
-            syncs.append({"round": trainer.state.generation_round, "peak_gathered_bytes": GatherStats.peak_bytes,
-                          "vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy.engine)})
+            syncs.append(
+                {
+                    "round": trainer.state.generation_round,
+                    "peak_gathered_bytes": GatherStats.peak_bytes,
+                    "vllm": vllm_logps(trainer),
+                    "policy": policy_logps(trainer.policy.engine),
+                }
+            )
+
     trainer.source.sync_weights = spy
     return syncs
 
@@ -87,32 +110,44 @@ def _():
             if ".lora_B." in n:
                 p.data.copy_(torch.randn(p.shape, generator=gen) * 0.05)
 
-    engine = build_policy_engine(wrap_with_lora(ModelLoader(ds, torch.float32).load(tiny_model("qwen2")), lora_config(), 0),
-                                 args, ds)
-    with deepspeed.zero.GatheredParameters([p for n, p in engine.module.named_parameters() if ".lora_B." in n],
-                                           modifier_rank=0):
+    engine = build_policy_engine(
+        wrap_with_lora(ModelLoader(ds, torch.float32).load(tiny_model("qwen2")), lora_config(), 0), args, ds
+    )
+    with deepspeed.zero.GatheredParameters(
+        [p for n, p in engine.module.named_parameters() if ".lora_B." in n], modifier_rank=0
+    ):
         set_b(engine.module)
     batches = [torch.randint(0, 500, (2, 12), generator=torch.Generator().manual_seed(r)) for r in range(2)]
 
     def loss_of(model, ids):
         return model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().log_softmax(-1)[..., 7].mean()
+
     engine.backward(loss_of(engine, batches[dist.rank()]))
     grads = {n: safe_get_full_grad(p) for n, p in engine.module.named_parameters() if p.requires_grad}
-    plain = wrap_with_lora(AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32), lora_config(), 0)
+    plain = wrap_with_lora(
+        AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32), lora_config(), 0
+    )
     set_b(plain)
     (sum(loss_of(plain, ids) for ids in batches) / 2).backward()  # DeepSpeed averages over the ranks
     want = {n: p.grad for n, p in plain.named_parameters() if p.requires_grad}
     KEEP.append(engine)
-    return {"names_match": sorted(grads) == sorted(want),
-            "max_diff": max(float((grads[n] - want[n]).abs().max()) for n in want),
-            "min_grad_norm": min(float(want[n].norm()) for n in want)}
+    return {
+        "names_match": sorted(grads) == sorted(want),
+        "max_diff": max(float((grads[n] - want[n]).abs().max()) for n in want),
+        "min_grad_norm": min(float(want[n].norm()) for n in want),
+    }
 
 
 # ------------------------------------------------------------------ 1. GRPOTrainer with a LoRA policy
 @check("lora")
 def _():
-    trainer = GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
-                          args=config("lora", save_steps=2, save_merged_model=True))
+    trainer = GRPOTrainer(
+        tiny_model("qwen2"),
+        digit_fraction,
+        train_dataset=prompts,
+        peft_config=lora_config(),
+        args=config("lora", save_steps=2, save_merged_model=True),
+    )
     KEEP.append(trainer)
     module = trainer.policy.module
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
@@ -126,7 +161,8 @@ def _():
     final_policy = policy_logps(trainer.policy.engine)
     moved = {n: float((after[n] - before[n]).abs().max()) for n in before}
     out = {
-        "reference_engine": trainer.reference is not None, "ref_ds_config": trainer.ref_ds_config is not None,
+        "reference_engine": trainer.reference is not None,
+        "ref_ds_config": trainer.ref_ds_config is not None,
         "trainable": sorted(trainable),
         "moved_trainable": max(moved[n] for n in trainable),
         "moved_frozen": max(moved[n] for n in moved if n not in trainable),
@@ -138,14 +174,19 @@ def _():
         "largest_unit_bytes": max(u.nbytes() for u in units),
         "largest_layer_bytes": max(trainer.weight_sync.current.source.sharded_bytes()),
         "unit_names": [u.name for u in units],
-        "at_start": at_start, "syncs": syncs, "history": training_rows(trainer), "final_policy": final_policy,
+        "at_start": at_start,
+        "syncs": syncs,
+        "history": training_rows(trainer),
+        "final_policy": final_policy,
     }
     ckpt = os.path.join(OUT, "lora", "checkpoint-2")
-    out["checkpoint_bytes"] = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ckpt) for f in fs
-                                  if f.endswith(".pt"))
+    out["checkpoint_bytes"] = sum(
+        os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ckpt) for f in fs if f.endswith(".pt")
+    )
     if dist.is_main():  # the saved adapter and merged model, reloaded in plain transformers/peft
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
+
         saved = os.path.join(OUT, "lora")
         out["saved_files"] = sorted(os.listdir(saved))
         base = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32)
@@ -158,8 +199,13 @@ def _():
     final_adapter = {n: after[n] for n in trainable}
 
     # resume from checkpoint-2 (adapter and optimizer only on disk): the third step comes out the same
-    resumed = GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
-                          args=config("lora_resumed", resume_from_checkpoint=ckpt, save_steps=3))
+    resumed = GRPOTrainer(
+        tiny_model("qwen2"),
+        digit_fraction,
+        train_dataset=prompts,
+        peft_config=lora_config(),
+        args=config("lora_resumed", resume_from_checkpoint=ckpt, save_steps=3),
+    )
     KEEP.append(resumed)
     resumed.train()
     again = all_weights(resumed)
@@ -173,9 +219,13 @@ def _():
 @check("resume_other_adapter")
 def _():
     try:
-        GRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts,
-                    peft_config=LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"),
-                    args=config("lora_other", resume_from_checkpoint=os.path.join(OUT, "lora", "checkpoint-2")))
+        GRPOTrainer(
+            tiny_model("qwen2"),
+            digit_fraction,
+            train_dataset=prompts,
+            peft_config=LoraConfig(r=4, lora_alpha=16, target_modules="all-linear"),
+            args=config("lora_other", resume_from_checkpoint=os.path.join(OUT, "lora", "checkpoint-2")),
+        )
     except Exception as exc:
         return {"error_type": type(exc).__name__, "message": str(exc)}
     return {"error_type": None}
@@ -186,7 +236,10 @@ def _():
 def _():
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32), lora_config())
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"), dtype=torch.float32), lora_config()
+    )
     gen = torch.Generator().manual_seed(4)
     for n, p in model.named_parameters():  # as if trained: the merged weights differ from the base
         if ".lora_" in n:
@@ -196,15 +249,24 @@ def _():
     KEEP.append(trainer)
     at_start = {"vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy.engine)}
     trainer.train()
-    return {"expected": expected, "at_start": at_start, "reference_engine": trainer.reference is not None,
-            "kl": training_rows(trainer)[0]["kl"]}
+    return {
+        "expected": expected,
+        "at_start": at_start,
+        "reference_engine": trainer.reference is not None,
+        "kl": training_rows(trainer)[0]["kl"],
+    }
 
 
 # ------------------------------------------------------------------ 4. AsyncGRPOTrainer (colocate) with a LoRA policy
 @check("async_lora")
 def _():
-    trainer = AsyncGRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
-                               args=config("async_lora", max_staleness=0))
+    trainer = AsyncGRPOTrainer(
+        tiny_model("qwen2"),
+        digit_fraction,
+        train_dataset=prompts,
+        peft_config=lora_config(),
+        args=config("async_lora", max_staleness=0),
+    )
     KEEP.append(trainer)
     trainer.train()  # its rollout worker is shut down when train() returns
     return {"history": training_rows(trainer)}
@@ -213,14 +275,21 @@ def _():
 # ------------------------------------------------------------------ 5. split placement: rank 1 generates, rank 0 trains
 @check("split_lora")
 def _():
-    trainer = AsyncGRPOTrainer(tiny_model("qwen2"), digit_fraction, train_dataset=prompts, peft_config=lora_config(),
-                               args=config("split_lora", async_placement="split", per_device_train_batch_size=16,
-                                           max_staleness=1))
+    trainer = AsyncGRPOTrainer(
+        tiny_model("qwen2"),
+        digit_fraction,
+        train_dataset=prompts,
+        peft_config=lora_config(),
+        args=config("split_lora", async_placement="split", per_device_train_batch_size=16, max_staleness=1),
+    )
     KEEP.append(trainer)
     by_version = watch_split_versions(trainer)  # merged weights: policy after each broadcast, vLLM once loaded
     trainer.train()
-    return {"trains": trainer.trains, "by_version": by_version,
-            "history": training_rows(trainer) if trainer.trains else None}
+    return {
+        "trains": trainer.trains,
+        "by_version": by_version,
+        "history": training_rows(trainer) if trainer.trains else None,
+    }
 
 
 with open(os.path.join(OUT, f"result-{dist.rank(dist.EVERYONE)}.json"), "w") as fh:

@@ -56,48 +56,95 @@ def length_reward(completions, completion_ids, **kwargs):
 
 
 def run(name: str, budget: int, **overrides) -> dict:
-    args = dict(output_dir=os.path.join(OUT, f"{name}_{budget}"), max_steps=4, per_device_train_batch_size=4,
-                num_generations=4, gradient_accumulation_steps=2, steps_per_generation=4,
-                max_completion_length=MAX_COMPLETION, learning_rate=0.05, lr_scheduler_type="constant",
-                logging_steps=1, gradient_checkpointing=False, seed=5, use_vllm=False, save_steps=10**6,
-                report_to="none", token_budget=budget, shuffle_dataset=False)
+    args = dict(
+        output_dir=os.path.join(OUT, f"{name}_{budget}"),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,
+        max_completion_length=MAX_COMPLETION,
+        learning_rate=0.05,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        gradient_checkpointing=False,
+        seed=5,
+        use_vllm=False,
+        save_steps=10**6,
+        report_to="none",
+        token_budget=budget,
+        shuffle_dataset=False,
+    )
     args.update(overrides)
-    t = GRPOTrainer(tiny_model("qwen2"), length_reward, args=GRPOConfig(**args), train_dataset=prompts,
-                    rollout_func=rollout_func,
-                    optimizers=(lambda params: torch.optim.SGD(params, lr=args["learning_rate"]), None))
+    t = GRPOTrainer(
+        tiny_model("qwen2"),
+        length_reward,
+        args=GRPOConfig(**args),
+        train_dataset=prompts,
+        rollout_func=rollout_func,
+        optimizers=(lambda params: torch.optim.SGD(params, lr=args["learning_rate"]), None),
+    )
     KEEP.append(t)
     return train_recording(t)
 
 
 def compare(name: str, budget: int, **overrides) -> dict:
     padded, packed = run(name, 0, **overrides), run(name, budget, **overrides)
-    diff = max(max(abs(a - b) for a, b in zip(torch.tensor(padded["params"][n]).reshape(-1).tolist(),
-                                                torch.tensor(packed["params"][n]).reshape(-1).tolist()))
-               for n in padded["params"])
-    return {"param_diff": diff, "padded": {k: v for k, v in padded.items() if k != "params"},
-            "packed": {k: v for k, v in packed.items() if k != "params"}}
+    diff = max(
+        max(
+            abs(a - b)
+            for a, b in zip(
+                torch.tensor(padded["params"][n]).reshape(-1).tolist(),
+                torch.tensor(packed["params"][n]).reshape(-1).tolist(),
+            )
+        )
+        for n in padded["params"]
+    )
+    return {
+        "param_diff": diff,
+        "padded": {k: v for k, v in padded.items() if k != "params"},
+        "packed": {k: v for k, v in packed.items() if k != "params"},
+    }
 
 
 @check("dapo_iterations_ref_entropy")
 def _():
     """dapo's step-wide token count; two iterations (old log-probs), beta > 0 (reference log-probs), the top half
     of tokens by entropy, truncated completions masked."""
-    return compare("dapo", 64, loss_type="dapo", num_iterations=2, beta=0.1, top_entropy_quantile=0.5,
-                   mask_truncated_completions=True)
+    return compare(
+        "dapo",
+        64,
+        loss_type="dapo",
+        num_iterations=2,
+        beta=0.1,
+        top_entropy_quantile=0.5,
+        mask_truncated_completions=True,
+    )
 
 
 @check("gspo_window_across_rounds")
 def _():
     """GSPO's sequence-level ratios, an entropy bonus and the off-policy mask (the rollout_func's log-probs as the
     behaviour policy); steps_per_generation 3 with 2 accumulation steps, so an optimizer step spans two rounds."""
-    return compare("gspo", 64, loss_type="grpo", importance_sampling_level="sequence", entropy_coef=0.01,
-                   off_policy_mask_threshold=0.5, steps_per_generation=3, num_iterations=2, max_steps=3)
+    return compare(
+        "gspo",
+        64,
+        loss_type="grpo",
+        importance_sampling_level="sequence",
+        entropy_coef=0.01,
+        off_policy_mask_threshold=0.5,
+        steps_per_generation=3,
+        num_iterations=2,
+        max_steps=3,
+    )
 
 
 @check("other_loss_types")
 def _():
-    return {lt: compare(lt, 100, loss_type=lt, max_steps=2, steps_per_generation=2)
-            for lt in ("grpo", "bnpo", "dr_grpo", "luspo", "cispo", "sapo", "vespo")}
+    return {
+        lt: compare(lt, 100, loss_type=lt, max_steps=2, steps_per_generation=2)
+        for lt in ("grpo", "bnpo", "dr_grpo", "luspo", "cispo", "sapo", "vespo")
+    }
 
 
 @check("zero3_sharded")
@@ -113,9 +160,17 @@ def _():
     probe's forwards run on every rank of the ZeRO-3 group."""
     out = {}
     for name, budget in (("qwen2", None), ("opt", None), ("opt", 64)):
-        args = GRPOConfig(output_dir=os.path.join(OUT, f"leak_{name}_{budget}"), max_steps=1,
-                          per_device_train_batch_size=4, num_generations=4, max_completion_length=MAX_COMPLETION,
-                          use_vllm=False, report_to="none", token_budget=budget, gradient_checkpointing=False)
+        args = GRPOConfig(
+            output_dir=os.path.join(OUT, f"leak_{name}_{budget}"),
+            max_steps=1,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=MAX_COMPLETION,
+            use_vllm=False,
+            report_to="none",
+            token_budget=budget,
+            gradient_checkpointing=False,
+        )
         try:
             t = GRPOTrainer(tiny_model(name), length_reward, args=args, train_dataset=prompts)
             out[f"{name}_{budget}"] = {"budget": None if t.budget is None else t.budget.tokens}

@@ -41,12 +41,29 @@ class Reader:
 
 
 def trainer(name, reads: bool, **overrides):
-    args = dict(output_dir=os.path.join(OUT, name), max_steps=3, per_device_train_batch_size=8, num_generations=4,
-                max_completion_length=8, learning_rate=1e-2, lr_scheduler_type="constant", logging_steps=1,
-                gradient_checkpointing=False, seed=5, use_vllm=False, save_steps=10**6, report_to="none")
+    args = dict(
+        output_dir=os.path.join(OUT, name),
+        max_steps=3,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-2,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        gradient_checkpointing=False,
+        seed=5,
+        use_vllm=False,
+        save_steps=10**6,
+        report_to="none",
+    )
     args.update(overrides)
-    t = GRPOTrainer(tiny_model("qwen2"), digit_fraction, args=GRPOConfig(**args), train_dataset=prompts,
-                    callbacks=[Reader()] if reads else None)
+    t = GRPOTrainer(
+        tiny_model("qwen2"),
+        digit_fraction,
+        args=GRPOConfig(**args),
+        train_dataset=prompts,
+        callbacks=[Reader()] if reads else None,
+    )
     KEEP.append(t)
     return t
 
@@ -71,9 +88,13 @@ def with_and_without_reads(name, **overrides) -> dict:
         finals[reads], stages[reads] = full(t.model), stage(t)
         losses[reads] = [h["loss"] for h in t.state.log_history if "loss" in h and "train_runtime" not in h]
     moved_from_start = max((finals[False][n] - full_initial[n]).abs().max().item() for n in full_initial)
-    return {"stage": stages[True], "max_diff": max((finals[True][n] - finals[False][n]).abs().max().item()
-                                                  for n in finals[False]),
-            "moved": moved_from_start, "losses": losses[True], "losses_plain": losses[False]}
+    return {
+        "stage": stages[True],
+        "max_diff": max((finals[True][n] - finals[False][n]).abs().max().item() for n in finals[False]),
+        "moved": moved_from_start,
+        "losses": losses[True],
+        "losses_plain": losses[False],
+    }
 
 
 _first = trainer("initial", False, max_steps=1)
@@ -97,11 +118,15 @@ def trl_pattern(name, **overrides):
     previous = {n: p.clone() for n, p in t.model.named_parameters()}
     previous_ref = {n: p.clone() for n, p in t.ref_model.named_parameters()}
     t.train()
-    return {"stage": stage(t), "ref_stage": t.ref_ds_config.get("zero_optimization", {}).get("stage", 0),
-            "unchanged": [n for n, p in previous.items() if torch.equal(p, t.model.get_parameter(n))],
-            "empty": [n for n, p in t.model.named_parameters() if p.numel() == 0],
-            "ref_unchanged": [n for n, p in previous_ref.items() if torch.equal(p, t.ref_model.get_parameter(n))],
-            "ref_is_module": t.ref_model is t.reference.module, "no_ref_at_beta_0": KEEP[0].ref_model is None}
+    return {
+        "stage": stage(t),
+        "ref_stage": t.ref_ds_config.get("zero_optimization", {}).get("stage", 0),
+        "unchanged": [n for n, p in previous.items() if torch.equal(p, t.model.get_parameter(n))],
+        "empty": [n for n, p in t.model.named_parameters() if p.numel() == 0],
+        "ref_unchanged": [n for n, p in previous_ref.items() if torch.equal(p, t.ref_model.get_parameter(n))],
+        "ref_is_module": t.ref_model is t.reference.module,
+        "no_ref_at_beta_0": KEEP[0].ref_model is None,
+    }
 
 
 @check("trl_pattern")
@@ -110,6 +135,7 @@ def _():
 
 
 if dist.world_size() > 1:
+
     @check("trl_pattern_zero3")
     def _():
         return trl_pattern("trl_pattern_zero3", deepspeed=SHARDED_ZERO3, ref_deepspeed="zero3_inference.json")
@@ -122,18 +148,35 @@ def _():
     from unittest.mock import patch
 
     data = Dataset.from_list([{"prompt": f"p{i:02d}"} for i in range(17)])
-    args = GRPOConfig(output_dir=os.path.join(OUT, "training_step"), num_train_epochs=3, per_device_train_batch_size=6,
-                      num_generations=4, steps_per_generation=4, gradient_accumulation_steps=3, num_iterations=2,
-                      shuffle_dataset=False, max_completion_length=4, use_vllm=False, report_to="none", seed=5,
-                      gradient_checkpointing=False, save_steps=10**6)
+    args = GRPOConfig(
+        output_dir=os.path.join(OUT, "training_step"),
+        num_train_epochs=3,
+        per_device_train_batch_size=6,
+        num_generations=4,
+        steps_per_generation=4,
+        gradient_accumulation_steps=3,
+        num_iterations=2,
+        shuffle_dataset=False,
+        max_completion_length=4,
+        use_vllm=False,
+        report_to="none",
+        seed=5,
+        gradient_checkpointing=False,
+        save_steps=10**6,
+    )
     t = GRPOTrainer(tiny_model("qwen2"), digit_fraction, args=args, train_dataset=data)
     KEEP.append(t)
     with patch.object(GRPOTrainer, "training_step", wraps=t.training_step) as spy:
         t.train()
     calls = spy.call_args_list
-    return {"calls": len(calls), "model_is_policy": all(c.args[0] is t.model for c in calls),
-            "first": [r["prompt"] for r in calls[0].args[1]], "ninth": [r["prompt"] for r in calls[8].args[1]],
-            "rounds": t.state.generation_round, "epoch": t.state.epoch}
+    return {
+        "calls": len(calls),
+        "model_is_policy": all(c.args[0] is t.model for c in calls),
+        "first": [r["prompt"] for r in calls[0].args[1]],
+        "ninth": [r["prompt"] for r in calls[8].args[1]],
+        "rounds": t.state.generation_round,
+        "epoch": t.state.epoch,
+    }
 
 
 @check("gemma2_vllm")
@@ -141,17 +184,30 @@ def _():
     """TRL's tiny Gemma 2 in its tests: tied embeddings that vLLM computes from the embedding (no lm_head to send)
     and logits soft-capped after the head (which the chunked log-probs apply too). After training and a weight sync,
     vLLM's log-probs equal the policy's."""
-    args = GRPOConfig(output_dir=os.path.join(OUT, "gemma2"), max_steps=2, per_device_train_batch_size=8,
-                      num_generations=4, max_completion_length=8, learning_rate=1e-2, seed=5, report_to="none",
-                      vllm_kv_cache_bytes=64 * 2**20, gradient_checkpointing=False, save_steps=10**6)
+    args = GRPOConfig(
+        output_dir=os.path.join(OUT, "gemma2"),
+        max_steps=2,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        learning_rate=1e-2,
+        seed=5,
+        report_to="none",
+        vllm_kv_cache_bytes=64 * 2**20,
+        gradient_checkpointing=False,
+        save_steps=10**6,
+    )
     t = GRPOTrainer(tiny_model("gemma2"), digit_fraction, args=args, train_dataset=prompts)
     KEEP.append(t)
     before = full(t.model)
     t.train()
     after = full(t.model)
     t.source.sync_weights(t.policy.module, t.state.generation_round)  # the last step's weights (training skips it)
-    return {"policy": policy_logps(t.policy.engine), "vllm": vllm_logps(t),
-            "moved": max((after[n] - before[n]).abs().max().item() for n in before)}
+    return {
+        "policy": policy_logps(t.policy.engine),
+        "vllm": vllm_logps(t),
+        "moved": max((after[n] - before[n]).abs().max().item() for n in before),
+    }
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:

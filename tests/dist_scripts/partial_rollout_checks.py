@@ -29,12 +29,23 @@ prompts = Dataset.from_list([{"prompt": f"Count from {i} and keep going:"} for i
 MODEL = tiny_model("qwen2")
 
 
-config = check_config(OUT, max_steps=6, max_completion_length=48, learning_rate=3e-2, seed=11,
-                      deepspeed=SHARDED_ZERO3, vllm_kv_cache_bytes=64 * 2**20, report_to="none", save_strategy="no",
-                      lr_scheduler_type="linear",  # the schedule these checks were written with
-                      partial_rollout=True, rollout_overprovision=4, max_staleness=1,
-                      partial_rollout_adaptive=False,  # every round over-provisions: the checks need carried groups
-                      generation_kwargs={"stop_token_ids": list(range(100, 140))})  # stops at 40 of 1,024 ids
+config = check_config(
+    OUT,
+    max_steps=6,
+    max_completion_length=48,
+    learning_rate=3e-2,
+    seed=11,
+    deepspeed=SHARDED_ZERO3,
+    vllm_kv_cache_bytes=64 * 2**20,
+    report_to="none",
+    save_strategy="no",
+    lr_scheduler_type="linear",  # the schedule these checks were written with
+    partial_rollout=True,
+    rollout_overprovision=4,
+    max_staleness=1,
+    partial_rollout_adaptive=False,  # every round over-provisions: the checks need carried groups
+    generation_kwargs={"stop_token_ids": list(range(100, 140))},
+)  # stops at 40 of 1,024 ids
 
 
 def recording(trainer):
@@ -49,14 +60,23 @@ def recording(trainer):
         groups = {}
         for j, position in enumerate(source.last_positions):
             rows = slice(j * G, (j + 1) * G)
-            groups[str(position)] = {"prompt": r.prompt_ids[j * G], "completions": r.completion_ids[rows],
-                                     "logprobs": r.sampler_logprobs[rows], "versions": r.weight_versions[rows],
-                                     "truncated": r.truncated[rows]}
-        rounds.append({"round": round_index, "version": version, "groups": groups,
-                       "before": {str(p): v for p, v in before.items()},
-                       "after": {str(p): [list(c.tokens) for c in g.members]
-                                 for p, g in source.inflight.groups.items()},
-                       "metrics": {k: v for k, v in batch.metrics.items() if k.startswith(("partial/", "rollout/"))}})
+            groups[str(position)] = {
+                "prompt": r.prompt_ids[j * G],
+                "completions": r.completion_ids[rows],
+                "logprobs": r.sampler_logprobs[rows],
+                "versions": r.weight_versions[rows],
+                "truncated": r.truncated[rows],
+            }
+        rounds.append(
+            {
+                "round": round_index,
+                "version": version,
+                "groups": groups,
+                "before": {str(p): v for p, v in before.items()},
+                "after": {str(p): [list(c.tokens) for c in g.members] for p, g in source.inflight.groups.items()},
+                "metrics": {k: v for k, v in batch.metrics.items() if k.startswith(("partial/", "rollout/"))},
+            }
+        )
         return batch
 
     source.next_batch = next_batch
@@ -65,9 +85,12 @@ def recording(trainer):
 
 @check("option_off_is_the_plain_source")
 def _():
-    return {"off": choose_source(config("x", partial_rollout=False), GRPOTrainer.rollout_source).__name__,
-            "on": choose_source(config("x"), GRPOTrainer.rollout_source).__name__,
-            "plain": GenerationSource.__name__, "partial": PartialRolloutSource.__name__}
+    return {
+        "off": choose_source(config("x", partial_rollout=False), GRPOTrainer.rollout_source).__name__,
+        "on": choose_source(config("x"), GRPOTrainer.rollout_source).__name__,
+        "plain": GenerationSource.__name__,
+        "partial": PartialRolloutSource.__name__,
+    }
 
 
 @check("run")
@@ -78,9 +101,12 @@ def _():
     t.train()
     rows = [h for h in t.state.log_history if "loss" in h and "partial/groups_in_flight" in h]
     keys = ("partial/", "sampling/", "rollout/weight_version")
-    return {"rounds": rounds, "share": t.source.share, "history": [{k: v for k, v in h.items() if k.startswith(keys)}
-                                                                   for h in rows],
-            "in_flight_at_end": sorted(t.source.inflight.groups)}
+    return {
+        "rounds": rounds,
+        "share": t.source.share,
+        "history": [{k: v for k, v in h.items() if k.startswith(keys)} for h in rows],
+        "in_flight_at_end": sorted(t.source.inflight.groups),
+    }
 
 
 @check("resumed")
@@ -103,8 +129,13 @@ def completions_and_losses(args):
 
     def next_batch(round_index, inner=t.source.next_batch):
         batch = inner(round_index)
-        rounds.append({"completions": batch.rollout.completion_ids, "logprobs": batch.rollout.sampler_logprobs,
-                       "metrics": {k: v for k, v in batch.metrics.items() if k.startswith("partial/")}})
+        rounds.append(
+            {
+                "completions": batch.rollout.completion_ids,
+                "logprobs": batch.rollout.sampler_logprobs,
+                "metrics": {k: v for k, v in batch.metrics.items() if k.startswith("partial/")},
+            }
+        )
         return batch
 
     t.source.next_batch = next_batch
@@ -117,16 +148,19 @@ def _():
     """Completions all about max_completion_length long (no stop ids): no tail, so the adaptive partial source samples
     every round as a plain batch, which must be what partial_rollout=False samples, token for token."""
     even = dict(max_steps=3, max_completion_length=8, generation_kwargs={})
-    return {"plain": completions_and_losses(config("even_plain", partial_rollout=False, **even)),
-            "adaptive": completions_and_losses(config("even_adaptive", partial_rollout_adaptive=True, **even))}
+    return {
+        "plain": completions_and_losses(config("even_plain", partial_rollout=False, **even)),
+        "adaptive": completions_and_losses(config("even_adaptive", partial_rollout_adaptive=True, **even)),
+    }
 
 
 @check("adaptive_long_tail")
 def _():
     """The long-tailed workload (stops at 40 ids, up to 96 tokens): the first round is plain and finds the tail, the
     rounds after it over-provision and cut."""
-    return completions_and_losses(config("tail_adaptive", partial_rollout_adaptive=True, max_steps=4,
-                                         max_completion_length=96))
+    return completions_and_losses(
+        config("tail_adaptive", partial_rollout_adaptive=True, max_steps=4, max_completion_length=96)
+    )
 
 
 def recording_async(trainer):
@@ -137,10 +171,20 @@ def recording_async(trainer):
         batch = inner(round_index)
         r, G = batch.rollout, trainer.args.num_generations
         positions = source.last_plan.trained_on(dist.rank())
-        groups = {str(p): {"completions": r.completion_ids[j * G:(j + 1) * G],
-                           "versions": r.weight_versions[j * G:(j + 1) * G]} for j, p in enumerate(positions)}
-        rounds.append({"round": round_index, "groups": groups,
-                       "metrics": {k: v for k, v in batch.metrics.items() if k.startswith(("partial/", "async/"))}})
+        groups = {
+            str(p): {
+                "completions": r.completion_ids[j * G : (j + 1) * G],
+                "versions": r.weight_versions[j * G : (j + 1) * G],
+            }
+            for j, p in enumerate(positions)
+        }
+        rounds.append(
+            {
+                "round": round_index,
+                "groups": groups,
+                "metrics": {k: v for k, v in batch.metrics.items() if k.startswith(("partial/", "async/"))},
+            }
+        )
         return batch
 
     source.next_batch = next_batch
@@ -167,12 +211,13 @@ class HoldTheWorkerMidGroup:
         per_round = w.stream.P if w.balanced else w.stream.per_rank
         while time.monotonic() < deadline:
             with w._pause_lock:
-                w._pause_requests += 1     # the worker takes no further engine step ...
-            with w._work:                  # ... once the one it is in has ended
+                w._pause_requests += 1  # the worker takes no further engine step ...
+            with w._work:  # ... once the one it is in has ended
                 mid_group = any(c.tokens and not c.finished for g in w.inflight.groups.values() for c in g.members)
                 empty = not w.inflight.groups
-                window_claimed = w.counter.add("claimed", 0) >= \
-                    (w.version + w.max_staleness + 1) * per_round + w.counter.add("dropped", 0)
+                window_claimed = w.counter.add("claimed", 0) >= (
+                    w.version + w.max_staleness + 1
+                ) * per_round + w.counter.add("dropped", 0)
             if mid_group:
                 self.held = w
                 return
@@ -229,12 +274,14 @@ class MixVersionsAtASync:
     def _try_to_hold(self):
         w = self.worker
         with w._pause_lock:
-            w._pause_requests += 1       # the worker takes no further engine step ...
-        with w._work:                    # ... once the one it is in has ended
-            version = w.version          # (a member whose oldest token is older starts again: it is younger then)
-            mine = [(p, any(c.versions and min(c.versions) == version and not c.finished for c in g.members))
-                    for p, g in w.inflight.groups.items() if any(c.versions and min(c.versions) == version
-                                                                 for c in g.members)]
+            w._pause_requests += 1  # the worker takes no further engine step ...
+        with w._work:  # ... once the one it is in has ended
+            version = w.version  # (a member whose oldest token is older starts again: it is younger then)
+            mine = [
+                (p, any(c.versions and min(c.versions) == version and not c.finished for c in g.members))
+                for p, g in w.inflight.groups.items()
+                if any(c.versions and min(c.versions) == version for c in g.members)
+            ]
             mine += [(p, False) for p, g in self.pool.groups.items() if g.version == version]
         ranks = dist.all_gather_object(mine, group=dist.EVERYONE)
         everyone = sorted((p, mid, r) for r, part in enumerate(ranks) for p, mid in part)
@@ -266,8 +313,12 @@ def _():
     rows = [h for h in t.state.log_history if "loss" in h]
     keys = ("partial/", "sampling/", "async/staleness", "rollout/")
     saved = json.load(open(os.path.join(OUT, "async", "checkpoint-3", f"rollout_state_{dist.rank()}.json")))
-    return {"rounds": rounds, "history": [{k: v for k, v in h.items() if k.startswith(keys)} for h in rows],
-            "saved_in_flight": saved.get("in_flight"), "saved_pool": [g["position"] for g in saved["pool"]]}
+    return {
+        "rounds": rounds,
+        "history": [{k: v for k, v in h.items() if k.startswith(keys)} for h in rows],
+        "saved_in_flight": saved.get("in_flight"),
+        "saved_pool": [g["position"] for g in saved["pool"]],
+    }
 
 
 @check("async_resumed")

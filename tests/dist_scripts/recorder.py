@@ -9,15 +9,24 @@ import traceback
 
 import torch
 
-SHARDED_ZERO3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-                 "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-                 "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                 "gradient_clipping": "auto"}
+SHARDED_ZERO3 = {
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+}
 
 
 # Small steps that log every step, never save unless asked and keep activations: what every check wants
-CHECK_SETTINGS = dict(per_device_train_batch_size=8, num_generations=4, lr_scheduler_type="constant", logging_steps=1,
-                      gradient_checkpointing=False, save_steps=10**6)
+CHECK_SETTINGS = dict(
+    per_device_train_batch_size=8,
+    num_generations=4,
+    lr_scheduler_type="constant",
+    logging_steps=1,
+    gradient_checkpointing=False,
+    save_steps=10**6,
+)
 
 
 def check_config(out: str, **script_settings):
@@ -27,12 +36,14 @@ def check_config(out: str, **script_settings):
 
     def config(name, **overrides):
         return GRPOConfig(**{**CHECK_SETTINGS, "output_dir": os.path.join(out, name), **script_settings, **overrides})
+
     return config
 
 
 def recorder(results: dict, only=None):
     """`@check(name)` runs the function now and stores its return value in results[name]; with `only`, checks
     whose name is not in it are skipped."""
+
     def check(name):
         def wrap(fn):
             if only and name not in only:
@@ -42,7 +53,9 @@ def recorder(results: dict, only=None):
             except Exception:
                 results[name] = {"error": traceback.format_exc()}
             return fn
+
         return wrap
+
     return check
 
 
@@ -57,6 +70,7 @@ FIXED = [1, 5, 9, 12, 30, 31, 32, 33, 34, 35]  # a token sequence whose log-prob
 def policy_logps(model):
     """log-probs of FIXED[1:] under a model or DeepSpeed engine (collective under ZeRO-3)."""
     from dsgrpo.engines import completion_logprobs
+
     ids = torch.tensor([FIXED])
     with torch.no_grad():
         lp, _ = completion_logprobs(model, ids, torch.ones_like(ids), len(FIXED) - 1)
@@ -66,8 +80,10 @@ def policy_logps(model):
 def vllm_logps(trainer):
     """log-probs of FIXED[1:] under the trainer's colocated vLLM engine."""
     from vllm import SamplingParams
-    out = trainer.generator.llm.generate([{"prompt_token_ids": FIXED}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                                         use_tqdm=False)[0]
+
+    out = trainer.generator.llm.generate(
+        [{"prompt_token_ids": FIXED}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+    )[0]
     return [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], FIXED[1:])]
 
 
@@ -84,6 +100,7 @@ def after_each_sync(trainer, fn) -> None:
     def sync(policy_module, round_index, needed=True):
         original(policy_module, round_index, needed)
         fn(needed)
+
     trainer.source.sync_weights = sync
 
 
@@ -98,9 +115,11 @@ def watch_split_versions(trainer) -> dict:
     training rank, from vLLM once it has loaded them on a generating rank (version 0: before training)."""
     by_version = {}
     if trainer.trains:
+
         def sync(needed):
             if needed:
                 by_version[trainer.state.generation_round + 1] = policy_logps(trainer.policy.engine)
+
         after_each_sync(trainer, sync)
         by_version[0] = policy_logps(trainer.policy.engine)
     else:
@@ -111,6 +130,7 @@ def watch_split_versions(trainer) -> dict:
             original_receive(version)
             with rank.worker.paused():
                 by_version[version] = vllm_logps(trainer)
+
         rank.receive_weights = receive
         by_version[0] = vllm_logps(trainer)
     return by_version
@@ -132,13 +152,19 @@ def train_recording(trainer) -> dict:
     def counting(model, inputs, num_items_in_batch=None):
         seen["micro_steps"] += 1
         return step(model, inputs)
+
     trainer._logprobs, trainer.training_step = recording, counting
     trainer.train()
     rows = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
-    return {"params": {n: p.tolist() for n, p in named_full_parameters(trainer.policy.module, 1 << 30)},
-            "loss": [h["loss"] for h in rows], "grad_norm": [h["grad_norm"] for h in rows],
-            "entropy": [h.get("entropy") for h in rows], "logps": seen["logps"], "micro_steps": seen["micro_steps"],
-            "steps": trainer.state.global_step}
+    return {
+        "params": {n: p.tolist() for n, p in named_full_parameters(trainer.policy.module, 1 << 30)},
+        "loss": [h["loss"] for h in rows],
+        "grad_norm": [h["grad_norm"] for h in rows],
+        "entropy": [h.get("entropy") for h in rows],
+        "logps": seen["logps"],
+        "micro_steps": seen["micro_steps"],
+        "steps": trainer.state.global_step,
+    }
 
 
 def spy_batches(trainer, read=None) -> list:
@@ -149,6 +175,7 @@ def spy_batches(trainer, read=None) -> list:
     def spy(batch, group):
         seen.extend([batch] if read is None else read(batch))
         return score(batch, group)
+
     trainer._score = spy
     return seen
 
@@ -165,6 +192,7 @@ def spy_engine(trainer) -> dict:
             seen["rows"].setdefault(tuple(p), []).append((c, lp))
         seen["versions"].append(trainer.generator.weight_version)
         return out
+
     trainer.generator.generate = engine
     return seen
 
@@ -173,6 +201,8 @@ def calls_the_engine_sampled(episodes, seen) -> tuple:
     """(recorded choices, how many of them start a row the engine sampled for that prompt: a call cut to its own
     room inside a batched engine call keeps a prefix)."""
     recorded = [(c.prompt_ids, ch.ids, ch.logprobs) for e in episodes for c in e.calls for ch in c.choices]
-    matched = sum(any(ec[:len(ids)] == ids and elp[:len(lps)] == lps for ec, elp in seen["rows"].get(tuple(p), []))
-                  for p, ids, lps in recorded)
+    matched = sum(
+        any(ec[: len(ids)] == ids and elp[: len(lps)] == lps for ec, elp in seen["rows"].get(tuple(p), []))
+        for p, ids, lps in recorded
+    )
     return len(recorded), matched

@@ -20,8 +20,11 @@ OUT = sys.argv[1]
 results = {}
 TEXTS_P = ["Write 3 numbers:", "Say hi", "Repeat this number: 384", "Count", "x", "long " * 20]
 TEXTS_C = [" 1 2 3", " hi there", " 384", " 1 2 3 4 5 6 7", " y", " end"]
-SHARDED = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-           "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1}
+SHARDED = {
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": 1,
+}
 
 
 check = recorder(results)
@@ -38,12 +41,14 @@ rank = dist.rank()
 @check("sharded_reward_model")
 def _():
     cfg = GRPOConfig(per_device_train_batch_size=4, num_generations=2, output_dir=os.path.join(OUT, "rm"))
-    rm = RewardModel.sharded(tiny_model("qwen2-reward"), None, args=cfg, ds_spec=SHARDED, dtype=torch.float32,
-                             world_size=2)
+    rm = RewardModel.sharded(
+        tiny_model("qwen2-reward"), None, args=cfg, ds_spec=SHARDED, dtype=torch.float32, world_size=2
+    )
     local = [int(p.ds_tensor.numel()) < int(p.ds_numel) for p in rm.forward.module.parameters() if p.ds_numel > 1]
     sharded = rm(TEXTS_P, TEXTS_C)
     # the same model in one process, no DeepSpeed
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     ref = AutoModelForSequenceClassification.from_pretrained(tiny_model("qwen2-reward"), num_labels=1).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model("qwen2-reward"))
     tok.padding_side = "right"
@@ -56,11 +61,21 @@ def _():
 def _():
     data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(16)])
     remote = RemoteReward(os.environ["REMOTE_URL"], timeout=10, retries=1, name="remote_length")
-    args = GRPOConfig(output_dir=os.path.join(OUT, "mixed"), max_steps=1, per_device_train_batch_size=4,
-                      num_generations=2, max_completion_length=6, use_vllm=False, gradient_checkpointing=False,
-                      reward_weights=[1.0, 0.5, 2.0], logging_steps=1, ref_deepspeed=SHARDED)
-    trainer = GRPOTrainer(tiny_model("qwen2"), [length_bonus, tiny_model("qwen2-reward"), remote], args=args,
-                          train_dataset=data)
+    args = GRPOConfig(
+        output_dir=os.path.join(OUT, "mixed"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        use_vllm=False,
+        gradient_checkpointing=False,
+        reward_weights=[1.0, 0.5, 2.0],
+        logging_steps=1,
+        ref_deepspeed=SHARDED,
+    )
+    trainer = GRPOTrainer(
+        tiny_model("qwen2"), [length_bonus, tiny_model("qwen2-reward"), remote], args=args, train_dataset=data
+    )
     trainer.train()
     return {"names": trainer.rewards.names, "metrics": training_rows(trainer)[0]}
 
@@ -71,28 +86,51 @@ def _():
     each round's metrics count them."""
     data = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(16)])
     remote = RemoteReward(os.environ["FLAPPING_URL"], timeout=10, retries=3, backoff=0.01, name="flapping")
-    args = GRPOConfig(output_dir=os.path.join(OUT, "flapping"), max_steps=3, per_device_train_batch_size=4,
-                      num_generations=2, max_completion_length=6, use_vllm=False, gradient_checkpointing=False,
-                      logging_steps=1, save_strategy="no")
+    args = GRPOConfig(
+        output_dir=os.path.join(OUT, "flapping"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        use_vllm=False,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_strategy="no",
+    )
     trainer = GRPOTrainer(tiny_model("qwen2"), [length_bonus, remote], args=args, train_dataset=data)
     trainer.train()
     rows = training_rows(trainer)
-    return {"retries": [r["rewards/flapping/retries"] for r in rows],
-            "remote": [r["rewards/flapping/mean"] for r in rows], "local": [r["rewards/length_bonus/mean"] for r in rows]}
+    return {
+        "retries": [r["rewards/flapping/retries"] for r in rows],
+        "remote": [r["rewards/flapping/mean"] for r in rows],
+        "local": [r["rewards/length_bonus/mean"] for r in rows],
+    }
 
 
 @check("scorer_down_at_start")
 def _():
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there once closed
     from dsgrpo.rewards.remote import RemoteRewardError
-    args = GRPOConfig(output_dir=os.path.join(OUT, "down"), max_steps=1, per_device_train_batch_size=4,
-                      num_generations=2, use_vllm=False, gradient_checkpointing=False)
+
+    args = GRPOConfig(
+        output_dir=os.path.join(OUT, "down"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        use_vllm=False,
+        gradient_checkpointing=False,
+    )
     try:
-        GRPOTrainer(tiny_model("qwen2"), [RemoteReward(f"http://127.0.0.1:{port}/score", timeout=2)], args=args,
-                    train_dataset=Dataset.from_list([{"prompt": "x"}] * 4))
+        GRPOTrainer(
+            tiny_model("qwen2"),
+            [RemoteReward(f"http://127.0.0.1:{port}/score", timeout=2)],
+            args=args,
+            train_dataset=Dataset.from_list([{"prompt": "x"}] * 4),
+        )
     except RemoteRewardError as exc:
         return {"error": None, "message": str(exc), "engine_built": os.path.exists(os.path.join(OUT, "down"))}
     return {"error": "the trainer started with its scorer down"}

@@ -26,8 +26,16 @@ check = recorder(results, ONLY)
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
 
 
-config = check_config(OUT, max_steps=3, max_completion_length=8, learning_rate=5e-3, seed=9, deepspeed=SHARDED_ZERO3,
-                      use_vllm=False, routing_replay="rollout")
+config = check_config(
+    OUT,
+    max_steps=3,
+    max_completion_length=8,
+    learning_rate=5e-3,
+    seed=9,
+    deepspeed=SHARDED_ZERO3,
+    use_vllm=False,
+    routing_replay="rollout",
+)
 
 
 class ExpertsWatch:
@@ -54,12 +62,14 @@ class ExpertsWatch:
             same = (index.sort(-1).values == given.sort(-1).values).all(-1)
             self.checked += int(known.sum())
             self.differed += int((known & ~same).sum())
+
         return hook
 
 
 def routers(engine) -> dict:
     """Every router's full weight (gathered from ZeRO-3's shards)."""
     import deepspeed
+
     params = [(n, p) for n, p in engine.module.named_parameters() if n.endswith("mlp.gate.weight")]
     with deepspeed.zero.GatheredParameters([p for _, p in params]):
         return {n: p.detach().float().clone() for n, p in params}
@@ -67,8 +77,9 @@ def routers(engine) -> dict:
 
 def run(name, model="qwen3-moe", **overrides):
     peft = overrides.pop("peft", None)
-    t = GRPOTrainer(tiny_model(model), digit_fraction, train_dataset=prompts, peft_config=peft,
-                    args=config(name, **overrides))
+    t = GRPOTrainer(
+        tiny_model(model), digit_fraction, train_dataset=prompts, peft_config=peft, args=config(name, **overrides)
+    )
     KEEP.append(t)
     watch = ExpertsWatch(t.policy.engine)
     ref_watch = ExpertsWatch(t.reference) if t.reference is not None else None
@@ -76,27 +87,41 @@ def run(name, model="qwen3-moe", **overrides):
     t.train()
     after = routers(t.policy.engine)
     rows = training_rows(t)
-    keys = ("moe/router_agreement", "moe/router_own_agreement", "moe/tokens_routed_as_sampled",
-            "moe/sampling_logp_difference/routes_agreed", "moe/sampling_logp_difference/routes_differed",
-            "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max", "grad_norm", "kl")
-    return {"history": [{k: h[k] for k in keys if k in h} for h in rows],
-            "checked": watch.checked, "differed": watch.differed, "calls": watch.calls,
-            "ref_checked": ref_watch.checked if ref_watch else None,
-            "ref_differed": ref_watch.differed if ref_watch else None,
-            "router_moved": {n: float((after[n] - before[n]).abs().max()) for n in before},
-            "budget": None if t.budget is None else t.budget.tokens, "replace": routing.tap_of(t.policy.engine).replace,
-            "sp": None if t.budget is None or t.budget.sp is None else t.budget.sp.size}
+    keys = (
+        "moe/router_agreement",
+        "moe/router_own_agreement",
+        "moe/tokens_routed_as_sampled",
+        "moe/sampling_logp_difference/routes_agreed",
+        "moe/sampling_logp_difference/routes_differed",
+        "sampling/sampling_logp_difference/mean",
+        "sampling/sampling_logp_difference/max",
+        "grad_norm",
+        "kl",
+    )
+    return {
+        "history": [{k: h[k] for k in keys if k in h} for h in rows],
+        "checked": watch.checked,
+        "differed": watch.differed,
+        "calls": watch.calls,
+        "ref_checked": ref_watch.checked if ref_watch else None,
+        "ref_differed": ref_watch.differed if ref_watch else None,
+        "router_moved": {n: float((after[n] - before[n]).abs().max()) for n in before},
+        "budget": None if t.budget is None else t.budget.tokens,
+        "replace": routing.tap_of(t.policy.engine).replace,
+        "sp": None if t.budget is None or t.budget.sp is None else t.budget.sp.size,
+    }
 
 
 # ------------------------------------------------------------------ replay on padded and packed rows, fp32
 @check("fp32")
 def _():
     from peft import LoraConfig
+
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.0)
     return {
         # padded micro-batches, the reference and old-policy passes replayed too, recomputation in the backward
         "padded": run("padded", token_budget=0, beta=0.05, num_iterations=2, gradient_checkpointing=True),
-        "packed_qwen2": run("packed_qwen2", model="qwen2-moe"),                  # packed rows (token_budget auto)
+        "packed_qwen2": run("packed_qwen2", model="qwen2-moe"),  # packed rows (token_budget auto)
         "lora": run("lora", peft=lora, learning_rate=5e-2),
         # sequence parallelism: both ranks run each packed step on two shards, each replaying its tokens' routes;
         # beta > 0, so the reference's sharded pass too
@@ -108,9 +133,19 @@ def _():
 @check("bf16")
 def _():
     bf16 = {**SHARDED_ZERO3, "bf16": {"enabled": "auto"}}
-    return {mode: run(f"bf16_{mode}", bf16=True, deepspeed=bf16, routing_replay=mode, token_budget=0, max_steps=3,
-                      per_device_train_batch_size=16, max_completion_length=24)
-            for mode in ("off", "rollout")}
+    return {
+        mode: run(
+            f"bf16_{mode}",
+            bf16=True,
+            deepspeed=bf16,
+            routing_replay=mode,
+            token_budget=0,
+            max_steps=3,
+            per_device_train_batch_size=16,
+            max_completion_length=24,
+        )
+        for mode in ("off", "rollout")
+    }
 
 
 # ------------------------------------------------------------------ resume with replay on
@@ -133,7 +168,9 @@ def _():
     for name, kwargs in {"dense": dict(model="qwen2"), "vllm": dict(use_vllm=True)}.items():  # CPU: vLLM cannot capture
         model = kwargs.pop("model", "qwen3-moe")
         try:
-            GRPOTrainer(tiny_model(model), digit_fraction, train_dataset=prompts, args=config(f"refused_{name}", **kwargs))
+            GRPOTrainer(
+                tiny_model(model), digit_fraction, train_dataset=prompts, args=config(f"refused_{name}", **kwargs)
+            )
             out[name] = "accepted"
         except ValueError as exc:
             out[name] = str(exc)

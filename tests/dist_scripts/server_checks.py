@@ -16,8 +16,19 @@ from datasets import Dataset
 from dsgrpo import AsyncGRPOTrainer, GRPOTrainer, dist
 from dsgrpo.http import HTTPError, request_json
 from dsgrpo.testing import ServerProcess, tiny_model
-from recorder import (check_config, FIXED, SHARDED_ZERO3, after_each_sync, calls_the_engine_sampled,
-                      digit_fraction, policy_logps, recorder, spy_batches, spy_engine, training_rows)
+from recorder import (
+    check_config,
+    FIXED,
+    SHARDED_ZERO3,
+    after_each_sync,
+    calls_the_engine_sampled,
+    digit_fraction,
+    policy_logps,
+    recorder,
+    spy_batches,
+    spy_engine,
+    training_rows,
+)
 
 OUT, STATE, PORT, GROUP_PORT = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 ONLY = set(sys.argv[5].split(",")) if len(sys.argv) > 5 else None
@@ -28,9 +39,19 @@ check = recorder(results, ONLY)
 prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(64)])
 
 
-config = check_config(OUT, max_steps=5, max_completion_length=12, learning_rate=2e-3, seed=1,
-                      deepspeed=SHARDED_ZERO3, vllm_mode="server", vllm_server_port=PORT, vllm_group_port=GROUP_PORT,
-                      vllm_server_timeout=120, report_to="none")
+config = check_config(
+    OUT,
+    max_steps=5,
+    max_completion_length=12,
+    learning_rate=2e-3,
+    seed=1,
+    deepspeed=SHARDED_ZERO3,
+    vllm_mode="server",
+    vllm_server_port=PORT,
+    vllm_group_port=GROUP_PORT,
+    vllm_server_timeout=120,
+    report_to="none",
+)
 
 
 def trainer_for(name, model="qwen2-tied", trainer=GRPOTrainer, **overrides):
@@ -78,11 +99,13 @@ def record_syncs(t):
         row["policy"] = policy_logps(t.policy.engine)
         dist.barrier("every rank has read the server")
         return row
+
     syncs = [read()]
 
     def record(needed):
         if needed:
             syncs.append(read())
+
     after_each_sync(t, record)
     return syncs
 
@@ -93,8 +116,13 @@ def _():
     t = trainer_for("server_sync", beta=0.05)
     syncs = record_syncs(t)
     t.train()
-    return {"syncs": syncs, "history": training_rows(t), "generator": type(t.generator).__name__,
-            "vllm_imported": "vllm" in sys.modules, "pushes": t.generator.pushes}
+    return {
+        "syncs": syncs,
+        "history": training_rows(t),
+        "generator": type(t.generator).__name__,
+        "vllm_imported": "vllm" in sys.modules,
+        "pushes": t.generator.pushes,
+    }
 
 
 # ------------------------------------------------------------------ 2. a restart between rounds: re-initialised
@@ -107,12 +135,14 @@ def _():
         if t.state.generation_round == 1:
             restart_server()
             ids.append(health()["server_id"])
+
     original = t.source.next_batch
 
     def next_batch(round_index):
         batch = original(round_index)
         on_generate_end()
         return batch
+
     t.source.next_batch = next_batch
     syncs = record_syncs(t)
     t.train()
@@ -127,6 +157,7 @@ def _():
     def after_sync(needed):
         if t.state.generation_round == 1:  # round 1 pushed; round 2 would generate from the disk weights
             restart_server()
+
     after_each_sync(t, after_sync)
     try:
         t.train()
@@ -140,13 +171,20 @@ def _():
 def _():
     full = trainer_for("server_resume_full", max_steps=4, save_steps=2)
     full.train()
-    resumed = trainer_for("server_resume_part", max_steps=4, save_steps=2,
-                          resume_from_checkpoint=os.path.join(OUT, "server_resume_full", "checkpoint-2"))
+    resumed = trainer_for(
+        "server_resume_part",
+        max_steps=4,
+        save_steps=2,
+        resume_from_checkpoint=os.path.join(OUT, "server_resume_full", "checkpoint-2"),
+    )
     syncs = record_syncs(resumed)
     resumed.train()
     a, b = training_rows(full)[2:], training_rows(resumed)[2:]  # the resumed log_history holds steps 1-2 too
-    return {"full": [(h["reward"], h["loss"]) for h in a], "resumed": [(h["reward"], h["loss"]) for h in b],
-            "syncs": syncs}
+    return {
+        "full": [(h["reward"], h["loss"]) for h in a],
+        "resumed": [(h["reward"], h["loss"]) for h in b],
+        "syncs": syncs,
+    }
 
 
 # ------------------------------------------------------------------ 5. AsyncGRPOTrainer: the server generates
@@ -155,8 +193,12 @@ def _():
     t = trainer_for("server_async", trainer=AsyncGRPOTrainer, max_steps=4, max_staleness=1)
     syncs = record_syncs(t)
     t.train()
-    return {"syncs": syncs, "history": training_rows(t), "generator": type(t.generator).__name__,
-            "vllm_imported": "vllm" in sys.modules}
+    return {
+        "syncs": syncs,
+        "history": training_rows(t),
+        "generator": type(t.generator).__name__,
+        "vllm_imported": "vllm" in sys.modules,
+    }
 
 
 # ------------------------------------------------------------------ 5a. environments, generated on the server
@@ -179,8 +221,13 @@ def content_digits(completions, environments, **kwargs):
 @check("server_environments")
 def _():
     rows = Dataset.from_list([{"prompt": [{"role": "user", "content": "Numbers:"}], "n": i} for i in range(16)])
-    t = GRPOTrainer(tiny_model("qwen2-tied"), content_digits, train_dataset=rows, environment_factory=Parity,
-                    args=config("server_environments", max_steps=2, shuffle_dataset=False))
+    t = GRPOTrainer(
+        tiny_model("qwen2-tied"),
+        content_digits,
+        train_dataset=rows,
+        environment_factory=Parity,
+        args=config("server_environments", max_steps=2, shuffle_dataset=False),
+    )
     KEEP.append(t)
     prompts_seen = []
     original = t.generator.generate
@@ -188,12 +235,19 @@ def _():
     def spy(prompt_ids, counts, sampling, seeds=None):
         prompts_seen.extend(t.tokenizer.decode(p) for p in prompt_ids)
         return original(prompt_ids, counts, sampling, seeds=seeds)
+
     t.generator.generate = spy
     t.train()
-    return {"history": training_rows(t), "generator": type(t.generator).__name__,
-            "instances": len(t.environments), "distinct": len({id(e) for e in t.environments}),
-            "observed": sum(f"Numbers: Row {e.n}." in p for e, p in zip(t.environments, prompts_seen[-len(t.environments):])),
-            "parities": [e.n % 2 for e in t.environments]}
+    return {
+        "history": training_rows(t),
+        "generator": type(t.generator).__name__,
+        "instances": len(t.environments),
+        "distinct": len({id(e) for e in t.environments}),
+        "observed": sum(
+            f"Numbers: Row {e.n}." in p for e, p in zip(t.environments, prompts_seen[-len(t.environments) :])
+        ),
+        "parities": [e.n % 2 for e in t.environments],
+    }
 
 
 # ------------------------------------------------------------------ 5b. a stateful environment's tool turns, on a server
@@ -215,24 +269,43 @@ def _():
             message = reply.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
             if message.tool_calls:
-                messages += [{"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": "5"}
-                             for c in message.tool_calls]
+                messages += [
+                    {"role": "tool", "tool_call_id": c.id, "name": c.function.name, "content": "5"}
+                    for c in message.tool_calls
+                ]
             else:
                 messages.append({"role": "user", "content": "Say it again."})
         return 1.0 if "5" in (reply.choices[0].message.content or "") else 0.0
 
     rollout = agent_rollout(agent, max_concurrent=8)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 plus 3?"}]} for _ in range(8)])
-    t = GRPOTrainer(model, agent_reward, train_dataset=data, rollout_func=rollout,
-                    args=config("server_agents", max_steps=2, max_completion_length=256, temperature=1.0,
-                                learning_rate=1e-4, vllm_server_port=int(port), vllm_group_port=int(group_port)))
+    t = GRPOTrainer(
+        model,
+        agent_reward,
+        train_dataset=data,
+        rollout_func=rollout,
+        args=config(
+            "server_agents",
+            max_steps=2,
+            max_completion_length=256,
+            temperature=1.0,
+            learning_rate=1e-4,
+            vllm_server_port=int(port),
+            vllm_group_port=int(group_port),
+        ),
+    )
     KEEP.append(t)
     seen = spy_engine(t)
     t.train()
     recorded, matched = calls_the_engine_sampled(rollout.last_episodes, seen)
-    return {"history": training_rows(t), "generator": type(t.generator).__name__, "recorded": recorded,
-            "matched": matched, "calls": [len(e.calls) for e in rollout.last_episodes],
-            "extends": [c.extends for e in rollout.last_episodes for c in e.calls[1:]]}
+    return {
+        "history": training_rows(t),
+        "generator": type(t.generator).__name__,
+        "recorded": recorded,
+        "matched": matched,
+        "calls": [len(e.calls) for e in rollout.last_episodes],
+        "extends": [c.extends for e in rollout.last_episodes for c in e.calls[1:]],
+    }
 
 
 @check("server_tool_environments")
@@ -244,18 +317,40 @@ def _():
     model, port, group_port = os.environ["TOOL_SERVER"].split(",")
     asks = ["What is 2 plus 3?", "Make it explode.", "Wait for me."]
     rows = Dataset.from_list([{"prompt": [{"role": "user", "content": asks[i % 3]}]} for i in range(12)])
-    t = GRPOTrainer(model, lambda completions, **kw: [0.0] * len(completions), train_dataset=rows,
-                    environment_factory=Ledger,
-                    args=config("server_tool_environments", max_steps=2, max_completion_length=192, temperature=0.3,
-                                learning_rate=1e-4, max_tool_calling_iterations=2, tool_timeout_s=0.5,
-                                shuffle_dataset=False, vllm_server_port=int(port), vllm_group_port=int(group_port)))
+    t = GRPOTrainer(
+        model,
+        lambda completions, **kw: [0.0] * len(completions),
+        train_dataset=rows,
+        environment_factory=Ledger,
+        args=config(
+            "server_tool_environments",
+            max_steps=2,
+            max_completion_length=192,
+            temperature=0.3,
+            learning_rate=1e-4,
+            max_tool_calling_iterations=2,
+            tool_timeout_s=0.5,
+            shuffle_dataset=False,
+            vllm_server_port=int(port),
+            vllm_group_port=int(group_port),
+        ),
+    )
     KEEP.append(t)
 
-    def read(batch):   # read when scored: the next round resets the pool's instances
+    def read(batch):  # read when scored: the next round resets the pool's instances
         r = batch.rollout
-        return [{"calls": c[0], "answered": c[0] - c[1], "turns": c[5], "env_adds": len(env.calls),
-                 "inserted": mask.count(0), "text": t.tokenizer.decode(ids)}
-                for c, mask, ids, env in zip(r.tool_counts, r.tool_mask, r.completion_ids, r.columns["environments"])]
+        return [
+            {
+                "calls": c[0],
+                "answered": c[0] - c[1],
+                "turns": c[5],
+                "env_adds": len(env.calls),
+                "inserted": mask.count(0),
+                "text": t.tokenizer.decode(ids),
+            }
+            for c, mask, ids, env in zip(r.tool_counts, r.tool_mask, r.completion_ids, r.columns["environments"])
+        ]
+
     episodes = spy_batches(t, read)
     t.train()
     return {"history": training_rows(t), "generator": type(t.generator).__name__, "episodes": episodes}
@@ -267,12 +362,14 @@ def _():
     """ZeRO-2 has no collective gather to hold rank 1 back while rank 0 announces a push: rank 0 announces 2 s
     late here, and rank 1's next /generate must still come from the pushed weights, not the server's own."""
     from dsgrpo.rollout.server_client import ServerGenerator
+
     original = ServerGenerator._request
 
     def late_announce(self, path, payload=None, timeout=None):
         if path == "/update_weights":
             time.sleep(2.0)
         return original(self, path, payload, timeout)
+
     ServerGenerator._request = late_announce
     try:
         t = trainer_for("server_zero2_push_order", max_steps=2, deepspeed="zero2.json")

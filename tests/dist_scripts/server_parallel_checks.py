@@ -14,8 +14,7 @@ from datasets import Dataset
 from dsgrpo import GRPOConfig, GRPOTrainer
 from dsgrpo.http import request_json
 from dsgrpo.testing import tiny_model
-from recorder import (FIXED, SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps,
-                      recorder, training_rows)
+from recorder import FIXED, SHARDED_ZERO3, after_each_sync, digit_fraction, policy_logps, recorder, training_rows
 
 OUT, PORT, GROUP_PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 URL = f"http://127.0.0.1:{PORT}"
@@ -30,14 +29,28 @@ def server_logps():
 @check("parallel_server")
 def _():
     prompts = Dataset.from_list([{"prompt": f"Write some numbers {i}:"} for i in range(32)])
-    args = GRPOConfig(output_dir=os.path.join(OUT, "run"), max_steps=3, per_device_train_batch_size=8,
-                      num_generations=4, max_completion_length=12, learning_rate=2e-3, logging_steps=1,
-                      gradient_checkpointing=False, seed=1, deepspeed=SHARDED_ZERO3, save_steps=10**6,
-                      vllm_mode="server", vllm_server_port=PORT, vllm_group_port=GROUP_PORT, vllm_server_timeout=120)
+    args = GRPOConfig(
+        output_dir=os.path.join(OUT, "run"),
+        max_steps=3,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        learning_rate=2e-3,
+        logging_steps=1,
+        gradient_checkpointing=False,
+        seed=1,
+        deepspeed=SHARDED_ZERO3,
+        save_steps=10**6,
+        vllm_mode="server",
+        vllm_server_port=PORT,
+        vllm_group_port=GROUP_PORT,
+        vllm_server_timeout=120,
+    )
     t = GRPOTrainer(tiny_model("qwen2-tied"), digit_fraction, train_dataset=prompts, args=args)
     syncs = [{"server": server_logps(), "policy": policy_logps(t.policy.engine)}]
-    after_each_sync(t, lambda needed: needed and syncs.append({"server": server_logps(),
-                                                               "policy": policy_logps(t.policy.engine)}))
+    after_each_sync(
+        t, lambda needed: needed and syncs.append({"server": server_logps(), "policy": policy_logps(t.policy.engine)})
+    )
     t.train()
     return {"syncs": syncs, "history": training_rows(t), "health": request_json(URL + "/health")}
 

@@ -50,30 +50,63 @@ def length_reward(completions, completion_ids, **kwargs):
 
 
 def run(name: str, sp: int, peft_config=None, trainer_class=GRPOTrainer, **overrides) -> dict:
-    args = dict(output_dir=os.path.join(OUT, f"{name}_sp{sp}"), max_steps=3, per_device_train_batch_size=4,
-                num_generations=4, gradient_accumulation_steps=2, steps_per_generation=2,
-                max_completion_length=MAX_COMPLETION, learning_rate=0.05, lr_scheduler_type="constant",
-                logging_steps=1, gradient_checkpointing=False, seed=5, use_vllm=False, save_steps=10**6,
-                report_to="none", token_budget=64, shuffle_dataset=False, deepspeed=SHARDED_ZERO3,
-                parallelism_config={"sp_backend": "deepspeed", "sp_size": sp} if sp > 1 else None)
+    args = dict(
+        output_dir=os.path.join(OUT, f"{name}_sp{sp}"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        gradient_accumulation_steps=2,
+        steps_per_generation=2,
+        max_completion_length=MAX_COMPLETION,
+        learning_rate=0.05,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        gradient_checkpointing=False,
+        seed=5,
+        use_vllm=False,
+        save_steps=10**6,
+        report_to="none",
+        token_budget=64,
+        shuffle_dataset=False,
+        deepspeed=SHARDED_ZERO3,
+        parallelism_config={"sp_backend": "deepspeed", "sp_size": sp} if sp > 1 else None,
+    )
     args.update(overrides)
-    t = trainer_class(tiny_model("qwen2"), length_reward, args=GRPOConfig(**args), train_dataset=prompts,
-                    rollout_func=rollout_func, peft_config=peft_config,
-                    optimizers=(lambda params: torch.optim.SGD(params, lr=args["learning_rate"]), None))
+    t = trainer_class(
+        tiny_model("qwen2"),
+        length_reward,
+        args=GRPOConfig(**args),
+        train_dataset=prompts,
+        rollout_func=rollout_func,
+        peft_config=peft_config,
+        optimizers=(lambda params: torch.optim.SGD(params, lr=args["learning_rate"]), None),
+    )
     KEEP.append(t)
     return dict(train_recording(t), sp=1 if t.budget.sp is None else t.budget.sp.size)
 
 
 def compare(name: str, **overrides) -> dict:
     plain, sharded = run(name, 1, **overrides), run(name, 2, **overrides)
-    diff = max(max(abs(a - b) for a, b in zip(torch.tensor(plain["params"][n]).reshape(-1).tolist(),
-                                                torch.tensor(sharded["params"][n]).reshape(-1).tolist()))
-               for n in plain["params"])
-    moved = {n: float((torch.tensor(sharded["params"][n]) - torch.tensor(plain["params"][n])).abs().max())
-             for n in plain["params"]}
-    return {"param_diff": diff, "worst": max(moved, key=moved.get),
-            "plain": {k: v for k, v in plain.items() if k != "params"},
-            "sharded": {k: v for k, v in sharded.items() if k != "params"}}
+    diff = max(
+        max(
+            abs(a - b)
+            for a, b in zip(
+                torch.tensor(plain["params"][n]).reshape(-1).tolist(),
+                torch.tensor(sharded["params"][n]).reshape(-1).tolist(),
+            )
+        )
+        for n in plain["params"]
+    )
+    moved = {
+        n: float((torch.tensor(sharded["params"][n]) - torch.tensor(plain["params"][n])).abs().max())
+        for n in plain["params"]
+    }
+    return {
+        "param_diff": diff,
+        "worst": max(moved, key=moved.get),
+        "plain": {k: v for k, v in plain.items() if k != "params"},
+        "sharded": {k: v for k, v in sharded.items() if k != "params"},
+    }
 
 
 @check("grpo_ref_iterations")
@@ -102,8 +135,13 @@ def _():
 @check("lora")
 def _():
     from peft import LoraConfig
-    return compare("lora", peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-                   beta=0.1, learning_rate=0.5)
+
+    return compare(
+        "lora",
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        beta=0.1,
+        learning_rate=0.5,
+    )
 
 
 @check("twenty_steps")
@@ -114,8 +152,17 @@ def _():
 @check("async")
 def _():
     """The asynchronous trainer (max_staleness 0, no balancing: the rows each rank trains on are fixed)."""
-    return compare("async", trainer_class=AsyncGRPOTrainer, loss_type="dapo", beta=0.1, max_staleness=0,
-                   async_load_balancing=False, async_chunk_groups=1, use_vllm=True, vllm_kv_cache_bytes=64 * 2**20)
+    return compare(
+        "async",
+        trainer_class=AsyncGRPOTrainer,
+        loss_type="dapo",
+        beta=0.1,
+        max_staleness=0,
+        async_load_balancing=False,
+        async_chunk_groups=1,
+        use_vllm=True,
+        vllm_kv_cache_bytes=64 * 2**20,
+    )
 
 
 @check("knobs")
@@ -123,20 +170,36 @@ def _():
     """The DeepSpeed config's sequence_parallel_size means the same; refusals name the field and the fix."""
     out = {}
     ds = dict(SHARDED_ZERO3, sequence_parallel_size=2)
-    args = dict(max_steps=1, per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
-                use_vllm=False, report_to="none", gradient_checkpointing=False)
-    t = GRPOTrainer(tiny_model("qwen2"), length_reward, train_dataset=prompts,
-                    args=GRPOConfig(output_dir=os.path.join(OUT, "ds_knob"), deepspeed=ds, **args))
+    args = dict(
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        use_vllm=False,
+        report_to="none",
+        gradient_checkpointing=False,
+    )
+    t = GRPOTrainer(
+        tiny_model("qwen2"),
+        length_reward,
+        train_dataset=prompts,
+        args=GRPOConfig(output_dir=os.path.join(OUT, "ds_knob"), deepspeed=ds, **args),
+    )
     out["ds_config_size"] = t.budget.sp.size if t.budget.sp is not None else 1
     KEEP.append(t)
-    for label, extra in (("padded", dict(token_budget=0, parallelism_config={"sp_size": 2})),
-                         ("three", dict(parallelism_config={"sp_size": 3})),
-                         ("cp", dict(parallelism_config={"cp_size": 2})),
-                         ("disagree", dict(parallelism_config={"sp_size": 2}, deepspeed=dict(
-                             SHARDED_ZERO3, sequence_parallel_size=4)))):
+    for label, extra in (
+        ("padded", dict(token_budget=0, parallelism_config={"sp_size": 2})),
+        ("three", dict(parallelism_config={"sp_size": 3})),
+        ("cp", dict(parallelism_config={"cp_size": 2})),
+        ("disagree", dict(parallelism_config={"sp_size": 2}, deepspeed=dict(SHARDED_ZERO3, sequence_parallel_size=4))),
+    ):
         try:
-            GRPOTrainer(tiny_model("qwen2"), length_reward, train_dataset=prompts,
-                        args=GRPOConfig(output_dir=os.path.join(OUT, label), **{**args, **extra}))
+            GRPOTrainer(
+                tiny_model("qwen2"),
+                length_reward,
+                train_dataset=prompts,
+                args=GRPOConfig(output_dir=os.path.join(OUT, label), **{**args, **extra}),
+            )
             out[label] = None
         except (ValueError, NotImplementedError) as e:
             out[label] = str(e)

@@ -30,16 +30,24 @@ AT = 2  # the step (1-based) whose PHASE rank 1 stops in
 
 # where rank 0 waits for a rank 1 stopped in each phase: rank 1 stops once rank 0's heartbeat says it is there, so
 # the message names where rank 0 waits, not where a slower rank 0 happened to be (a loaded machine's ranks drift)
-WAITS_IN = {"generate": "reward", "reward": "reward", "reduce": "train", "step": "train", "sync": "round end",
-            "checkpoint": "checkpoint"}
+WAITS_IN = {
+    "generate": "reward",
+    "reward": "reward",
+    "reduce": "train",
+    "step": "train",
+    "sync": "round end",
+    "checkpoint": "checkpoint",
+}
 
 
 def stop(step: int) -> None:
     if dist.rank() == 0 and step == AT and os.environ.get("STOP_DUMP_S"):  # what rank 0 then waits in
         import faulthandler
+
         faulthandler.dump_traceback_later(float(os.environ["STOP_DUMP_S"]), exit=False)
     if dist.rank() == 1 and step == AT:
         from dsgrpo import watchdog
+
         deadline = time.time() + 120
         while watchdog._heartbeat[0].read()[0].phase != WAITS_IN[PHASE] and time.time() < deadline:
             time.sleep(0.2)
@@ -54,15 +62,28 @@ def reward(prompts, completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
-args = GRPOConfig(output_dir=OUT, max_steps=4, per_device_train_batch_size=4, num_generations=2,
-                  max_completion_length=6, learning_rate=5e-3, gradient_checkpointing=False, logging_steps=1,
-                  save_steps=AT, seed=3, vllm_kv_cache_bytes=32 * 2**20,
-                  use_vllm=PHASE == "sync",  # transformers' generate elsewhere: a faster start, the same collectives
-                  ddp_timeout=int(os.environ.get("STOP_DDP_TIMEOUT", 10)),
-                  deepspeed={"zero_optimization": {"stage": 2},
-                             "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-                             "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                             "gradient_clipping": "auto"})
+args = GRPOConfig(
+    output_dir=OUT,
+    max_steps=4,
+    per_device_train_batch_size=4,
+    num_generations=2,
+    max_completion_length=6,
+    learning_rate=5e-3,
+    gradient_checkpointing=False,
+    logging_steps=1,
+    save_steps=AT,
+    seed=3,
+    vllm_kv_cache_bytes=32 * 2**20,
+    use_vllm=PHASE == "sync",  # transformers' generate elsewhere: a faster start, the same collectives
+    ddp_timeout=int(os.environ.get("STOP_DDP_TIMEOUT", 10)),
+    deepspeed={
+        "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    },
+)
 data = Dataset.from_list([{"prompt": f"Numbers please, {i}:"} for i in range(8)])
 trainer = GRPOTrainer(tiny_model("qwen2"), reward, args=args, train_dataset=data)
 
@@ -73,6 +94,7 @@ def before(obj, name, step_of):
     def wrapped(*a, **k):
         stop(step_of())
         return original(*a, **k)
+
     setattr(obj, name, wrapped)
 
 

@@ -67,19 +67,41 @@ def digit_fraction_with_column(prompts, completions, idx, **kwargs):
 
 
 vllm_args = GRPOConfig(
-    output_dir=os.path.join(OUT, "vllm_run"), max_steps=int(os.environ.get("LEARN_STEPS", 40)),
-    per_device_train_batch_size=8, num_generations=4, max_completion_length=12, learning_rate=2e-3,
-    lr_scheduler_type="constant", beta=0.05, logging_steps=1, gradient_checkpointing=False, seed=1,
-    deepspeed={"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-               "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-               "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-               "gradient_clipping": "auto"},
-    vllm_kv_cache_bytes=64 * 2**20, weight_sync_bucket_bytes=64 * 1024,  # small buckets: many gathers
+    output_dir=os.path.join(OUT, "vllm_run"),
+    max_steps=int(os.environ.get("LEARN_STEPS", 40)),
+    per_device_train_batch_size=8,
+    num_generations=4,
+    max_completion_length=12,
+    learning_rate=2e-3,
+    lr_scheduler_type="constant",
+    beta=0.05,
+    logging_steps=1,
+    gradient_checkpointing=False,
+    seed=1,
+    deepspeed={
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    },
+    vllm_kv_cache_bytes=64 * 2**20,
+    weight_sync_bucket_bytes=64 * 1024,  # small buckets: many gathers
     vllm_enforce_eager=False,  # compiled (long runs on CPU, every GPU run): syncs must reach the compiled graph
-    report_to=["wandb"], eval_strategy="steps", eval_steps=20, num_generations_eval=2)
+    report_to=["wandb"],
+    eval_strategy="steps",
+    eval_steps=20,
+    num_generations_eval=2,
+)
 os.environ["WANDB_MODE"] = "offline"
-trainer = GRPOTrainer(tiny_model("qwen2-tied"), digit_fraction_with_column, args=vllm_args, train_dataset=prompts,
-                      eval_dataset=prompts.select(range(6)), callbacks=[counter])
+trainer = GRPOTrainer(
+    tiny_model("qwen2-tied"),
+    digit_fraction_with_column,
+    args=vllm_args,
+    train_dataset=prompts,
+    eval_dataset=prompts.select(range(6)),
+    callbacks=[counter],
+)
 rank, world = dist.rank(), dist.world_size()
 
 
@@ -109,23 +131,49 @@ trainer.train()
 
 @check("vllm_run")
 def _():
-    return {"history": training_rows(trainer), "final_logps": fixed_logps(), "callback_steps": counter.steps,
-            "callback_logs": counter.logs, "began": counter.began, "ended": counter.ended,
-            "max_steps": trainer.state.max_steps, "columns_ok": all(seen_columns) and bool(seen_columns),
-            "evals": counter.evals, "eager": trainer.generator.llm.llm_engine.model_config.enforce_eager}
+    return {
+        "history": training_rows(trainer),
+        "final_logps": fixed_logps(),
+        "callback_steps": counter.steps,
+        "callback_logs": counter.logs,
+        "began": counter.began,
+        "ended": counter.ended,
+        "max_steps": trainer.state.max_steps,
+        "columns_ok": all(seen_columns) and bool(seen_columns),
+        "evals": counter.evals,
+        "eager": trainer.generator.llm.llm_engine.model_config.enforce_eager,
+    }
 
 
 # ------------------------------------------------------------------ 2. the HF-generate trainer: gradients
 hf_args = GRPOConfig(
-    output_dir=os.path.join(OUT, "hf_run"), max_steps=1, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-    num_generations=2, max_completion_length=6, temperature=0.7, use_vllm=False, gradient_checkpointing=False,
-    logging_steps=1, max_grad_norm=0.0,
-    deepspeed={"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-               "zero_allow_untested_optimizer": True, "train_micro_batch_size_per_gpu": "auto",
-               "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"})
+    output_dir=os.path.join(OUT, "hf_run"),
+    max_steps=1,
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=2,
+    num_generations=2,
+    max_completion_length=6,
+    temperature=0.7,
+    use_vllm=False,
+    gradient_checkpointing=False,
+    logging_steps=1,
+    max_grad_norm=0.0,
+    deepspeed={
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "zero_allow_untested_optimizer": True,
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    },
+)
 SGD_LR = 1.0  # Δw = -g exactly: the gradient itself can be compared, not Adam's sign-like first step
-hf_trainer = GRPOTrainer(tiny_model("llama"), digit_fraction, args=hf_args, train_dataset=prompts,
-                         optimizers=(lambda params: torch.optim.SGD(params, lr=SGD_LR), None))
+hf_trainer = GRPOTrainer(
+    tiny_model("llama"),
+    digit_fraction,
+    args=hf_args,
+    train_dataset=prompts,
+    optimizers=(lambda params: torch.optim.SGD(params, lr=SGD_LR), None),
+)
 
 
 @check("hf_logprob_semantics")
@@ -135,8 +183,13 @@ def _():
     rollout = hf_trainer.generator.generate(ids, [2, 2], hf_trainer.sampling)
     t = rollout.tensors(hf_trainer.tokenizer.pad_token_id)
     with torch.no_grad():
-        lp, _ = completion_logprobs(hf_trainer.policy.engine, t["input_ids"], t["attention_mask"],
-                                    t["completion_mask"].shape[1], hf_args.temperature)
+        lp, _ = completion_logprobs(
+            hf_trainer.policy.engine,
+            t["input_ids"],
+            t["attention_mask"],
+            t["completion_mask"].shape[1],
+            hf_args.temperature,
+        )
     gap = ((lp - t["sampler_logps"]).abs() * t["completion_mask"]).max().item()
     return {"max_gap": gap, "tokens": int(t["completion_mask"].sum())}
 
@@ -159,8 +212,12 @@ def _():
     plain single-process torch on the full batch of 8."""
     prompts_ids, completions, adv = fixed_rollouts()
     mine = slice(4 * rank, 4 * rank + 4)
-    rollout = Rollout([prompts_ids[i] for i in range(8)][mine], completions[mine], [[0.0] * len(c) for c in completions[mine]],
-                      [False] * 4)
+    rollout = Rollout(
+        [prompts_ids[i] for i in range(8)][mine],
+        completions[mine],
+        [[0.0] * len(c) for c in completions[mine]],
+        [False] * 4,
+    )
     B = hf_args.per_device_train_batch_size
     micro = [rollout.tensors(hf_trainer.tokenizer.pad_token_id, slice(s, s + B)) for s in range(0, 4, B)]
     batch = Batch(rollout, [None] * 4, [""] * 4, {}, micro)
@@ -169,14 +226,21 @@ def _():
     after = {n: t for n, t in named_full_parameters(hf_trainer.policy.module, 1 << 30)}
     # reference: the same loss written out, one process, all 8 rows in one batch
     from transformers import AutoModelForCausalLM
+
     ref = AutoModelForCausalLM.from_pretrained(tiny_model("llama"), dtype=torch.float32)
     full = Rollout(prompts_ids, completions, [[0.0] * len(c) for c in completions], [False] * 8)
     t = full.tensors(hf_trainer.tokenizer.pad_token_id)
-    logits = ref(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
-                 position_ids=(t["attention_mask"].cumsum(-1) - 1).clamp(min=0)).logits
+    logits = ref(
+        input_ids=t["input_ids"],
+        attention_mask=t["attention_mask"],
+        position_ids=(t["attention_mask"].cumsum(-1) - 1).clamp(min=0),
+    ).logits
     T = t["completion_mask"].shape[1]
-    logps = torch.log_softmax(logits[:, -T - 1:-1].float() / hf_args.temperature, -1).gather(
-        -1, t["input_ids"][:, -T:].unsqueeze(-1)).squeeze(-1)
+    logps = (
+        torch.log_softmax(logits[:, -T - 1 : -1].float() / hf_args.temperature, -1)
+        .gather(-1, t["input_ids"][:, -T:].unsqueeze(-1))
+        .squeeze(-1)
+    )
     mask = t["completion_mask"]
     # on-policy: w = exp(logp - sg(logp)) = 1, ∇w = ∇logp; dapo divides by every active token of the step
     loss = (-(adv[:, None] * torch.exp(logps - logps.detach())) * mask).sum() / mask.sum()
@@ -184,22 +248,40 @@ def _():
     grads = {n: p.grad for n, p in ref.named_parameters()}
     worst = max((((before[n] - after[n]) / SGD_LR - grads[n]).abs().max().item(), n) for n in grads)
     scale = max(g.abs().max().item() for g in grads.values())
-    return {"max_abs_diff": worst[0], "worst_param": worst[1], "max_grad": scale, "loss": metrics["loss"],
-            "ref_loss": loss.item()}
+    return {
+        "max_abs_diff": worst[0],
+        "worst_param": worst[1],
+        "max_grad": scale,
+        "loss": metrics["loss"],
+        "ref_loss": loss.item(),
+    }
 
 
 @check("zero2")
 def _():
     """ZeRO-2 works too (HF generation; optimizer states sharded, parameters whole on every rank)."""
-    z2_args = GRPOConfig(output_dir=os.path.join(OUT, "zero2_run"), max_steps=2, per_device_train_batch_size=4,
-                         num_generations=2, max_completion_length=6, use_vllm=False, gradient_checkpointing=False,
-                         learning_rate=1e-2, logging_steps=1, deepspeed="zero2.json")
+    z2_args = GRPOConfig(
+        output_dir=os.path.join(OUT, "zero2_run"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        use_vllm=False,
+        gradient_checkpointing=False,
+        learning_rate=1e-2,
+        logging_steps=1,
+        deepspeed="zero2.json",
+    )
     z2 = GRPOTrainer(tiny_model("qwen2"), digit_fraction, args=z2_args, train_dataset=prompts)
     before = [p.detach().clone() for p in z2.policy.module.parameters()]
     z2.train()
     moved = max((p.detach() - b).abs().max().item() for p, b in zip(z2.policy.module.parameters(), before))
-    return {"steps": z2.state.global_step, "moved": moved, "loss": [h["loss"] for h in training_rows(z2)],
-            "stage": z2.policy.engine.zero_optimization_stage()}
+    return {
+        "steps": z2.state.global_step,
+        "moved": moved,
+        "loss": [h["loss"] for h in training_rows(z2)],
+        "stage": z2.policy.engine.zero_optimization_stage(),
+    }
 
 
 with open(os.path.join(OUT, f"result-{rank}.json"), "w") as fh:

@@ -29,17 +29,36 @@ results = {}
 check = recorder(results)
 
 args = GRPOConfig(
-    output_dir=os.path.join(OUT, "run"), max_steps=2, per_device_train_batch_size=4, num_generations=2,
-    max_completion_length=6, learning_rate=1e-2, logging_steps=1, gradient_checkpointing=False, seed=3,
-    deepspeed={"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-               "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
-               "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-               "gradient_clipping": "auto"},
-    vllm_kv_cache_bytes=64 * 2**20, weight_sync_bucket_bytes=256 * 1024, verify_weight_sync="checksum",
-    weight_sync_timeout_s=4, report_to="none", save_strategy="no")
+    output_dir=os.path.join(OUT, "run"),
+    max_steps=2,
+    per_device_train_batch_size=4,
+    num_generations=2,
+    max_completion_length=6,
+    learning_rate=1e-2,
+    logging_steps=1,
+    gradient_checkpointing=False,
+    seed=3,
+    deepspeed={
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    },
+    vllm_kv_cache_bytes=64 * 2**20,
+    weight_sync_bucket_bytes=256 * 1024,
+    verify_weight_sync="checksum",
+    weight_sync_timeout_s=4,
+    report_to="none",
+    save_strategy="no",
+)
 prompts = Dataset.from_list([{"prompt": f"Count {i}:"} for i in range(8)])
-trainer = GRPOTrainer(tiny_model("qwen2-tied"), lambda completions, **k: [float(len(c)) for c in completions],
-                      args=args, train_dataset=prompts)
+trainer = GRPOTrainer(
+    tiny_model("qwen2-tied"),
+    lambda completions, **k: [float(len(c)) for c in completions],
+    args=args,
+    train_dataset=prompts,
+)
 module = trainer.policy.module
 generator = trainer.generator
 rank = dist.rank()
@@ -53,8 +72,9 @@ def gap_after_sync() -> dict:
     from vllm import SamplingParams
 
     ids = PROBE.prompt_ids[0] + PROBE.completion_ids[0]
-    out = generator.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                                 use_tqdm=False)[0]
+    out = generator.llm.generate(
+        [{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+    )[0]
     served = [step[t].logprob for step, t in zip(out.prompt_logprobs[1:], ids[1:])][-6:]
     t = PROBE.tensors(trainer.tokenizer.pad_token_id)
     with torch.no_grad():
@@ -80,10 +100,17 @@ def _():
     seen = [(n, str(t.dtype), tuple(t.shape)) for n, t in source]
     groups = source.groups()
     layers = trainer.policy.module.config.num_hidden_layers
-    return {"meta": [(m.name, str(m.dtype), tuple(m.shape)) for m in meta], "seen": seen,
-            "gathered_for_metadata": gathered_for_metadata, "groups": len(groups), "layers": layers,
-            "first_group": groups[0], "last_group": groups[-1], "gather": sync.gather.name,
-            "group_names_ok": [n for g in groups for n in g] == [m.name for m in meta]}
+    return {
+        "meta": [(m.name, str(m.dtype), tuple(m.shape)) for m in meta],
+        "seen": seen,
+        "gathered_for_metadata": gathered_for_metadata,
+        "groups": len(groups),
+        "layers": layers,
+        "first_group": groups[0],
+        "last_group": groups[-1],
+        "gather": sync.gather.name,
+        "group_names_ok": [n for g in groups for n in g] == [m.name for m in meta],
+    }
 
 
 @check("shared_memory_equals_deepspeed")
@@ -98,7 +125,12 @@ def _():
     old = dict(named_full_parameters(module, 1 << 20, True))  # the path before this source
     again = {n: t.clone() for n, t in sync.source}  # (views of the shared buffer are overwritten by later groups)
     worst_old = max((again[n].float() - t.float()).abs().max().item() for n, t in old.items())
-    return {"worst": worst, "tensors": count, "worst_vs_old_path": worst_old, "names_same": sorted(old) == sorted(again)}
+    return {
+        "worst": worst,
+        "tensors": count,
+        "worst_vs_old_path": worst_old,
+        "names_same": sorted(old) == sorted(again),
+    }
 
 
 @check("native_sync")
@@ -109,9 +141,16 @@ def _():
     stats = trainer.source.sync_weights(module, 4) or trainer.source.last_sync
     metrics = trainer.source.sync_metrics()
     groups = sync.source.sharded_bytes()
-    return {**gap_after_sync(), "path": stats.path, "gather": stats.gather, "version": stats.version,
-            "metrics": metrics, "engine_version": generator.llm.llm_engine.get_weight_version(),
-            "bound": max(groups) + args.weight_sync_bucket_bytes, "peak_extra": stats.peak_extra_bytes}
+    return {
+        **gap_after_sync(),
+        "path": stats.path,
+        "gather": stats.gather,
+        "version": stats.version,
+        "metrics": metrics,
+        "engine_version": generator.llm.llm_engine.get_weight_version(),
+        "bound": max(groups) + args.weight_sync_bucket_bytes,
+        "peak_extra": stats.peak_extra_bytes,
+    }
 
 
 @check("versions")
@@ -123,15 +162,19 @@ def _():
 
     rollout = generator.generate([[1, 5, 9]], [2], SamplingConfig(max_tokens=5, temperature=1.0))
     labelled = rollout.weight_versions
-    raw = generator.llm.generate([{"prompt_token_ids": [1, 5, 9]}], __import__("vllm").SamplingParams(max_tokens=3),
-                                 use_tqdm=False)[0].outputs[0]
+    raw = generator.llm.generate(
+        [{"prompt_token_ids": [1, 5, 9]}], __import__("vllm").SamplingParams(max_tokens=3), use_tqdm=False
+    )[0].outputs[0]
     refused = None
     try:
         check_on_policy(Rollout([[1]], [[2, 3]], [[0.0, 0.0]], [False], weight_versions=[[5, 4]]), 5)
     except RuntimeError as exc:
         refused = str(exc)
-    return {"versions": labelled, "spans": [(s.version, s.start, s.end) for s in raw.weight_versions or []],
-            "refused": refused}
+    return {
+        "versions": labelled,
+        "spans": [(s.version, s.start, s.end) for s in raw.weight_versions or []],
+        "refused": refused,
+    }
 
 
 @check("reload_equals_native")
@@ -145,8 +188,7 @@ def _():
         path = trainer.source.last_sync.path
     finally:
         generator.native_weights = True
-    return {"diff": max(abs(a - b) for a, b in zip(native, reload["served"])), "gap": reload["max_gap"],
-            "path": path}
+    return {"diff": max(abs(a - b) for a, b in zip(native, reload["served"])), "gap": reload["max_gap"], "path": path}
 
 
 @check("corruption_caught")
@@ -161,6 +203,7 @@ def _():
         if index == 2:
             group.tensors[0] = group.tensors[0] + 1.0  # after its checksum was taken
         return group
+
     source.prepare = tampered
     error = None
     try:
@@ -180,9 +223,11 @@ def _():
     timeout."""
     barrier = sync.gather.barrier
     if rank == 1:
+
         def slow(reason):
             time.sleep(12)
             barrier(reason)
+
         sync.gather.barrier = slow
     start = time.perf_counter()
     error = None

@@ -36,35 +36,59 @@ world = int(os.environ.get("WORLD_SIZE", 1))
 
 ds_config = dict(SHARDED_ZERO3)
 if opts.variant == "offload":
-    ds_config["zero_optimization"] = {**SHARDED_ZERO3["zero_optimization"],
-                                      "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    ds_config["zero_optimization"] = {
+        **SHARDED_ZERO3["zero_optimization"],
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "cpu"},
+    }
 if opts.variant in ("auto", "lora"):  # what the memory plan picks: ZeRO-2 with whole weights for this tiny model
     ds_config = "auto"
 trainer_cls = AsyncGRPOTrainer if opts.variant == "async" else GRPOTrainer
-args = GRPOConfig(output_dir=opts.out, max_steps=6, per_device_train_batch_size=opts.per_device or 8 // world, num_generations=2,
-                  max_completion_length=8, learning_rate=5e-3, lr_scheduler_type="linear", warmup_steps=1,
-                  gradient_checkpointing=False, logging_steps=1, save_steps=2, seed=3, report_to="none",
-                  resume_from_checkpoint=opts.resume, vllm_kv_cache_bytes=32 * 2**20, deepspeed=ds_config)
+args = GRPOConfig(
+    output_dir=opts.out,
+    max_steps=6,
+    per_device_train_batch_size=opts.per_device or 8 // world,
+    num_generations=2,
+    max_completion_length=8,
+    learning_rate=5e-3,
+    lr_scheduler_type="linear",
+    warmup_steps=1,
+    gradient_checkpointing=False,
+    logging_steps=1,
+    save_steps=2,
+    seed=3,
+    report_to="none",
+    resume_from_checkpoint=opts.resume,
+    vllm_kv_cache_bytes=32 * 2**20,
+    deepspeed=ds_config,
+)
 data = Dataset.from_list([{"prompt": f"Numbers please, {i}:"} for i in range(8)])
 trainer = None
 
 
 def digit_fraction(prompts, completions, **kwargs):
     with open(os.path.join(opts.out, "prompts.jsonl"), "a") as fh:
-        fh.write(json.dumps({"rank": dist.rank(), "round": trainer.state.generation_round if trainer else -1,
-                             "prompts": prompts}) + "\n")
+        fh.write(
+            json.dumps(
+                {"rank": dist.rank(), "round": trainer.state.generation_round if trainer else -1, "prompts": prompts}
+            )
+            + "\n"
+        )
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
 def engine_state(engine) -> dict:
     """Whole fp32 parameters and Adam moments of every trained parameter (collective under ZeRO-3)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
     out = {"lr": engine.get_lr(), "global_steps": engine.global_steps, "params": {}}
     for name, p in engine.module.named_parameters():
         if p.requires_grad:
-            out["params"][name] = {"fp32": safe_get_full_fp32_param(p),
-                                   "exp_avg": safe_get_full_optimizer_state(p, "exp_avg"),
-                                   "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq")}
+            out["params"][name] = {
+                "fp32": safe_get_full_fp32_param(p),
+                "exp_avg": safe_get_full_optimizer_state(p, "exp_avg"),
+                "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq"),
+            }
     return out
 
 
@@ -98,9 +122,9 @@ os.makedirs(opts.out, exist_ok=True)
 kwargs = {}
 if opts.variant == "lora":
     from peft import LoraConfig
+
     kwargs["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-trainer = trainer_cls(tiny_model("qwen2"), digit_fraction, args=args, train_dataset=data, callbacks=[Dumps()],
-                      **kwargs)
+trainer = trainer_cls(tiny_model("qwen2"), digit_fraction, args=args, train_dataset=data, callbacks=[Dumps()], **kwargs)
 trainer.train()
 if dist.is_main():
     json.dump(training_rows(trainer), open(os.path.join(opts.out, "rows.json"), "w"))

@@ -17,8 +17,28 @@ The README's "Running code the policy wrote" section states the threat model. Ev
 only: the supervisor runs under `python -I -S` and tests load this package on its own.
 """
 
-from .judge import (ISOLATION_MODES, OPT_OUT, CodeReward, SandboxLimits, SandboxUnavailableError, check_isolation,
-                    code_reward, extract_code, outputs_match, run_tests)
+from .judge import (
+    ISOLATION_MODES,
+    OPT_OUT,
+    CodeReward,
+    SandboxLimits,
+    SandboxUnavailableError,
+    check_isolation,
+    code_reward,
+    extract_code,
+    outputs_match,
+    run_tests,
+)
 
-__all__ = ["CodeReward", "SandboxLimits", "SandboxUnavailableError", "check_isolation", "code_reward",
-           "extract_code", "outputs_match", "run_tests", "ISOLATION_MODES", "OPT_OUT"]
+__all__ = [
+    "CodeReward",
+    "SandboxLimits",
+    "SandboxUnavailableError",
+    "check_isolation",
+    "code_reward",
+    "extract_code",
+    "outputs_match",
+    "run_tests",
+    "ISOLATION_MODES",
+    "OPT_OUT",
+]

@@ -64,7 +64,7 @@ def locate(mountinfo: str, own: str, base: str | None = None) -> dict:
             path = base if base.startswith("/") else path.rstrip("/") + "/" + base
         root, point = mount
         if root != "/" and (path == root or path.startswith(root + "/")):
-            path = path[len(root):] or "/"
+            path = path[len(root) :] or "/"
         return os.path.normpath(point + "/" + path.lstrip("/"))
 
     if all(c in v1_mounts and c in own_v1 for c in V1_CONTROLLERS):
@@ -119,8 +119,9 @@ class RunCgroups:
         except OSError as exc:
             self.remove()
             where_text = ", ".join(self.bases)
-            raise CgroupUnavailable(exc.errno or errno.EIO,
-                                    f"making the run's cgroup under {where_text}: {exc.strerror or exc}") from None
+            raise CgroupUnavailable(
+                exc.errno or errno.EIO, f"making the run's cgroup under {where_text}: {exc.strerror or exc}"
+            ) from None
 
     @staticmethod
     def _enable_v2(base: str) -> None:

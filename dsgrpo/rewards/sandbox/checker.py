@@ -37,8 +37,19 @@ import sys
 
 from .limits import install_seccomp
 from .program import LIBRARY_MODULES
-from .protocol import (Memo, ProtocolError, builtin_name, decode, encode, enum_class, frame, namedtuple_class,
-                       read_frame, read_untrusted_frame, write_all)
+from .protocol import (
+    Memo,
+    ProtocolError,
+    builtin_name,
+    decode,
+    encode,
+    enum_class,
+    frame,
+    namedtuple_class,
+    read_frame,
+    read_untrusted_frame,
+    write_all,
+)
 
 
 class RemoteError(Exception):
@@ -62,8 +73,21 @@ class RemoteError(Exception):
 #   test did not take from it); between one of them and the test's own value they stay here (identity).
 # Iterators and generators the program returns iterate in the program; each item crosses as data.
 _COMPARISONS = {"__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge"}
-_ARITHMETIC = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "lshift", "rshift", "and",
-               "or", "xor")
+_ARITHMETIC = (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "pow",
+    "matmul",
+    "lshift",
+    "rshift",
+    "and",
+    "or",
+    "xor",
+)
 _UNARY = {"__neg__": "neg", "__pos__": "pos", "__abs__": "abs", "__invert__": "invert"}
 
 
@@ -83,8 +107,10 @@ class Remote:
 
     def __call__(self, *args, **kwargs):
         if not self._sbx_callable:
-            raise TypeError("a method or item of an object of the program's whose class the test does not name "
-                            "(only the test's names run the program's code)")
+            raise TypeError(
+                "a method or item of an object of the program's whose class the test does not name "
+                "(only the test's names run the program's code)"
+            )
         return self._sbx_link.call(self._sbx_ref, args, kwargs)
 
     def __getattr__(self, name):
@@ -144,6 +170,7 @@ def _compare(name, op):
         if not isinstance(other, Remote):
             return NotImplemented  # the test's own value: not the program's to judge
         return self._sbx_link.ask("operator", None, name=op, args=[self, other])
+
     compare.__name__ = name
     return compare
 
@@ -192,6 +219,7 @@ def _binary(op, reflected):
     def apply(self, other):
         args = [other, self] if reflected else [self, other]
         return self._sbx_link.ask("operator", None, name=op + "_" if op in ("and", "or") else op, args=args)
+
     return apply
 
 
@@ -219,8 +247,11 @@ class ProgramClass(type):
 
 
 def program_class(link, name: str, bases: tuple = ()) -> type:
-    return ProgramClass(name, bases or (ProgramObject,), {"__slots__": (), "_sbx_class_link": link,
-                                                          "_sbx_class_name": name, "__module__": "solution"})
+    return ProgramClass(
+        name,
+        bases or (ProgramObject,),
+        {"__slots__": (), "_sbx_class_link": link, "_sbx_class_name": name, "__module__": "solution"},
+    )
 
 
 class Refused:
@@ -232,8 +263,10 @@ class Refused:
         self._sbx_name = name
 
     def __call__(self, *args, **kwargs):
-        raise TypeError(f"{self._sbx_name}: a method of an object of the program's whose class the test does not "
-                        "name (only the test's names run the program's code)")
+        raise TypeError(
+            f"{self._sbx_name}: a method of an object of the program's whose class the test does not "
+            "name (only the test's names run the program's code)"
+        )
 
     def __repr__(self):
         return f"<method {self._sbx_name!r} of the program under test>"
@@ -262,8 +295,11 @@ def exception_class(chain) -> type:
     """The checker's class for an exception class of the program's: [its name, its bases' names..., the first of
     Python's own exceptions among them]. Derived from that builtin (a test's `except ValueError` catches the
     program's subclass of it), one per chain (a test's `except InsufficientFunds` catches what the program raised)."""
-    if not (type(chain) is list and 0 < len(chain) <= 32
-            and all(type(n) is str and n.isidentifier() and len(n) <= 200 for n in chain)):
+    if not (
+        type(chain) is list
+        and 0 < len(chain) <= 32
+        and all(type(n) is str and n.isidentifier() and len(n) <= 200 for n in chain)
+    ):
         raise ValueError("a malformed exception")
     base = getattr(builtins, chain[-1], None)
     if not (isinstance(base, type) and issubclass(base, Exception)) or chain[-1] in _UNMAPPED:
@@ -316,8 +352,12 @@ class Link:
         if not all(type(k) is str for k in kwargs):
             raise TypeError("keyword names must be strings")
         memo = Memo(sending=True)
-        request = {"op": "call", "target": ref, "args": [encode(a, self.handle_of, None, memo) for a in args],
-                   "kwargs": {"dict": [[k, encode(v, self.handle_of, None, memo)] for k, v in kwargs.items()]}}
+        request = {
+            "op": "call",
+            "target": ref,
+            "args": [encode(a, self.handle_of, None, memo) for a in args],
+            "kwargs": {"dict": [[k, encode(v, self.handle_of, None, memo)] for k, v in kwargs.items()]},
+        }
         return self.exchange("call", request, memo)
 
     def ask(self, op: str, ref, inert: bool = False, **fields):
@@ -350,8 +390,12 @@ class Link:
                 if type(after) is not list:
                     raise ValueError("a malformed answer")
                 for change in after:
-                    if not (type(change) is list and len(change) == 2 and type(change[0]) is int
-                            and 0 <= change[0] < len(memo.objects)):
+                    if not (
+                        type(change) is list
+                        and len(change) == 2
+                        and type(change[0]) is int
+                        and 0 <= change[0] < len(memo.objects)
+                    ):
                         raise ValueError("a malformed answer")
                     _update_in_place(memo.objects[change[0]], decode(change[1], resolve, memo))
                 value = decode(result, resolve, memo)
@@ -366,16 +410,25 @@ class Link:
 
     def resolve(self, tag, body, callable_=True):
         """A handle the program described: [n, the names of its classes, its data view or None]."""
-        if not (tag == "handle" and type(body) is list and len(body) == 3 and type(body[0]) is int
-                and type(body[1]) is list and all(type(n) is str for n in body[1])):
+        if not (
+            tag == "handle"
+            and type(body) is list
+            and len(body) == 3
+            and type(body[0]) is int
+            and type(body[1]) is list
+            and all(type(n) is str for n in body[1])
+        ):
             raise ValueError("a malformed handle")
         n, classes, view = body
         named = tuple(name for name in classes if name in self.classes)
         if named:  # an instance of every class of the program's the test names (isinstance(c, Shape) holds)
             cls = self.classes.get(named)
             if cls is None:
-                cls = self.classes[named] = (self.classes[named[0]] if len(named) == 1 else program_class(
-                    self, named[0], tuple(self.classes[name] for name in named)))
+                cls = self.classes[named] = (
+                    self.classes[named[0]]
+                    if len(named) == 1
+                    else program_class(self, named[0], tuple(self.classes[name] for name in named))
+                )
             obj = object.__new__(cls)
             Remote.__init__(obj, self, {"handle": n})
             return obj
@@ -401,9 +454,16 @@ class Link:
 
     def run_callback(self, body) -> None:
         """The program calls a callable the test passed it: the test's own code, run here with plain arguments."""
-        if not (type(body) is list and len(body) == 4 and body[1] in ("call", "next") and type(body[0]) is list
-                and body[0][:1] == [os.getpid()] and len(body[0]) == 2 and type(body[0][1]) is int
-                and 0 <= body[0][1] < len(self.callbacks)):
+        if not (
+            type(body) is list
+            and len(body) == 4
+            and body[1] in ("call", "next")
+            and type(body[0]) is list
+            and body[0][:1] == [os.getpid()]
+            and len(body[0]) == 2
+            and type(body[0][1]) is int
+            and 0 <= body[0][1] < len(self.callbacks)
+        ):
             self.send({"op": "return", "raise": "RuntimeError"})  # a callback of an earlier test's
             return
         target = self.callbacks[body[0][1]]
@@ -419,8 +479,10 @@ class Link:
         except ProtocolError:
             raise
         except BaseException as exc:  # the test's callable raised: the program sees the exception's name
-            reply = {"op": "return", "raise": type(exc).__name__ if type(exc).__module__ == "builtins"
-                     else "RuntimeError"}
+            reply = {
+                "op": "return",
+                "raise": type(exc).__name__ if type(exc).__module__ == "builtins" else "RuntimeError",
+            }
         self.send(reply)
 
     def _exception(self, op: str, body) -> BaseException:
@@ -503,9 +565,14 @@ def _calls(source: str, builtin_names: set) -> tuple:
         return node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
 
     def answers(nodes, other_than):  # an answer of another name's call: the call itself, or a name bound from one
-        return any(isinstance(n, ast.Name) and n.id in carrying
-                   or callee(n) not in (None, other_than) and callee(n) not in builtin_names
-                   for node in nodes for n in ast.walk(node))
+        return any(
+            isinstance(n, ast.Name)
+            and n.id in carrying
+            or callee(n) not in (None, other_than)
+            and callee(n) not in builtin_names
+            for node in nodes
+            for n in ast.walk(node)
+        )
 
     carrying: set = set()
     bindings = []
@@ -535,7 +602,7 @@ def _calls(source: str, builtin_names: set) -> tuple:
             operands = [node.left] + node.comparators
             for i, operand in enumerate(operands):
                 name = callee(operand)
-                if name is not None and answers(operands[:i] + operands[i + 1:], name):
+                if name is not None and answers(operands[:i] + operands[i + 1 :], name):
                     helping.add(name)
     return called, helping
 
@@ -601,9 +668,18 @@ def build_namespace(link: Link, exported, entries: set, free: set) -> dict:
         entry = exported.get(name)
         if entry is not None and not (type(entry) is dict and len(entry) == 1):
             link.fail("a malformed answer")
-        (kind, body), = entry.items() if entry is not None else ((None, None),)
-        if kind not in (None, "module", "library", "value", "object", "class", "enum_class", "namedtuple_class",
-                        "exception_class"):
+        ((kind, body),) = entry.items() if entry is not None else ((None, None),)
+        if kind not in (
+            None,
+            "module",
+            "library",
+            "value",
+            "object",
+            "class",
+            "enum_class",
+            "namedtuple_class",
+            "exception_class",
+        ):
             link.fail("a malformed answer")
         if name not in entries and name in builtin_names:
             continue  # not the program's to answer: Python's builtin

@@ -52,9 +52,11 @@ def check(ret: int, what: str) -> None:
 
 
 def _mount(source, target: str, fstype, flags: int, data=None) -> None:
-    enc = (lambda s: None if s is None else s.encode())
-    check(_libc.mount(enc(source), target.encode(), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-          f"mount {target} ({fstype or 'bind'})")
+    enc = lambda s: None if s is None else s.encode()
+    check(
+        _libc.mount(enc(source), target.encode(), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        f"mount {target} ({fstype or 'bind'})",
+    )
 
 
 def _syscall(name: str, *args) -> int:
@@ -79,11 +81,16 @@ def enter_run_namespaces(isolated: bool) -> str:
         check(_libc.unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare(network, IPC, UTS namespaces)")
         return "root"
     uid, gid = os.geteuid(), os.getegid()
-    check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
-          "creating a user namespace (unshare CLONE_NEWUSER) as an unprivileged user was refused")
+    check(
+        _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
+        "creating a user namespace (unshare CLONE_NEWUSER) as an unprivileged user was refused",
+    )
     try:
-        for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
-                           ("/proc/self/gid_map", f"{gid} {gid} 1")):
+        for path, text in (
+            ("/proc/self/setgroups", "deny"),
+            ("/proc/self/uid_map", f"{uid} {uid} 1"),
+            ("/proc/self/gid_map", f"{gid} {gid} 1"),
+        ):
             with open(path, "w") as fh:
                 fh.write(text)
     except OSError as exc:
@@ -142,8 +149,12 @@ def _remount_read_only(path: str) -> None:
         # in a user namespace the source mount's locked flags (noexec, noatime, ...) must be kept
         st = os.statvfs(path)
         extra = 0
-        for st_flag, ms_flag in ((os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, 0x400), (os.ST_NODIRATIME, 0x800),
-                                 (os.ST_RELATIME, 1 << 21)):
+        for st_flag, ms_flag in (
+            (os.ST_NOEXEC, MS_NOEXEC),
+            (os.ST_NOATIME, 0x400),
+            (os.ST_NODIRATIME, 0x800),
+            (os.ST_RELATIME, 1 << 21),
+        ):
             if st.f_flag & st_flag:
                 extra |= ms_flag
         _mount(None, path, None, flags | extra)
@@ -189,8 +200,19 @@ class Cell:
     name, kept open at their numbers; `stdio`: the body's stdin, stdout, stderr. `stop()` makes Z kill C (the
     kernel then kills every process of the namespace) and reaps Z once the namespace is empty."""
 
-    def __init__(self, job: dict, mode: str, role: str, uid: int, cgroups, rlimits: dict, stdio: tuple, fds: dict,
-                 body, reaper: bool):
+    def __init__(
+        self,
+        job: dict,
+        mode: str,
+        role: str,
+        uid: int,
+        cgroups,
+        rlimits: dict,
+        stdio: tuple,
+        fds: dict,
+        body,
+        reaper: bool,
+    ):
         report_r, report_w = os.pipe()
         life_r, life_w = os.pipe()
         self.z = os.fork()
@@ -242,6 +264,7 @@ def _read_report(fd: int) -> dict:
     if not head:
         return {"error": "the holder process died"}
     import json
+
     try:
         return json.loads(read_exact(fd, struct.unpack(">I", head)[0]))
     except (EOFError, ValueError):
@@ -336,8 +359,16 @@ def _contained(job, mode, uid, rlimits, stdio, fds, body, reaper, lifeline, setu
         os.dup2(fd, target)
     close_other_fds(list(STDIO_FDS) + list(fds.values()))
     os.environ.clear()
-    os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.getcwd(), "TMPDIR": os.getcwd(),
-                       "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"})
+    os.environ.update(
+        {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": os.getcwd(),
+            "TMPDIR": os.getcwd(),
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     sys.stdin = open(0, "r", closefd=False)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)

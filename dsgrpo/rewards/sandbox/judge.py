@@ -24,9 +24,11 @@ from typing import List, Optional, Sequence
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The supervisor loads this package under a name of its own, without running __init__ (which imports this module):
 # nothing but the sandbox's own files is imported into it.
-_SUPERVISOR_MAIN = ("import sys, types; package = types.ModuleType('dsgrpo_sandbox'); package.__path__ = [{!r}]; "
-                    "sys.modules['dsgrpo_sandbox'] = package; from dsgrpo_sandbox.supervisor import main; "
-                    "sys.exit(main())")
+_SUPERVISOR_MAIN = (
+    "import sys, types; package = types.ModuleType('dsgrpo_sandbox'); package.__path__ = [{!r}]; "
+    "sys.modules['dsgrpo_sandbox'] = package; from dsgrpo_sandbox.supervisor import main; "
+    "sys.exit(main())"
+)
 ISOLATION_MODES = ("isolated", "none")
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 _INT = re.compile(r"[+-]?\d+\Z")
@@ -39,20 +41,20 @@ class SandboxUnavailableError(RuntimeError):
 
 @dataclass
 class SandboxLimits:
-    timeout_s: float = 5.0          # CPU seconds of one run: all its processes, the program's and the checker's
+    timeout_s: float = 5.0  # CPU seconds of one run: all its processes, the program's and the checker's
     wall_timeout_s: Optional[float] = None  # wall-clock backstop for a run that waits (default 2 × timeout_s + 1)
-    cpu_s: int = 5                  # CPU seconds of each process (RLIMIT_CPU)
-    memory_bytes: int = 512 << 20   # memory of the program's processes together (its cgroup: anonymous memory,
+    cpu_s: int = 5  # CPU seconds of each process (RLIMIT_CPU)
+    memory_bytes: int = 512 << 20  # memory of the program's processes together (its cgroup: anonymous memory,
     #                                 memfd, shared memory, tmpfs pages); address space of each
     checker_memory_bytes: int = 256 << 20  # memory of the checker: the tests and the decoding of answers
-    file_bytes: int = 16 << 20      # largest file it may write (in its private /tmp)
-    processes: int = 16             # processes and threads of the program
-    output_bytes: int = 1 << 20     # stdout + stderr of one run; beyond it the run is killed and the row scores 0
+    file_bytes: int = 16 << 20  # largest file it may write (in its private /tmp)
+    processes: int = 16  # processes and threads of the program
+    output_bytes: int = 1 << 20  # stdout + stderr of one run; beyond it the run is killed and the row scores 0
     row_output_bytes: int = 64 << 20  # stdout + stderr of all a row's stdin/stdout cases together (each case's
     #                                   stdout reaches the trainer, is compared and dropped); beyond it the row
     #                                   stops and scores 0
-    message_bytes: int = 16 << 20   # one answer of the program's, at most
-    tmp_bytes: int = 16 << 20       # its private /tmp and /dev/shm (tmpfs: memory)
+    message_bytes: int = 16 << 20  # one answer of the program's, at most
+    tmp_bytes: int = 16 << 20  # its private /tmp and /dev/shm (tmpfs: memory)
 
 
 def extract_code(completion: str) -> str:
@@ -79,8 +81,10 @@ def _split_tests(tests: Sequence) -> tuple:
         elif isinstance(test, dict) and isinstance(test.get("input"), str) and isinstance(test.get("output"), str):
             cases.append(test)
         else:
-            raise ValueError(f"tests[{i}] = {test!r:.80}: code_reward takes Python snippets (usually asserts) or "
-                             "stdin/stdout cases {'input': str, 'output': str}.")
+            raise ValueError(
+                f"tests[{i}] = {test!r:.80}: code_reward takes Python snippets (usually asserts) or "
+                "stdin/stdout cases {'input': str, 'output': str}."
+            )
     return snippets, cases
 
 
@@ -109,8 +113,11 @@ def outputs_match(got: bytes, expected: str, float_tolerance: Optional[float] = 
             a, b = float(g), float(w)
         except ValueError:
             return False
-        if not (math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=float_tolerance,
-                                                                       abs_tol=float_tolerance)):
+        if not (
+            math.isfinite(a)
+            and math.isfinite(b)
+            and math.isclose(a, b, rel_tol=float_tolerance, abs_tol=float_tolerance)
+        ):
             return False
     return True
 
@@ -136,22 +143,44 @@ def _wall_s(limits: SandboxLimits) -> float:
     return limits.wall_timeout_s or 2 * limits.timeout_s + 1
 
 
-def _run(code: str, snippets: List[str], cases: List[dict], limits: SandboxLimits, isolation: str,
-         setup: str = "", entry_points: Sequence[str] = (), float_tolerance: Optional[float] = 1e-6) -> dict:
+def _run(
+    code: str,
+    snippets: List[str],
+    cases: List[dict],
+    limits: SandboxLimits,
+    isolation: str,
+    setup: str = "",
+    entry_points: Sequence[str] = (),
+    float_tolerance: Optional[float] = 1e-6,
+) -> dict:
     """One supervisor process: the checker's verdicts on the snippets, and a verdict per stdin/stdout case. Each
     case's stdout arrives once that case has ended, is compared here (the expected outputs never leave this
     process) and dropped: what is held at any time is one case's output."""
     result_r, result_w = os.pipe()
-    job = {"isolated": isolation == "isolated", "limits": asdict(limits), "code": code, "n_tests": len(snippets),
-           "inputs": [c["input"].encode().hex() for c in cases], "base": "/tmp", "binds": _binds(),
-           "cgroup_base": os.environ.get("DSGRPO_SANDBOX_CGROUP") or None, "result_fd": result_w}
+    job = {
+        "isolated": isolation == "isolated",
+        "limits": asdict(limits),
+        "code": code,
+        "n_tests": len(snippets),
+        "inputs": [c["input"].encode().hex() for c in cases],
+        "base": "/tmp",
+        "binds": _binds(),
+        "cgroup_base": os.environ.get("DSGRPO_SANDBOX_CGROUP") or None,
+        "result_fd": result_w,
+    }
     # the tests follow in a frame of their own, read by the supervisor only after the program has forked
     material = {"tests": snippets, "setup": setup, "entry_points": list(entry_points)}
     payload = _frame(job) + (_frame(material) if snippets else b"")
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _SUPERVISOR_MAIN.format(PACKAGE_DIR)],
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, cwd="/", pass_fds=(result_w,))
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _SUPERVISOR_MAIN.format(PACKAGE_DIR)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"},
+            cwd="/",
+            pass_fds=(result_w,),
+        )
     finally:
         os.close(result_w)
     budget = (len(cases) + (1 if snippets else 0)) * (_wall_s(limits) + 2.0) + 10.0
@@ -200,8 +229,9 @@ def _run(code: str, snippets: List[str], cases: List[dict], limits: SandboxLimit
         os.close(result_r)
     if failure or not result.pop("complete", False):
         why = f"{failure[0]}; " if failure else ""
-        raise RuntimeError(f"the sandbox supervisor failed (exit {proc.returncode}): {why}"
-                           f"{err.decode(errors='replace')[-2000:]}")
+        raise RuntimeError(
+            f"the sandbox supervisor failed (exit {proc.returncode}): {why}{err.decode(errors='replace')[-2000:]}"
+        )
     return result
 
 
@@ -234,9 +264,16 @@ def _remove_stale_cgroups(base, pid: int) -> None:
         pass
 
 
-def run_tests(code: str, tests: Sequence, limits: Optional[SandboxLimits] = None, isolation: str = "isolated",
-              setup: str = "", entry_points: Sequence[str] = (), float_tolerance: Optional[float] = 1e-6,
-              figures: Optional[dict] = None) -> float:
+def run_tests(
+    code: str,
+    tests: Sequence,
+    limits: Optional[SandboxLimits] = None,
+    isolation: str = "isolated",
+    setup: str = "",
+    entry_points: Sequence[str] = (),
+    float_tolerance: Optional[float] = 1e-6,
+    figures: Optional[dict] = None,
+) -> float:
     """Fraction of `tests` the program passes: Python snippets (usually asserts), each run after the program (and
     after `setup`, the row's own setup code) in a fresh namespace, and stdin/stdout cases {'input': ...,
     'output': ...} (the program as a script, once per case). `entry_points`: the names the tests take from the
@@ -256,12 +293,16 @@ def run_tests(code: str, tests: Sequence, limits: Optional[SandboxLimits] = None
         _warn_once(f"code_reward: a sandbox run failed and scores 0.0: {exc}")
         return 0.0
     if "unavailable" in result:
-        raise SandboxUnavailableError(f"The code sandbox cannot be built here: {result['unavailable']}. "
-                                      f"{OPT_OUT}")
+        raise SandboxUnavailableError(f"The code sandbox cannot be built here: {result['unavailable']}. {OPT_OUT}")
     if figures is not None:
-        figures.update(supervisor_maxrss_kib=result.get("supervisor_maxrss_kib"), hung=bool(result.get("hung")),
-                       runs=[{k: run.get(k) for k in ("cpu_s", "checker_peak_bytes", "wall_s", "ended")}
-                             for run in result.get("io", []) + ([result["asserts"]] if "asserts" in result else [])])
+        figures.update(
+            supervisor_maxrss_kib=result.get("supervisor_maxrss_kib"),
+            hung=bool(result.get("hung")),
+            runs=[
+                {k: run.get(k) for k in ("cpu_s", "checker_peak_bytes", "wall_s", "ended")}
+                for run in result.get("io", []) + ([result["asserts"]] if "asserts" in result else [])
+            ],
+        )
     if result.get("hung"):
         return 0.0
     if any(run["fatal"] for run in result["io"]):  # an output limit, a malformed run: an attack, not a wrong answer
@@ -284,13 +325,15 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-OPT_OUT = ("If you trust the data and the model, set code_sandbox: none in the config (dsgrpo serve-reward "
-           "--code-sandbox none) to run the code without containment.")
+OPT_OUT = (
+    "If you trust the data and the model, set code_sandbox: none in the config (dsgrpo serve-reward "
+    "--code-sandbox none) to run the code without containment."
+)
 
 # ---------------------------------------------------------------------------------------------- isolation check
 # Functions the probe program defines (they run in the program's cell); the probe's tests call them, and some
 # tests look at their own process too (they run in the checker's cell, which must be contained the same way).
-_PROBE_PROGRAM = r'''
+_PROBE_PROGRAM = r"""
 import os, socket
 def pid():
     return os.getpid()
@@ -341,7 +384,7 @@ def memory_cgroup():
 def stdlib():
     import collections, json, math, re, heapq, itertools, functools, bisect, decimal, fractions, random
     return math.isqrt(17) + len(json.dumps([1]))
-'''
+"""
 
 
 def _probe_tests(canary: str) -> List[tuple]:
@@ -349,25 +392,37 @@ def _probe_tests(canary: str) -> List[tuple]:
     return [
         ("assert pid() == 2", "a PID namespace of its own (unshare CLONE_NEWPID)"),
         ("assert processes() == 2", "a private /proc (mount proc in a new mount namespace)"),
-        ("import errno\nassert connect_errno() in (errno.ENETUNREACH, errno.EACCES, errno.EPERM)",
-         "a network namespace without interfaces (unshare CLONE_NEWNET)"),
+        (
+            "import errno\nassert connect_errno() in (errno.ENETUNREACH, errno.EACCES, errno.EPERM)",
+            "a network namespace without interfaces (unshare CLONE_NEWNET)",
+        ),
         ("assert not writable('/')", "a read-only root (mount namespace, pivot_root)"),
         ("assert writable('/tmp')", "a writable private /tmp (tmpfs)"),
         (f"assert not exists({canary!r})", "a root that hides the host's files (pivot_root)"),
         ("assert capabilities() == 0", "no capabilities left (capset)"),
         (f"assert uid() != {me} or {me} != 0", "a uid of its own when the trainer is root"),
         ("assert seccomp() == 2", "a seccomp filter (prctl PR_SET_SECCOMP)"),
-        ("assert refused('keyctl') and refused('shmget') and refused('unshare') and refused('inotify_init1')",
-         "the kernel keyring, System V IPC, new namespaces and inotify refused (seccomp)"),
+        (
+            "assert refused('keyctl') and refused('shmget') and refused('unshare') and refused('inotify_init1')",
+            "the kernel keyring, System V IPC, new namespaces and inotify refused (seccomp)",
+        ),
         ("assert memory_cgroup()", "a memory cgroup of the run's own (cgroup v1 or v2, writable)"),
         ("assert stdlib() == 7", "the interpreter's standard library readable inside the sandbox"),
         # the checker's own process: contained like the program
-        (f"import os\nassert not os.path.exists({canary!r}) and os.getpid() > 1",
-         "the checker's root hiding the host's files"),
-        (f"import os\nassert os.getuid() != {me} or {me} != 0", "the checker's uid of its own when the trainer is root"),
+        (
+            f"import os\nassert not os.path.exists({canary!r}) and os.getpid() > 1",
+            "the checker's root hiding the host's files",
+        ),
+        (
+            f"import os\nassert os.getuid() != {me} or {me} != 0",
+            "the checker's uid of its own when the trainer is root",
+        ),
         ("import os\nassert not os.access('/', os.W_OK)", "the checker's read-only root"),
-        ("for line in open('/proc/self/status'):\n    if line.startswith('Seccomp:'):\n"
-         "        assert int(line.split()[1]) == 2", "the checker's seccomp filter"),
+        (
+            "for line in open('/proc/self/status'):\n    if line.startswith('Seccomp:'):\n"
+            "        assert int(line.split()[1]) == 2",
+            "the checker's seccomp filter",
+        ),
     ]
 
 
@@ -390,8 +445,13 @@ def check_isolation(isolation: str = "isolated") -> None:
         with tempfile.NamedTemporaryFile(prefix="dsgrpo-canary-") as canary:
             probes = _probe_tests(canary.name)
             try:
-                result = _run(_PROBE_PROGRAM, [t for t, _ in probes], [],
-                              SandboxLimits(timeout_s=20, wall_timeout_s=40, cpu_s=20), isolation)
+                result = _run(
+                    _PROBE_PROGRAM,
+                    [t for t, _ in probes],
+                    [],
+                    SandboxLimits(timeout_s=20, wall_timeout_s=40, cpu_s=20),
+                    isolation,
+                )
             except RuntimeError as exc:
                 result = {"unavailable": str(exc)}
         problem = None
@@ -403,10 +463,16 @@ def check_isolation(isolation: str = "isolated") -> None:
             missing = [why for (_, why), ok in zip(probes, result["asserts"]["passed"]) if not ok]
             if missing:
                 problem = "missing " + "; ".join(missing)
-        _checked[isolation] = (f"code_reward cannot isolate untrusted code on this machine: {problem}. Run as "
-                               "root, or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
-                               ", user.max_user_namespaces > 0) and give this user a cgroup (DSGRPO_SANDBOX_CGROUP)"
-                               f". {OPT_OUT}") if problem else ""
+        _checked[isolation] = (
+            (
+                f"code_reward cannot isolate untrusted code on this machine: {problem}. Run as "
+                "root, or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1"
+                ", user.max_user_namespaces > 0) and give this user a cgroup (DSGRPO_SANDBOX_CGROUP)"
+                f". {OPT_OUT}"
+            )
+            if problem
+            else ""
+        )
         if problem:
             raise SandboxUnavailableError(_checked[isolation])
 
@@ -447,8 +513,13 @@ class CodeReward:
     HumanEval's; a name or a list), `test_setup_code` and `test_imports` (MBPP's: run before each test). Rows are
     scored in parallel, one run per core."""
 
-    def __init__(self, isolation: str = "isolated", limits: Optional[SandboxLimits] = None,
-                 workers: Optional[int] = None, float_tolerance: Optional[float] = 1e-6):
+    def __init__(
+        self,
+        isolation: str = "isolated",
+        limits: Optional[SandboxLimits] = None,
+        workers: Optional[int] = None,
+        float_tolerance: Optional[float] = 1e-6,
+    ):
         if isolation not in ISOLATION_MODES:
             raise ValueError(f"code_sandbox={isolation!r}: expected one of {ISOLATION_MODES}.")
         self.isolation, self.limits = isolation, limits or SandboxLimits()
@@ -465,22 +536,33 @@ class CodeReward:
         """At trainer start: the sandbox can be built here, or training does not start."""
         check_isolation(self.isolation)
         if self.isolation == "none":
-            warnings.warn("code_sandbox='none': completions' code runs without containment, as this user.",
-                          stacklevel=2)
+            warnings.warn(
+                "code_sandbox='none': completions' code runs without containment, as this user.", stacklevel=2
+            )
 
     def score(self, completion, tests, entry_point=None, setup: str = "") -> float:
         if isinstance(completion, list):  # conversational: the last message (this module imports nothing of dsgrpo,
             completion = completion[-1]["content"] if completion else ""  # so tests can load it on its own)
         tests = tests if isinstance(tests, (list, tuple)) else [tests]
-        return run_tests(extract_code(completion), tests, self.limits, self.isolation, setup,
-                         _entry_points(entry_point), self.float_tolerance)
+        return run_tests(
+            extract_code(completion),
+            tests,
+            self.limits,
+            self.isolation,
+            setup,
+            _entry_points(entry_point),
+            self.float_tolerance,
+        )
 
-    def __call__(self, completions, tests, entry_point=None, test_setup_code=None, test_imports=None,
-                 **kwargs) -> List[float]:
+    def __call__(
+        self, completions, tests, entry_point=None, test_setup_code=None, test_imports=None, **kwargs
+    ) -> List[float]:
         n = len(completions)
         entry = _per_row(entry_point, n, "entry_point")
-        setups = [_setup_code(s, i) for s, i in zip(_per_row(test_setup_code, n, "test_setup_code"),
-                                                    _per_row(test_imports, n, "test_imports"))]
+        setups = [
+            _setup_code(s, i)
+            for s, i in zip(_per_row(test_setup_code, n, "test_setup_code"), _per_row(test_imports, n, "test_imports"))
+        ]
         if n <= 1 or self.workers <= 1:
             return [self.score(*row) for row in zip(completions, tests, entry, setups)]
         with ThreadPoolExecutor(max_workers=min(self.workers, n)) as pool:

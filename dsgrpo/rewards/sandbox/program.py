@@ -24,12 +24,58 @@ from .protocol import Memo, data_view, decode, encode, frame, read_frame, write_
 EXPORTED_VALUE_NODES, MAX_EXPORTS = 10_000, 10_000
 # Objects the program imported from these modules are reported by name, so that the checker can use its own copy
 # (never the program's object) when a test uses that name (checker.py's name rules).
-LIBRARY_MODULES = ("math", "cmath", "collections", "itertools", "functools", "operator", "heapq", "bisect",
-                   "string", "re", "fractions", "decimal", "statistics", "typing", "random", "copy", "json",
-                   "datetime", "array", "numbers", "dataclasses", "enum")
+LIBRARY_MODULES = (
+    "math",
+    "cmath",
+    "collections",
+    "itertools",
+    "functools",
+    "operator",
+    "heapq",
+    "bisect",
+    "string",
+    "re",
+    "fractions",
+    "decimal",
+    "statistics",
+    "typing",
+    "random",
+    "copy",
+    "json",
+    "datetime",
+    "array",
+    "numbers",
+    "dataclasses",
+    "enum",
+)
 # operators a test applies to the program's objects (the checker decides which it forwards: checker.Remote)
-OPERATORS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "lshift", "rshift", "and_", "or_",
-             "xor", "neg", "pos", "abs", "invert", "lt", "le", "gt", "ge", "eq", "ne", "contains", "index")
+OPERATORS = (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "pow",
+    "matmul",
+    "lshift",
+    "rshift",
+    "and_",
+    "or_",
+    "xor",
+    "neg",
+    "pos",
+    "abs",
+    "invert",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "eq",
+    "ne",
+    "contains",
+    "index",
+)
 
 
 _NOTHING = object()
@@ -181,8 +227,11 @@ class Server:
                 memo.receiving = False
                 before = [_snapshot(obj) for obj in memo.objects]
                 result = self.target(request)(*args, **kwargs)
-                after = [[k, encode(obj, self.handle_of, None, _only(memo, k))] for k, obj in enumerate(memo.objects)
-                         if not _same(before[k], obj)]
+                after = [
+                    [k, encode(obj, self.handle_of, None, _only(memo, k))]
+                    for k, obj in enumerate(memo.objects)
+                    if not _same(before[k], obj)
+                ]
                 encoded = encode(result, self.handle_of, None, memo)
                 return {"okm": [encoded, after]} if after else {"ok": encoded}
             return {"ok": encode(self.operate(request), self.handle_of)}

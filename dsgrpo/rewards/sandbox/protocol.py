@@ -45,7 +45,7 @@ def frame(obj) -> bytes:
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def read_exact(fd: int, n: int) -> bytes:
@@ -132,24 +132,70 @@ _namedtuples: dict = {}
 _enums: dict = {}
 _dataclasses: dict = {}
 # the exact types whose state a call may change: they travel numbered in a call's arguments (Memo)
-MUTABLE = (list, dict, set, bytearray, collections.deque, collections.defaultdict, collections.OrderedDict,
-           collections.Counter)
+MUTABLE = (
+    list,
+    dict,
+    set,
+    bytearray,
+    collections.deque,
+    collections.defaultdict,
+    collections.OrderedDict,
+    collections.Counter,
+)
 # a subclass of one of these crosses as a plain copy of its base value, made by the base type's own code
-_BASE_COPY = ((str, str.__str__), (int, int.__int__), (float, float.__float__),
-              (complex, lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v))),
-              (bytes, bytes.__bytes__), (bytearray, bytearray.copy), (list, list.copy),
-              (tuple, lambda v: tuple(tuple.__iter__(v))), (frozenset, frozenset.copy), (set, set.copy),
-              (collections.OrderedDict, collections.OrderedDict), (collections.Counter, collections.Counter),
-              (collections.defaultdict, lambda v: collections.defaultdict(v.default_factory, v)),
-              (dict, dict.copy), (collections.deque, lambda v: collections.deque(v, v.maxlen)))
-_DICT_VIEWS = {type({}.keys()): "dict_keys", type({}.values()): "dict_values", type({}.items()): "dict_items",
-               type(collections.OrderedDict().keys()): "dict_keys",
-               type(collections.OrderedDict().values()): "dict_values",
-               type(collections.OrderedDict().items()): "dict_items"}
+_BASE_COPY = (
+    (str, str.__str__),
+    (int, int.__int__),
+    (float, float.__float__),
+    (complex, lambda v: complex(complex.real.__get__(v), complex.imag.__get__(v))),
+    (bytes, bytes.__bytes__),
+    (bytearray, bytearray.copy),
+    (list, list.copy),
+    (tuple, lambda v: tuple(tuple.__iter__(v))),
+    (frozenset, frozenset.copy),
+    (set, set.copy),
+    (collections.OrderedDict, collections.OrderedDict),
+    (collections.Counter, collections.Counter),
+    (collections.defaultdict, lambda v: collections.defaultdict(v.default_factory, v)),
+    (dict, dict.copy),
+    (collections.deque, lambda v: collections.deque(v, v.maxlen)),
+)
+_DICT_VIEWS = {
+    type({}.keys()): "dict_keys",
+    type({}.values()): "dict_values",
+    type({}.items()): "dict_items",
+    type(collections.OrderedDict().keys()): "dict_keys",
+    type(collections.OrderedDict().values()): "dict_values",
+    type(collections.OrderedDict().items()): "dict_items",
+}
 # builtins that never cross by name into the checker: code from text, files, the interpreter's own state
-_REFUSED_BUILTINS = frozenset({"eval", "exec", "compile", "__import__", "open", "breakpoint", "input", "exit", "quit",
-                               "help", "globals", "locals", "vars", "getattr", "setattr", "delattr", "copyright",
-                               "credits", "license", "memoryview", "__build_class__", "__loader__", "__spec__"})
+_REFUSED_BUILTINS = frozenset(
+    {
+        "eval",
+        "exec",
+        "compile",
+        "__import__",
+        "open",
+        "breakpoint",
+        "input",
+        "exit",
+        "quit",
+        "help",
+        "globals",
+        "locals",
+        "vars",
+        "getattr",
+        "setattr",
+        "delattr",
+        "copyright",
+        "credits",
+        "license",
+        "memoryview",
+        "__build_class__",
+        "__loader__",
+        "__spec__",
+    }
+)
 BUILTIN_MODULES = ("math", "cmath", "operator", "itertools", "functools", "heapq", "bisect")
 _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType, types.WrapperDescriptorType)
 
@@ -222,8 +268,9 @@ def _encode(value, t, handle_of, budget, memo):
     if t is dict or t is collections.OrderedDict or t is collections.Counter:
         return {t.__name__ if t is not dict else "dict": _pairs(value.items(), handle_of, budget, memo)}
     if t is collections.defaultdict:
-        return {"defaultdict": [_factory(value.default_factory, handle_of),
-                                _pairs(value.items(), handle_of, budget, memo)]}
+        return {
+            "defaultdict": [_factory(value.default_factory, handle_of), _pairs(value.items(), handle_of, budget, memo)]
+        }
     if t is collections.deque:
         return {"deque": [[encode(v, handle_of, budget, memo) for v in value], value.maxlen]}
     if t is bytes or t is bytearray:
@@ -237,8 +284,13 @@ def _encode(value, t, handle_of, budget, memo):
     if t is range:
         return {"range": [encode(value.start), encode(value.stop), encode(value.step)]}
     if t is slice:
-        return {"slice": [encode(value.start, handle_of, budget), encode(value.stop, handle_of, budget),
-                          encode(value.step, handle_of, budget)]}
+        return {
+            "slice": [
+                encode(value.start, handle_of, budget),
+                encode(value.stop, handle_of, budget),
+                encode(value.step, handle_of, budget),
+            ]
+        }
     if t in _DICT_VIEWS:
         tag = _DICT_VIEWS[t]
         if tag == "dict_items":
@@ -296,12 +348,24 @@ def _encode_time(value, t):
     if t is datetime.date:
         return {"date": [value.year, value.month, value.day]}
     if t is datetime.datetime:
-        return {"datetime": [value.year, value.month, value.day, value.hour, value.minute, value.second,
-                             value.microsecond, value.fold, _tz(value.utcoffset(), value.tzname())]}
+        return {
+            "datetime": [
+                value.year,
+                value.month,
+                value.day,
+                value.hour,
+                value.minute,
+                value.second,
+                value.microsecond,
+                value.fold,
+                _tz(value.utcoffset(), value.tzname()),
+            ]
+        }
     if t is datetime.time:
         offset = value.utcoffset()
-        return {"time": [value.hour, value.minute, value.second, value.microsecond, value.fold,
-                         _tz(offset, value.tzname())]}
+        return {
+            "time": [value.hour, value.minute, value.second, value.microsecond, value.fold, _tz(offset, value.tzname())]
+        }
     if t is datetime.timedelta:
         return {"timedelta": [value.days, value.seconds, value.microseconds]}
     if t is datetime.timezone:
@@ -348,8 +412,11 @@ def builtin_name(value):
                 return name
         elif t in _DESCRIPTORS:
             owner = value.__objclass__
-            if (getattr(builtins, owner.__name__, None) is owner and not value.__name__.startswith("_")
-                    and getattr(owner, value.__name__, None) is value):
+            if (
+                getattr(builtins, owner.__name__, None) is owner
+                and not value.__name__.startswith("_")
+                and getattr(owner, value.__name__, None) is value
+            ):
                 return f"{owner.__name__}.{value.__name__}"
     except Exception:
         return None
@@ -383,8 +450,7 @@ def _decode_int(body) -> int:
 
 
 def _names_ok(names) -> bool:
-    return all(type(n) is str and n.isidentifier() and not keyword.iskeyword(n) and len(n) <= MAX_NAME
-               for n in names)
+    return all(type(n) is str and n.isidentifier() and not keyword.iskeyword(n) and len(n) <= MAX_NAME for n in names)
 
 
 def _cached(cache: dict, key, build):
@@ -401,13 +467,23 @@ def _cached(cache: dict, key, build):
 
 def namedtuple_class(name, fields, defaults=None):
     """The receiver's namedtuple class of that name and fields (one per name and fields: two answers share it)."""
-    if not (type(fields) is list and len(fields) <= MAX_FIELDS and len(set(fields)) == len(fields)
-            and _names_ok([name] + fields) and not any(f.startswith("_") for f in fields)):
+    if not (
+        type(fields) is list
+        and len(fields) <= MAX_FIELDS
+        and len(set(fields)) == len(fields)
+        and _names_ok([name] + fields)
+        and not any(f.startswith("_") for f in fields)
+    ):
         raise ValueError("a malformed namedtuple")
     if defaults is not None and not (type(defaults) is list and len(defaults) <= len(fields)):
         raise ValueError("a malformed namedtuple")
-    return _cached(_namedtuples, (name, tuple(fields)), lambda: collections.namedtuple(
-        name, fields, defaults=None if defaults is None else [decode(d) for d in defaults]))
+    return _cached(
+        _namedtuples,
+        (name, tuple(fields)),
+        lambda: collections.namedtuple(
+            name, fields, defaults=None if defaults is None else [decode(d) for d in defaults]
+        ),
+    )
 
 
 def enum_class(description):
@@ -416,10 +492,15 @@ def enum_class(description):
     if not (type(description) is list and len(description) == 4):
         raise ValueError("a malformed enum")
     name, kind, mixin, members = description
-    if not (kind in ("IntFlag", "IntEnum", "StrEnum", "Flag", "Enum") and mixin in (None, "int", "str", "float")
-            and type(members) is list and 0 < len(members) <= MAX_FIELDS
-            and all(type(m) is list and len(m) == 2 for m in members)
-            and _names_ok([name] + [m[0] for m in members]) and not any(m[0].startswith("_") for m in members)):
+    if not (
+        kind in ("IntFlag", "IntEnum", "StrEnum", "Flag", "Enum")
+        and mixin in (None, "int", "str", "float")
+        and type(members) is list
+        and 0 < len(members) <= MAX_FIELDS
+        and all(type(m) is list and len(m) == 2 for m in members)
+        and _names_ok([name] + [m[0] for m in members])
+        and not any(m[0].startswith("_") for m in members)
+    ):
         raise ValueError("a malformed enum")
     key = json.dumps(description, sort_keys=True)
     extra = {"type": getattr(builtins, mixin)} if mixin else {}
@@ -427,13 +508,25 @@ def enum_class(description):
 
 
 def dataclass_class(name, fields, flags):
-    if not (type(fields) is list and len(fields) <= MAX_FIELDS and len(set(fields)) == len(fields)
-            and _names_ok([name] + fields) and not any(f.startswith("__") for f in fields)
-            and type(flags) is list and len(flags) == 4 and all(type(f) is bool for f in flags)):
+    if not (
+        type(fields) is list
+        and len(fields) <= MAX_FIELDS
+        and len(set(fields)) == len(fields)
+        and _names_ok([name] + fields)
+        and not any(f.startswith("__") for f in fields)
+        and type(flags) is list
+        and len(flags) == 4
+        and all(type(f) is bool for f in flags)
+    ):
         raise ValueError("a malformed dataclass")
     eq, order, frozen, unsafe_hash = flags
-    return _cached(_dataclasses, (name, tuple(fields), tuple(flags)), lambda: dataclasses.make_dataclass(
-        name, fields, eq=eq, order=order and eq, frozen=frozen, unsafe_hash=unsafe_hash))
+    return _cached(
+        _dataclasses,
+        (name, tuple(fields), tuple(flags)),
+        lambda: dataclasses.make_dataclass(
+            name, fields, eq=eq, order=order and eq, frozen=frozen, unsafe_hash=unsafe_hash
+        ),
+    )
 
 
 def _timedelta(body) -> datetime.timedelta:
@@ -468,7 +561,7 @@ def decode(value, resolve=None, memo=None):
         return [decode(v, resolve, memo) for v in value]
     if t is not dict or len(value) != 1:
         raise ValueError(f"not plain data: {t.__name__}")
-    (tag, body), = value.items()
+    ((tag, body),) = value.items()
     tb = type(body)
 
     def sub(v):
@@ -481,8 +574,13 @@ def decode(value, resolve=None, memo=None):
     if tag in ("dict", "OrderedDict", "Counter") and tb is list and all(type(p) is list and len(p) == 2 for p in body):
         pairs = ((sub(k), sub(v)) for k, v in body)
         return dict(pairs) if tag == "dict" else getattr(collections, tag)(dict(pairs))
-    if (tag == "defaultdict" and tb is list and len(body) == 2 and type(body[1]) is list
-            and all(type(p) is list and len(p) == 2 for p in body[1])):
+    if (
+        tag == "defaultdict"
+        and tb is list
+        and len(body) == 2
+        and type(body[1]) is list
+        and all(type(p) is list and len(p) == 2 for p in body[1])
+    ):
         factory = body[0]
         if factory is None or factory in FACTORIES:
             factory = None if factory is None else getattr(builtins, factory)
@@ -493,8 +591,13 @@ def decode(value, resolve=None, memo=None):
         else:
             raise ValueError("a malformed defaultdict")
         return collections.defaultdict(factory, {sub(k): sub(v) for k, v in body[1]})
-    if (tag == "deque" and tb is list and len(body) == 2 and type(body[0]) is list
-            and (body[1] is None or (type(body[1]) is int and body[1] >= 0))):
+    if (
+        tag == "deque"
+        and tb is list
+        and len(body) == 2
+        and type(body[0]) is list
+        and (body[1] is None or (type(body[1]) is int and body[1] >= 0))
+    ):
         return collections.deque((sub(v) for v in body[0]), body[1])
     if tag in ("bytes", "bytearray") and tb is str:
         return (bytes if tag == "bytes" else bytearray).fromhex(body)
@@ -525,19 +628,33 @@ def decode(value, resolve=None, memo=None):
         return dict(enumerate(sub(v) for v in body)).values()
     if tag == "dict_items" and tb is list and all(type(p) is list and len(p) == 2 for p in body):
         return dict((sub(k), sub(v)) for k, v in body).items()
-    if tag == "SimpleNamespace" and tb is list and all(type(p) is list and len(p) == 2 and type(p[0]) is str
-                                                        for p in body):
+    if (
+        tag == "SimpleNamespace"
+        and tb is list
+        and all(type(p) is list and len(p) == 2 and type(p[0]) is str for p in body)
+    ):
         return types.SimpleNamespace(**{k: sub(v) for k, v in body})
-    if tag == "namedtuple" and tb is list and len(body) == 3 and type(body[1]) is list and type(body[2]) is list \
-            and len(body[1]) == len(body[2]):
+    if (
+        tag == "namedtuple"
+        and tb is list
+        and len(body) == 3
+        and type(body[1]) is list
+        and type(body[2]) is list
+        and len(body[1]) == len(body[2])
+    ):
         return namedtuple_class(body[0], body[1])(*(sub(v) for v in body[2]))
     if tag == "enum" and tb is list and len(body) == 2:
         try:
             return enum_class(body[0])(decode(body[1]))
         except (TypeError, ValueError):
             raise ValueError("a malformed enum member") from None
-    if tag == "dataclass" and tb is list and len(body) == 3 and type(body[1]) is list \
-            and all(type(f) is list and len(f) == 2 for f in body[1]):
+    if (
+        tag == "dataclass"
+        and tb is list
+        and len(body) == 3
+        and type(body[1]) is list
+        and all(type(f) is list and len(f) == 2 for f in body[1])
+    ):
         cls = dataclass_class(body[0], [f[0] for f in body[1]], body[2])
         obj = object.__new__(cls)
         for name, v in body[1]:
@@ -555,11 +672,23 @@ def decode(value, resolve=None, memo=None):
         return _timedelta(body)
     if tag == "timezone" and body is not None:
         return _timezone(body)
-    if memo is not None and tag == "r" and tb is int and 0 <= body < len(memo.objects) \
-            and memo.objects[body] is not None:
+    if (
+        memo is not None
+        and tag == "r"
+        and tb is int
+        and 0 <= body < len(memo.objects)
+        and memo.objects[body] is not None
+    ):
         return memo.objects[body]
-    if memo is not None and memo.receiving and tag == "m" and tb is list and len(body) == 2 \
-            and body[0] == len(memo.objects) and type(body[1]) in (list, dict):
+    if (
+        memo is not None
+        and memo.receiving
+        and tag == "m"
+        and tb is list
+        and len(body) == 2
+        and body[0] == len(memo.objects)
+        and type(body[1]) in (list, dict)
+    ):
         memo.objects.append(None)  # numbered in the sender's order: an outer container before those inside it
         obj = sub(body[1])
         if type(obj) not in MUTABLE:

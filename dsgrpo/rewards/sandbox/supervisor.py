@@ -31,7 +31,7 @@ from .cgroups import CgroupUnavailable, RunCgroups, where_runs_go
 from .containment import CHECKER_UID_OFFSET, UID_BASE, Cell, SetupError, enter_run_namespaces
 from .protocol import ProtocolError, frame, read_frame, write_all
 
-POLL_S = 0.02            # how often the run's CPU time and memory events are read
+POLL_S = 0.02  # how often the run's CPU time and memory events are read
 VERDICT_BYTES = 1 << 20  # the checker's messages not yet read, at most
 
 
@@ -55,21 +55,36 @@ class Supervisor:
         self.runs += 1
         limits = self.limits
         try:
-            return RunCgroups(self.where, f"dsgrpo-{os.getpid()}-{self.runs}", limits["memory_bytes"],
-                              limits["checker_memory_bytes"], limits["processes"])
+            return RunCgroups(
+                self.where,
+                f"dsgrpo-{os.getpid()}-{self.runs}",
+                limits["memory_bytes"],
+                limits["checker_memory_bytes"],
+                limits["processes"],
+            )
         except CgroupUnavailable as exc:
-            raise SetupError(f"no cgroup for the runs' memory and CPU time ({exc.strerror}); as root it is made "
-                             "under the trainer's own cgroup, otherwise set DSGRPO_SANDBOX_CGROUP to a cgroup "
-                             "delegated to this user") from None
+            raise SetupError(
+                f"no cgroup for the runs' memory and CPU time ({exc.strerror}); as root it is made "
+                "under the trainer's own cgroup, otherwise set DSGRPO_SANDBOX_CGROUP to a cgroup "
+                "delegated to this user"
+            ) from None
 
     def _rlimits(self, role: str) -> dict:
         limits = self.limits
         own_uid = self.mode == "root"  # RLIMIT_NPROC counts per uid: only where the uid is the cell's alone
         if role == "program":
-            return {"cpu_s": limits["cpu_s"], "address_space": limits["memory_bytes"],
-                    "file_bytes": limits["file_bytes"], "processes": limits["processes"] if own_uid else 0}
-        return {"cpu_s": limits["cpu_s"], "address_space": max(limits["memory_bytes"], limits["checker_memory_bytes"]),
-                "file_bytes": limits["file_bytes"], "processes": 16 if own_uid else 0}
+            return {
+                "cpu_s": limits["cpu_s"],
+                "address_space": limits["memory_bytes"],
+                "file_bytes": limits["file_bytes"],
+                "processes": limits["processes"] if own_uid else 0,
+            }
+        return {
+            "cpu_s": limits["cpu_s"],
+            "address_space": max(limits["memory_bytes"], limits["checker_memory_bytes"]),
+            "file_bytes": limits["file_bytes"],
+            "processes": 16 if own_uid else 0,
+        }
 
     def _cell(self, role, cgroups, stdio, fds, body, reaper) -> Cell:
         uid = UID_BASE + os.getpid() + (CHECKER_UID_OFFSET if role == "checker" else 0)
@@ -88,8 +103,9 @@ class Supervisor:
         watch = Watch(self.limits, self.mode, cgroups, self.limits["row_output_bytes"] - self.row_output)
         cell = None
         try:
-            cell = self._cell("program", cgroups, (in_r, out_w, err_w), {}, lambda fds: program.run_script(code),
-                              reaper=True)
+            cell = self._cell(
+                "program", cgroups, (in_r, out_w, err_w), {}, lambda fds: program.run_script(code), reaper=True
+            )
         finally:
             for fd in (in_r, out_w, err_w):
                 os.close(fd)
@@ -142,8 +158,13 @@ class Supervisor:
         fatal = watch.broken not in (None, "the time limit")
         if not ok:
             output = bytearray()
-        return {"ok": ok, "fatal": fatal, "ended": watch.broken or (None if ok else f"exit code {cell.exit_code}"),
-                "stdout_bytes": len(output), **watch.figures()}, output
+        return {
+            "ok": ok,
+            "fatal": fatal,
+            "ended": watch.broken or (None if ok else f"exit code {cell.exit_code}"),
+            "stdout_bytes": len(output),
+            **watch.figures(),
+        }, output
 
     # -------- test snippets
     def snippets(self) -> dict:
@@ -161,14 +182,27 @@ class Supervisor:
         cells, ours = [], [out_r, tests_w, control_r]
         try:
             try:
-                cells.append(self._cell("program", cgroups, (self.devnull, out_w, out_w),
-                                        {"requests": req_r, "replies": rep_w},
-                                        lambda fds: program.serve(code, fds["requests"], fds["replies"]),
-                                        reaper=True))
+                cells.append(
+                    self._cell(
+                        "program",
+                        cgroups,
+                        (self.devnull, out_w, out_w),
+                        {"requests": req_r, "replies": rep_w},
+                        lambda fds: program.serve(code, fds["requests"], fds["replies"]),
+                        reaper=True,
+                    )
+                )
                 contained = self.mode != "none"
-                cells.append(self._cell("checker", cgroups, (self.devnull,) * 3,
-                                        {"requests": req_w, "replies": rep_r, "tests": tests_r, "control": control_w},
-                                        lambda fds: checker.run(limits, contained, fds), reaper=False))
+                cells.append(
+                    self._cell(
+                        "checker",
+                        cgroups,
+                        (self.devnull,) * 3,
+                        {"requests": req_w, "replies": rep_r, "tests": tests_r, "control": control_w},
+                        lambda fds: checker.run(limits, contained, fds),
+                        reaper=False,
+                    )
+                )
             finally:
                 _close(req_r, req_w, rep_r, rep_w, out_w, tests_r, control_w)
             material = read_frame(0)  # only now: both cells were forked without the tests in memory
@@ -202,7 +236,7 @@ class Supervisor:
                 watch.check()
                 if w:
                     try:
-                        del pending[:os.write(tests_w, pending[:65536])]
+                        del pending[: os.write(tests_w, pending[:65536])]
                     except BlockingIOError:
                         pass
                 for fd in r:
@@ -215,8 +249,8 @@ class Supervisor:
                         received += data
                 while len(received) >= 4 and len(received) >= 4 + int.from_bytes(received[:4], "big"):
                     size = int.from_bytes(received[:4], "big")
-                    message = _message(bytes(received[4:4 + size]))
-                    del received[:4 + size]
+                    message = _message(bytes(received[4 : 4 + size]))
+                    del received[: 4 + size]
                     if message is None:
                         return None
                     if "next" in message:  # the checker's next test process is waiting for its test
@@ -252,8 +286,9 @@ def _message(body: bytes):
         return message
     if set(message) == {"verdict", "passed"} and type(message["verdict"]) is int:
         return message
-    if set(message) == {"done"} and (message["done"] is None or (type(message["done"]) is str
-                                                               and len(message["done"]) <= 1000)):
+    if set(message) == {"done"} and (
+        message["done"] is None or (type(message["done"]) is str and len(message["done"]) <= 1000)
+    ):
         return message
     return None
 
@@ -317,8 +352,11 @@ class Watch:
         self.cgroups.remove()
 
     def figures(self) -> dict:
-        return {"cpu_s": round(self.cpu_s, 4), "checker_peak_bytes": self.checker_peak,
-                "wall_s": round(time.monotonic() - self.start, 4)}
+        return {
+            "cpu_s": round(self.cpu_s, 4),
+            "checker_peak_bytes": self.checker_peak,
+            "wall_s": round(time.monotonic() - self.start, 4),
+        }
 
 
 def _close(*fds) -> None:
@@ -346,6 +384,7 @@ def main() -> int:
         mode = enter_run_namespaces(job["isolated"])
         if mode == "none":
             import tempfile
+
             job["workdir"] = tempfile.mkdtemp(prefix="dsgrpo-sandbox-")
         checker.helper_names()  # imported once here, not in every checker
         supervisor = Supervisor(job, mode)
@@ -365,6 +404,7 @@ def main() -> int:
             result["asserts"] = supervisor.snippets()
         if mode == "none":
             import shutil
+
             shutil.rmtree(job["workdir"], ignore_errors=True)
     except SetupError as exc:
         result = {"unavailable": str(exc)}
