@@ -70,8 +70,10 @@ test-unit: setup
 test-dist: setup
 	$(PY) -m pytest -q -m "dist or slow" tests
 
-# pyflakes' and pycodestyle's checks (ruff.toml says which and why no formatter); tests/test_lint.py runs it too.
+# ruff's layout (`ruff format .` applies it) and pyflakes' and pycodestyle's checks (ruff.toml says which);
+# tests/test_lint.py runs both in the unit tier.
 lint: setup
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
 # TRL's own GRPOTrainer tests (../shared/trl_tests, both files) against this checkout: about 40 minutes on 2 cores,
