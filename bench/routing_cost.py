@@ -2,7 +2,8 @@
 random weights) sampling with its own generate on 2 ranks, ZeRO-3, with the routing tap removed (what dsgrpo did
 before issue 31), with routes captured and compared (routing_replay='off', the default for MoE policies), and
 replayed (routing_replay='rollout'). Each variant trains the same rounds in one process, one after the other; the
-first 2 rounds of each are left out (start-up); "no tap" runs before and after the others (the mean of both is the base). Figures, not assertions.
+first 2 rounds of each are left out (start-up); "no tap" runs before and after the others (the mean of both is the
+base). Figures, not assertions.
 
     torchrun --nproc_per_node 2 bench/routing_cost.py [--steps 12] [--width 256] [--completion 32] [--bf16]
 

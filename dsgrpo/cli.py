@@ -33,7 +33,8 @@ RUN_KEYS = {
     "environment_factory": "TRL's environment_factory: 'package.module:Class' (one instance per rollout; its public "
     "methods are the tools), or {name: 'module:Class'} picked by the dataset's 'environment' "
     "column. reward_funcs may then be left out when the environment has get_reward().",
-    "peft_config": "Train a LoRA adapter: peft.LoraConfig's fields, e.g. {r: 16, lora_alpha: 32, target_modules: all-linear}.",
+    "peft_config": "Train a LoRA adapter: peft.LoraConfig's fields, e.g. "
+    "{r: 16, lora_alpha: 32, target_modules: all-linear}.",
 }
 TRAINERS = ("grpo", "async")
 

@@ -119,7 +119,8 @@ class GRPOConfig(ConfigChecks):
     disable_tqdm: Optional[bool] = field(
         default=None,
         metadata=_help(
-            "No progress bar: plain progress lines at each logging step instead (None: a bar when the console is a terminal, lines otherwise)."
+            "No progress bar: plain progress lines at each logging step instead (None: a bar when the console is a "
+            "terminal, lines otherwise)."
         ),
     )
     save_strategy: str = field(
@@ -141,13 +142,15 @@ class GRPOConfig(ConfigChecks):
     save_only_model: bool = field(
         default=False,
         metadata=_help(
-            "Checkpoints hold the model in Hugging Face format only (no optimizer, scheduler or RNG state): smaller, but a run cannot resume from them."
+            "Checkpoints hold the model in Hugging Face format only (no optimizer, scheduler or RNG state): smaller, "
+            "but a run cannot resume from them."
         ),
     )
     report_to: Union[None, str, list] = field(
         default="none",
         metadata=_help(
-            "Metric sinks besides the console and metrics.jsonl: 'none', 'wandb', 'tensorboard', 'trackio', 'all' (every installed one), or a list."
+            "Metric sinks besides the console and metrics.jsonl: 'none', 'wandb', 'tensorboard', 'trackio', 'all' "
+            "(every installed one), or a list."
         ),
     )
     project: str = field(
@@ -164,13 +167,15 @@ class GRPOConfig(ConfigChecks):
     ddp_timeout: int = field(
         default=1800,
         metadata=_help(
-            "Seconds a collective may wait for the other ranks before the run fails (DEEPSPEED_TIMEOUT, minutes, overrides it)."
+            "Seconds a collective may wait for the other ranks before the run fails (DEEPSPEED_TIMEOUT, minutes, "
+            "overrides it)."
         ),
     )
     push_to_hub: bool = field(
         default=False,
         metadata=_help(
-            "Upload the model to the Hugging Face Hub (hub_model_id) as hub_strategy says, from a background thread; checked at start-up."
+            "Upload the model to the Hugging Face Hub (hub_model_id) as hub_strategy says, from a background thread; "
+            "checked at start-up."
         ),
     )
     hub_model_id: Optional[str] = field(
@@ -179,7 +184,8 @@ class GRPOConfig(ConfigChecks):
     hub_strategy: str = field(
         default="every_save",
         metadata=_help(
-            "'end' (the final model), 'every_save' (the model at every save), 'checkpoint' (also the latest checkpoint folder), 'all_checkpoints' (every checkpoint folder).",
+            "'end' (the final model), 'every_save' (the model at every save), 'checkpoint' (also the latest checkpoint "
+            "folder), 'all_checkpoints' (every checkpoint folder).",
             choices=HUB_STRATEGIES,
         ),
     )
@@ -191,7 +197,8 @@ class GRPOConfig(ConfigChecks):
     hub_always_push: bool = field(
         default=False,
         metadata=_help(
-            "Start the next upload even while the previous one runs (False: skip saves while an upload is in flight, as transformers does)."
+            "Start the next upload even while the previous one runs (False: skip saves while an upload is in flight, "
+            "as transformers does)."
         ),
     )
 
@@ -204,7 +211,8 @@ class GRPOConfig(ConfigChecks):
     optim: str = field(
         default="adamw_torch_fused",
         metadata=_help(
-            "Optimizer: the AdamW family (adamw_torch, adamw_torch_fused, adamw_apex_fused, ...) is DeepSpeed's AdamW; other optimizers come in through GRPOTrainer(optimizers=(opt, None))."
+            "Optimizer: the AdamW family (adamw_torch, adamw_torch_fused, adamw_apex_fused, ...) is DeepSpeed's AdamW; "
+            "other optimizers come in through GRPOTrainer(optimizers=(opt, None))."
         ),
     )
     max_grad_norm: float = field(default=1.0, metadata=_help("Gradient clipping norm (0 disables clipping)."))
@@ -240,7 +248,8 @@ class GRPOConfig(ConfigChecks):
     gradient_checkpointing: Union[bool, str] = field(
         default="auto",
         metadata=_help(
-            "Recompute activations in backward. 'auto' (dsgrpo's default; TRL's is True): off when the memory planner finds the activations fit, on when they do not (`dsgrpo plan` shows it)."
+            "Recompute activations in backward. 'auto' (dsgrpo's default; TRL's is True): off when the memory planner "
+            "finds the activations fit, on when they do not (`dsgrpo plan` shows it)."
         ),
     )
     gradient_checkpointing_kwargs: Optional[Union[dict, str]] = field(
@@ -255,7 +264,8 @@ class GRPOConfig(ConfigChecks):
     eval_steps: Optional[float] = field(
         default=None,
         metadata=_help(
-            "Evaluate every this many steps when eval_strategy='steps' (None: logging_steps); below 1, a fraction of the run."
+            "Evaluate every this many steps when eval_strategy='steps' (None: logging_steps); below 1, a fraction of "
+            "the run."
         ),
     )
     eval_delay: float = field(default=0, metadata=_help("No evaluation before this many optimizer steps."))
@@ -278,7 +288,8 @@ class GRPOConfig(ConfigChecks):
     model_init_kwargs: Optional[Union[dict, str]] = field(
         default=None,
         metadata=_help(
-            "Keyword arguments of from_pretrained for every model loaded by name: the policy, the reference and reward models (a dict or its JSON)."
+            "Keyword arguments of from_pretrained for every model loaded by name: the policy, the reference and reward "
+            "models (a dict or its JSON)."
         ),
     )
     trust_remote_code: bool = field(
@@ -294,13 +305,15 @@ class GRPOConfig(ConfigChecks):
     cast_lm_head_to_fp32: bool = field(
         default=False,
         metadata=_help(
-            "Compute the policy's and reference's logits in fp32 (the lm_head matmul of a bf16 model; its weights stay bf16 and ZeRO-3 sharded)."
+            "Compute the policy's and reference's logits in fp32 (the lm_head matmul of a bf16 model; its weights stay "
+            "bf16 and ZeRO-3 sharded)."
         ),
     )
     remove_unused_columns: Optional[bool] = field(
         default=False,
         metadata=_help(
-            "True: reward functions get only the prompt, not the dataset's other columns (TRL's default False keeps them)."
+            "True: reward functions get only the prompt, not the dataset's other columns (TRL's default False keeps "
+            "them)."
         ),
     )
     num_generations: int = field(default=8, metadata=_help("Completions sampled per prompt (group size G)."))
@@ -310,7 +323,9 @@ class GRPOConfig(ConfigChecks):
     eval_pass_at_k: Optional[list] = field(
         default=None,
         metadata=_help(
-            "Evaluations also log eval_pass@k for each k listed (Chen et al.'s unbiased estimator over the num_generations_eval samples of each prompt; every k at most that many) and eval_avg@n, the mean reward of all n samples. None: eval_reward only."
+            "Evaluations also log eval_pass@k for each k listed (Chen et al.'s unbiased estimator over the "
+            "num_generations_eval samples of each prompt; every k at most that many) and eval_avg@n, the mean reward "
+            "of all n samples. None: eval_reward only."
         ),
     )
     eval_correct_threshold: float = field(
@@ -322,19 +337,23 @@ class GRPOConfig(ConfigChecks):
     eval_maj_at_k: Optional[list] = field(
         default=None,
         metadata=_help(
-            "Evaluations also log eval_maj@k for each k listed: the samples of a prompt vote with their final answer (math-verify's reading, as accuracy_reward's), in sets of k; right when the winning answer's sample is correct (eval_correct_threshold, eval_correctness_reward). None: no vote."
+            "Evaluations also log eval_maj@k for each k listed: the samples of a prompt vote with their final answer "
+            "(math-verify's reading, as accuracy_reward's), in sets of k; right when the winning answer's sample is "
+            "correct (eval_correct_threshold, eval_correctness_reward). None: no vote."
         ),
     )
     eval_do_sample: bool = field(
         default=True,
         metadata=_help(
-            "False: greedy evaluation (temperature 0, one completion per prompt, as verl's val do_sample=False); eval_pass@1 is then the greedy accuracy and eval_avg@1 the greedy mean reward."
+            "False: greedy evaluation (temperature 0, one completion per prompt, as verl's val do_sample=False); "
+            "eval_pass@1 is then the greedy accuracy and eval_avg@1 the greedy mean reward."
         ),
     )
     eval_correctness_reward: Optional[str] = field(
         default=None,
         metadata=_help(
-            "With eval_pass_at_k: the reward function (by name, as in rewards/<name>/mean) whose value decides correctness, e.g. 'accuracy_reward' beside a format reward. None: the weighted total reward."
+            "With eval_pass_at_k: the reward function (by name, as in rewards/<name>/mean) whose value decides "
+            "correctness, e.g. 'accuracy_reward' beside a format reward. None: the weighted total reward."
         ),
     )
     max_prompt_length: Optional[int] = field(
@@ -348,7 +367,8 @@ class GRPOConfig(ConfigChecks):
     pad_to_multiple_of: Optional[Union[int, str]] = field(
         default="auto",
         metadata=_help(
-            "Pad prompt and completion lengths of a micro-batch to a multiple of this ('auto': no padding off Trainium, as TRL; None: none)."
+            "Pad prompt and completion lengths of a micro-batch to a multiple of this ('auto': no padding off "
+            "Trainium, as TRL; None: none)."
         ),
     )
     generation_batch_size: Optional[int] = field(
@@ -360,7 +380,8 @@ class GRPOConfig(ConfigChecks):
     steps_per_generation: Optional[int] = field(
         default=None,
         metadata=_help(
-            "Micro-steps one generation round feeds (default gradient_accumulation_steps). Exclusive with generation_batch_size."
+            "Micro-steps one generation round feeds (default gradient_accumulation_steps). Exclusive with "
+            "generation_batch_size."
         ),
     )
     temperature: float = field(default=1.0, metadata=_help("Sampling temperature."))
@@ -380,7 +401,8 @@ class GRPOConfig(ConfigChecks):
     ds3_gather_for_generation: bool = field(
         default=True,
         metadata=_help(
-            "use_vllm=False under ZeRO-3: gather the whole policy once per generation call (fast, needs the memory); False generates layer by layer from the shards."
+            "use_vllm=False under ZeRO-3: gather the whole policy once per generation call (fast, needs the memory); "
+            "False generates layer by layer from the shards."
         ),
     )
 
@@ -390,7 +412,8 @@ class GRPOConfig(ConfigChecks):
     use_bias_correction_kl: bool = field(
         default=True,
         metadata=_help(
-            "Multiply the KL term by the importance ratio π_θ/π_old, which makes its gradient the unbiased reverse-KL gradient (DeepSeek-V3.2; TRL's default). Changes the KL gradient whenever beta != 0."
+            "Multiply the KL term by the importance ratio π_θ/π_old, which makes its gradient the unbiased reverse-KL "
+            "gradient (DeepSeek-V3.2; TRL's default). Changes the KL gradient whenever beta != 0."
         ),
     )
     num_iterations: int = field(default=1, metadata=_help("Policy updates per generated batch (mu in the GRPO paper)."))
@@ -455,7 +478,8 @@ class GRPOConfig(ConfigChecks):
     code_sandbox: str = field(
         default="isolated",
         metadata=_help(
-            "How code_reward runs completions' code: 'isolated' (namespaces, its own uid, limits; training refuses to start where that cannot be built) or 'none' (limits only, no containment: for data and models you trust).",
+            "How code_reward runs completions' code: 'isolated' (namespaces, its own uid, limits; training refuses to "
+            "start where that cannot be built) or 'none' (limits only, no containment: for data and models you trust).",
             choices=("isolated", "none"),
         ),
     )
@@ -465,19 +489,23 @@ class GRPOConfig(ConfigChecks):
     top_entropy_quantile: float = field(
         default=1.0,
         metadata=_help(
-            "Train only on the top-rho quantile of tokens by entropy, the threshold taken over every rank's micro-batch (1.0 keeps all; 0.2 is the paper's)."
+            "Train only on the top-rho quantile of tokens by entropy, the threshold taken over every rank's "
+            "micro-batch (1.0 keeps all; 0.2 is the paper's)."
         ),
     )
     entropy_coef: float = field(
         default=0.0,
         metadata=_help(
-            "Entropy bonus: the loss minus this times the mean per-token entropy (the same meaning for every loss type). With use_adaptive_entropy, the starting coefficient."
+            "Entropy bonus: the loss minus this times the mean per-token entropy (the same meaning for every loss "
+            "type). With use_adaptive_entropy, the starting coefficient."
         ),
     )
     use_adaptive_entropy: bool = field(
         default=False,
         metadata=_help(
-            "Skywork-OR1's adaptive entropy control: after each optimizer step the coefficient moves by entropy_coef_delta toward keeping the entropy at entropy_target, and applies only while entropy <= entropy_target."
+            "Skywork-OR1's adaptive entropy control: after each optimizer step the coefficient moves by "
+            "entropy_coef_delta toward keeping the entropy at entropy_target, and applies only while entropy <= "
+            "entropy_target."
         ),
     )
     entropy_coef_min: float = field(default=0.0, metadata=_help("Lower bound of the adaptive entropy coefficient."))
@@ -494,13 +522,15 @@ class GRPOConfig(ConfigChecks):
     off_policy_mask_threshold: Optional[float] = field(
         default=None,
         metadata=_help(
-            "DeepSeek-V3.2's off-policy sequence mask: drop a sequence with a negative advantage whose mean per-token KL from the sampler exceeds this (e.g. 0.5; None: off)."
+            "DeepSeek-V3.2's off-policy sequence mask: drop a sequence with a negative advantage whose mean per-token "
+            "KL from the sampler exceeds this (e.g. 0.5; None: off)."
         ),
     )
     sync_ref_model: bool = field(
         default=False,
         metadata=_help(
-            "TR-DPO: every ref_model_sync_steps steps the reference becomes α·policy + (1-α)·reference, partition by partition under ZeRO-3."
+            "TR-DPO: every ref_model_sync_steps steps the reference becomes α·policy + (1-α)·reference, partition by "
+            "partition under ZeRO-3."
         ),
     )
     ref_model_mixup_alpha: float = field(default=0.6, metadata=_help("α of sync_ref_model."))
@@ -508,7 +538,8 @@ class GRPOConfig(ConfigChecks):
     router_aux_loss_coef: Optional[float] = field(
         default=None,
         metadata=_help(
-            "MoE policies: weight of the router's load-balancing loss added to the GRPO loss (None: the model config's, when it reports one)."
+            "MoE policies: weight of the router's load-balancing loss added to the GRPO loss (None: the model "
+            "config's, when it reports one)."
         ),
     )
     vllm_importance_sampling_correction: bool = field(
@@ -517,7 +548,8 @@ class GRPOConfig(ConfigChecks):
     vllm_importance_sampling_mode: Optional[str] = field(
         default=None,
         metadata=_help(
-            "How the sampler correction is applied (None: TRL's sequence_mask; token_truncate for loss_type='vespo', which folds the correction in token by token).",
+            "How the sampler correction is applied (None: TRL's sequence_mask; token_truncate for loss_type='vespo', "
+            "which folds the correction in token by token).",
             choices=VLLM_IS_MODES,
         ),
     )
@@ -536,19 +568,23 @@ class GRPOConfig(ConfigChecks):
     max_tool_calling_iterations: Optional[int] = field(
         default=None,
         metadata=_help(
-            "With `tools`: most rounds of tool calls per completion (None: until the model stops calling tools or max_completion_length is reached)."
+            "With `tools`: most rounds of tool calls per completion (None: until the model stops calling tools or "
+            "max_completion_length is reached)."
         ),
     )
     tool_timeout_s: float = field(
         default=10.0,
         metadata=_help(
-            "With `tools` or `environment_factory`: seconds a tool call (an environment's method) may run; a call past it is answered with an error message and counted in env/timeouts."
+            "With `tools` or `environment_factory`: seconds a tool call (an environment's method) may run; a call past "
+            "it is answered with an error message and counted in env/timeouts."
         ),
     )
     tool_call_format: str = field(
         default="auto",
         metadata=_help(
-            "How the model writes tool calls: 'auto' (the tokenizer's own parser where it has a response_template, else from its chat template's markers), 'hermes' (Qwen2.5/Qwen3/Hermes <tool_call> blocks), 'llama3' (Llama 3.x JSON), 'mistral' ([TOOL_CALLS]) or 'transformers' (tokenizer.parse_response).",
+            "How the model writes tool calls: 'auto' (the tokenizer's own parser where it has a response_template, "
+            "else from its chat template's markers), 'hermes' (Qwen2.5/Qwen3/Hermes <tool_call> blocks), 'llama3' "
+            "(Llama 3.x JSON), 'mistral' ([TOOL_CALLS]) or 'transformers' (tokenizer.parse_response).",
             choices=("auto", "hermes", "llama3", "mistral", "transformers"),
         ),
     )
@@ -557,7 +593,8 @@ class GRPOConfig(ConfigChecks):
     log_completions: bool = field(
         default=False,
         metadata=_help(
-            "Log every rank's (prompt, completion, rewards, advantage) rows at each logging step: printed on rank 0 and in completions.jsonl."
+            "Log every rank's (prompt, completion, rewards, advantage) rows at each logging step: printed on rank 0 "
+            "and in completions.jsonl."
         ),
     )
     num_completions_to_print: Optional[int] = field(
@@ -572,7 +609,9 @@ class GRPOConfig(ConfigChecks):
     use_vllm: Optional[bool] = field(
         default=None,
         metadata=_help(
-            "Generate with vLLM; False uses the policy's own HF generate (slower, no extra memory). None (the default): True, unless this process has replaced transformers' GenerationMixin.generate (patched or mocked): the code then means to generate with transformers, as TRL's default use_vllm=False does."
+            "Generate with vLLM; False uses the policy's own HF generate (slower, no extra memory). None (the "
+            "default): True, unless this process has replaced transformers' GenerationMixin.generate (patched or "
+            "mocked): the code then means to generate with transformers, as TRL's default use_vllm=False does."
         ),
     )
     vllm_mode: str = field(
@@ -595,7 +634,8 @@ class GRPOConfig(ConfigChecks):
     vllm_tensor_parallel_size: int = field(
         default=1,
         metadata=_help(
-            "Colocate mode: this many consecutive ranks of a node form one vLLM engine, its weights sharded over them (for a model whose vLLM copy does not fit beside its ZeRO-3 shard on one device)."
+            "Colocate mode: this many consecutive ranks of a node form one vLLM engine, its weights sharded over them "
+            "(for a model whose vLLM copy does not fit beside its ZeRO-3 shard on one device)."
         ),
     )
     vllm_enable_sleep_mode: bool = field(
@@ -624,13 +664,18 @@ class GRPOConfig(ConfigChecks):
     deepspeed: Optional[Union[str, dict]] = field(
         default="auto",
         metadata=_help(
-            "Policy DeepSpeed config: a path, a file name in ds_configs/, or a dict ('auto' values inside are filled from this config). 'auto' (or None, TRL's default): chosen by the memory plan at start (said in one line): zero2.json when the whole weights fit in 80% of a device (and always in a world of one), zero3.json when they must be sharded; a resumed run keeps its checkpoint's choice."
+            "Policy DeepSpeed config: a path, a file name in ds_configs/, or a dict ('auto' values inside are filled "
+            "from this config). 'auto' (or None, TRL's default): chosen by the memory plan at start (said in one "
+            "line): zero2.json when the whole weights fit in 80% of a device (and always in a world of one), "
+            "zero3.json when they must be sharded; a resumed run keeps its checkpoint's choice."
         ),
     )
     ref_deepspeed: Optional[Union[str, dict]] = field(
         default="auto",
         metadata=_help(
-            "Reference and reward models' DeepSpeed config (frozen engines). 'auto' (or None): with deepspeed's choice (plan.py): inference.json (no partitioning) where the weights fit, zero3_inference.json where they are sharded."
+            "Reference and reward models' DeepSpeed config (frozen engines). 'auto' (or None): with deepspeed's choice "
+            "(plan.py): inference.json (no partitioning) where the weights fit, zero3_inference.json where they are "
+            "sharded."
         ),
     )
     vllm_kv_cache_bytes: Optional[int] = field(
@@ -642,19 +687,23 @@ class GRPOConfig(ConfigChecks):
     vllm_enforce_eager: Optional[bool] = field(
         default=None,
         metadata=_help(
-            "Run vLLM's model eagerly: no torch.compile, no CUDA graphs. None: compiled on GPU (vLLM's default); on CPU compiled when the run decodes enough tokens to repay compiling (~20 s at start-up; then a decode step ~20% faster on small models), eager for short runs."
+            "Run vLLM's model eagerly: no torch.compile, no CUDA graphs. None: compiled on GPU (vLLM's default); on "
+            "CPU compiled when the run decodes enough tokens to repay compiling (~20 s at start-up; then a decode step "
+            "~20% faster on small models), eager for short runs."
         ),
     )
     weight_sync_bucket_bytes: int = field(
         default=64 * 2**20,
         metadata=_help(
-            "Bytes of parameters gathered from ZeRO-3 per weight-sync bucket (streams to other processes), and the size of the shared buffer's second slot on one CPU host."
+            "Bytes of parameters gathered from ZeRO-3 per weight-sync bucket (streams to other processes), and the "
+            "size of the shared buffer's second slot on one CPU host."
         ),
     )
     weight_sync_timeout_s: float = field(
         default=600.0,
         metadata=_help(
-            "A weight sync that waits longer than this at one of its barriers fails the step, naming the phase and the ranks that did not arrive."
+            "A weight sync that waits longer than this at one of its barriers fails the step, naming the phase and the "
+            "ranks that did not arrive."
         ),
     )
     weight_sync_prefetch: bool = field(
@@ -664,53 +713,73 @@ class GRPOConfig(ConfigChecks):
     verify_weight_sync: Optional[str] = field(
         default=None,
         metadata=_help(
-            "'checksum': after every sync, the engine's float64 checksums of each tensor it received are compared with the trainer's of what it sent (a full read of the weights on each side); 'off'. None: $DSGRPO_VERIFY_WEIGHT_SYNC, else 'off' (the test suite sets 'checksum').",
+            "'checksum': after every sync, the engine's float64 checksums of each tensor it received are compared with "
+            "the trainer's of what it sent (a full read of the weights on each side); 'off'. None: "
+            "$DSGRPO_VERIFY_WEIGHT_SYNC, else 'off' (the test suite sets 'checksum').",
             choices=(None, "off", "checksum"),
         ),
     )
     save_merged_model: bool = field(
         default=False,
         metadata=_help(
-            "With `peft_config`: the final save writes the merged model (base + adapter, Hugging Face format) to output_dir/merged beside the adapter."
+            "With `peft_config`: the final save writes the merged model (base + adapter, Hugging Face format) to "
+            "output_dir/merged beside the adapter."
         ),
     )
     num_threads: Optional[int] = field(
         default=None,
         metadata=_help(
-            "CPU threads per rank (None: the machine's cores / local ranks, at most the cores the rank may run on: its cpuset)."
+            "CPU threads per rank (None: the machine's cores / local ranks, at most the cores the rank may run on: its "
+            "cpuset)."
         ),
     )
     memory_check: str = field(
         default="warn",
         metadata=_help(
-            "The memory planner at start-up: 'warn' logs the plan and warns when it does not fit, 'error' stops before loading a model, 'off' skips the check.",
+            "The memory planner at start-up: 'warn' logs the plan and warns when it does not fit, 'error' stops before "
+            "loading a model, 'off' skips the check.",
             choices=("warn", "error", "off"),
         ),
     )
     token_budget: Optional[int] = field(
         default=None,
         metadata=_help(
-            "The most tokens one rank forwards in one training micro-step (TRL's AsyncGRPOConfig name): whole sequences are packed padding-free into rows under it, every forward of a step pays only for real tokens, and each loss type keeps its normaliser. None (the default): one padded micro-batch's worth (per_device_train_batch_size x (longest prompt + max_completion_length)), or padded micro-batches when the model's attention does not keep packed sequences apart; <= 0: padded micro-batches of per_device_train_batch_size rows."
+            "The most tokens one rank forwards in one training micro-step (TRL's AsyncGRPOConfig name): whole "
+            "sequences are packed padding-free into rows under it, every forward of a step pays only for real tokens, "
+            "and each loss type keeps its normaliser. None (the default): one padded micro-batch's worth "
+            "(per_device_train_batch_size x (longest prompt + max_completion_length)), or padded micro-batches when "
+            "the model's attention does not keep packed sequences apart; <= 0: padded micro-batches of "
+            "per_device_train_batch_size rows."
         ),
     )
     routing_replay: str = field(
         default="off",
         metadata=_help(
-            "Mixture-of-experts policies (Qwen2-MoE, Qwen3-MoE): 'rollout' makes every training forward (policy, old-policy and reference log-probs) use the experts the sampler routed each token to (rollout routing replay, R3), with gate weights from the trainer's router renormalised over them so the router keeps learning; 'off' (the default) lets the trainer route on its own. Either way moe/router_agreement reports how often the trainer's router chose the sampler's experts. Routes come from the policy's own generate (use_vllm=False, always captured for MoE policies) or, on a GPU, from colocated vLLM (enable_return_routed_experts; vLLM-CPU cannot capture them) or a server started with `dsgrpo vllm-serve --routing-replay rollout`.",
+            "Mixture-of-experts policies (Qwen2-MoE, Qwen3-MoE): 'rollout' makes every training forward (policy, "
+            "old-policy and reference log-probs) use the experts the sampler routed each token to (rollout routing "
+            "replay, R3), with gate weights from the trainer's router renormalised over them so the router keeps "
+            "learning; 'off' (the default) lets the trainer route on its own. Either way moe/router_agreement reports "
+            "how often the trainer's router chose the sampler's experts. Routes come from the policy's own generate "
+            "(use_vllm=False, always captured for MoE policies) or, on a GPU, from colocated vLLM "
+            "(enable_return_routed_experts; vLLM-CPU cannot capture them) or a server started with "
+            "`dsgrpo vllm-serve --routing-replay rollout`.",
             choices=("off", "rollout"),
         ),
     )
     logprob_chunk_tokens: int = field(
         default=0,
         metadata=_help(
-            "Completion tokens whose logits are computed at once for log-probs and entropy (0: as many as fit 256 MiB of fp32 logits, 441 for a 151,936-token vocabulary). The full [B, T, V] logits never exist."
+            "Completion tokens whose logits are computed at once for log-probs and entropy (0: as many as fit 256 MiB "
+            "of fp32 logits, 441 for a 151,936-token vocabulary). The full [B, T, V] logits never exist."
         ),
     )
 
     reset_data_position: bool = field(
         default=False,
         metadata=_help(
-            "On resume, read the train dataset from its first prompt (the prompt order restarts at the resumed round) instead of continuing where the checkpoint's run was: for a resume with another train dataset, whose first rounds' worth of prompts would otherwise be skipped (the resume says so once)."
+            "On resume, read the train dataset from its first prompt (the prompt order restarts at the resumed round) "
+            "instead of continuing where the checkpoint's run was: for a resume with another train dataset, whose "
+            "first rounds' worth of prompts would otherwise be skipped (the resume says so once)."
         ),
     )
 
@@ -718,25 +787,35 @@ class GRPOConfig(ConfigChecks):
     partial_rollout: bool = field(
         default=False,
         metadata=_help(
-            "A round ends once it holds enough complete prompt groups; the completions still running are stopped, keep their tokens and continue after the weight sync (new tokens from the new weights). Every token carries the policy version it was sampled with; max_staleness bounds the oldest, and partial_rollout_token_band masks tokens the correction cannot trust. Colocated vLLM: plain generation, tools and environments; agent_rollout's agents are paused between their calls (GRPOTrainer)."
+            "A round ends once it holds enough complete prompt groups; the completions still running are stopped, keep "
+            "their tokens and continue after the weight sync (new tokens from the new weights). Every token carries "
+            "the policy version it was sampled with; max_staleness bounds the oldest, and partial_rollout_token_band "
+            "masks tokens the correction cannot trust. Colocated vLLM: plain generation, tools and environments; "
+            "agent_rollout's agents are paused between their calls (GRPOTrainer)."
         ),
     )
     rollout_overprovision: int = field(
         default=0,
         metadata=_help(
-            "partial_rollout: prompt groups kept in flight beyond a round's need, over all ranks (each rank its share, rounded up). 0: a round waits for all its groups (nothing is carried)."
+            "partial_rollout: prompt groups kept in flight beyond a round's need, over all ranks (each rank its share, "
+            "rounded up). 0: a round waits for all its groups (nothing is carried)."
         ),
     )
     partial_rollout_adaptive: bool = field(
         default=True,
         metadata=_help(
-            "partial_rollout with GRPOTrainer: over-provision only while rounds have a long tail (the longest completion >= 2x the mean and >= 16 tokens beyond it, over all ranks). The first round, and each round after one without a tail, is generated as a plain batch (as with partial_rollout=False, once no group is in flight), so short even completions pay nothing. False: every round over-provisions. AsyncGRPOTrainer always keeps its groups in flight."
+            "partial_rollout with GRPOTrainer: over-provision only while rounds have a long tail (the longest "
+            "completion >= 2x the mean and >= 16 tokens beyond it, over all ranks). The first round, and each round "
+            "after one without a tail, is generated as a plain batch (as with partial_rollout=False, once no group is "
+            "in flight), so short even completions pay nothing. False: every round over-provisions. AsyncGRPOTrainer "
+            "always keeps its groups in flight."
         ),
     )
     partial_rollout_token_band: List[float] = field(
         default_factory=lambda: [0.5, 5.0],
         metadata=_help(
-            "partial_rollout: [low, high] band on each token's ratio π_old / π_sampler; tokens outside leave the policy term (IcePop). The sequence-level correction (vllm_importance_sampling_*) applies as always."
+            "partial_rollout: [low, high] band on each token's ratio π_old / π_sampler; tokens outside leave the "
+            "policy term (IcePop). The sequence-level correction (vllm_importance_sampling_*) applies as always."
         ),
     )
 
@@ -744,7 +823,8 @@ class GRPOConfig(ConfigChecks):
     async_placement: str = field(
         default="colocate",
         metadata=_help(
-            "'colocate': every rank trains and, in a background thread, generates the next batch; 'split': some ranks only generate, the others only train.",
+            "'colocate': every rank trains and, in a background thread, generates the next batch; 'split': some ranks "
+            "only generate, the others only train.",
             choices=ASYNC_PLACEMENTS,
         ),
     )
@@ -755,34 +835,40 @@ class GRPOConfig(ConfigChecks):
     max_staleness: int = field(
         default=1,
         metadata=_help(
-            "Train on a group at most this many policy versions (weight syncs) after the one that generated it; older groups are dropped. 0 means on-policy."
+            "Train on a group at most this many policy versions (weight syncs) after the one that generated it; older "
+            "groups are dropped. 0 means on-policy."
         ),
     )
     async_load_balancing: bool = field(
         default=True,
         metadata=_help(
-            "Ranks claim prompt groups from one shared queue, so a fast rank takes work a slow one has not started; False gives each rank a fixed share."
+            "Ranks claim prompt groups from one shared queue, so a fast rank takes work a slow one has not started; "
+            "False gives each rank a fixed share."
         ),
     )
     async_chunk_groups: Optional[int] = field(
         default=None,
         metadata=_help(
-            "Prompt groups a rank claims and generates at once (None: a whole round when one worker generates, else a quarter of its share of a round, at least 1). Smaller balances better, larger batches vLLM better."
+            "Prompt groups a rank claims and generates at once (None: a whole round when one worker generates, else a "
+            "quarter of its share of a round, at least 1). Smaller balances better, larger batches vLLM better."
         ),
     )
     drop_zero_std_groups: bool = field(
         default=False,
         metadata=_help(
-            "DAPO dynamic sampling: discard groups whose rewards all agree and keep sampling until the batch is full of useful groups (AsyncGRPOTrainer)."
+            "DAPO dynamic sampling: discard groups whose rewards all agree and keep sampling until the batch is full "
+            "of useful groups (AsyncGRPOTrainer)."
         ),
     )
 
-    # ------------------------------------------------------------------ accepted for TRL/transformers configs, no effect
+    # ------------------------------------------------------------------ accepted for TRL/transformers configs, no
+    #                                                                    effect
     # Each means nothing under DeepSpeed + an in-process vLLM engine (or is transformers' own machinery dsgrpo does
     # not use); set to anything but its default it warns once, naming the field and why.
     use_liger_kernel: bool = _inert(
         False,
-        "dsgrpo computes log-probs from the completion positions' logits only and never takes a cross-entropy over the vocabulary, which is what Liger's fused kernel replaces",
+        "dsgrpo computes log-probs from the completion positions' logits only and never takes a cross-entropy over the "
+        "vocabulary, which is what Liger's fused kernel replaces",
         "Liger kernels.",
     )
     liger_kernel_config: Optional[Union[dict, str]] = _inert(None, "see use_liger_kernel", "Liger kernel options.")
@@ -875,25 +961,32 @@ class GRPOConfig(ConfigChecks):
     load_best_model_at_end: bool = field(
         default=False,
         metadata=_help(
-            "At the end, the final model (output_dir, and what `push_to_hub` uploads) is the best checkpoint's by metric_for_best_model instead of the last step's. Needs evaluation and checkpoints at the same steps (eval_strategy = save_strategy, save_steps a multiple of eval_steps)."
+            "At the end, the final model (output_dir, and what `push_to_hub` uploads) is the best checkpoint's by "
+            "metric_for_best_model instead of the last step's. Needs evaluation and checkpoints at the same steps "
+            "(eval_strategy = save_strategy, save_steps a multiple of eval_steps)."
         ),
     )
     metric_for_best_model: Optional[str] = field(
         default=None,
         metadata=_help(
-            "An evaluation metric that ranks the checkpoints, e.g. 'eval_reward', 'reward' (the 'eval_' prefix is added as transformers does), 'eval_rewards/<function>/mean' or 'eval_<set>_reward' for a named eval set. The best checkpoint is recorded in trainer_state.json and never pruned by save_total_limit. None: 'eval_reward' when load_best_model_at_end, else no tracking."
+            "An evaluation metric that ranks the checkpoints, e.g. 'eval_reward', 'reward' (the 'eval_' prefix is "
+            "added as transformers does), 'eval_rewards/<function>/mean' or 'eval_<set>_reward' for a named eval set. "
+            "The best checkpoint is recorded in trainer_state.json and never pruned by save_total_limit. None: "
+            "'eval_reward' when load_best_model_at_end, else no tracking."
         ),
     )
     greater_is_better: Optional[bool] = field(
         default=None,
         metadata=_help(
-            "Direction of metric_for_best_model. None: True, unless the metric's name ends in 'loss' (transformers' rule)."
+            "Direction of metric_for_best_model. None: True, unless the metric's name ends in 'loss' (transformers' "
+            "rule)."
         ),
     )
     ignore_data_skip: bool = field(
         default=False,
         metadata=_help(
-            "transformers' name for reset_data_position (True sets it): on resume, start the train dataset from its first prompt instead of continuing at the checkpoint's round."
+            "transformers' name for reset_data_position (True sets it): on resume, start the train dataset from its "
+            "first prompt instead of continuing at the checkpoint's round."
         ),
     )
     restore_callback_states_from_checkpoint: bool = _inert(
@@ -901,7 +994,8 @@ class GRPOConfig(ConfigChecks):
     )
     full_determinism: bool = _inert(
         False,
-        "runs are seeded per round and slot, and resume exactly; torch's deterministic-algorithms mode is not forced (vLLM kernels refuse it)",
+        "runs are seeded per round and slot, and resume exactly; torch's deterministic-algorithms mode is not forced "
+        "(vLLM kernels refuse it)",
         "Deterministic algorithms everywhere.",
     )
     use_cpu: bool = _inert(
@@ -915,7 +1009,10 @@ class GRPOConfig(ConfigChecks):
     parallelism_config: Optional[Any] = field(
         default=None,
         metadata=_help(
-            "transformers' field (an Accelerate ParallelismConfig, a dict or its JSON): sp_size=N with sp_backend='deepspeed' shards the training side of a step over groups of N consecutive ranks with DeepSpeed's Ulysses attention (the DeepSpeed config's sequence_parallel_size means the same); data parallelism stays the world's. cp_size and tp_size are refused."
+            "transformers' field (an Accelerate ParallelismConfig, a dict or its JSON): sp_size=N with "
+            "sp_backend='deepspeed' shards the training side of a step over groups of N consecutive ranks with "
+            "DeepSpeed's Ulysses attention (the DeepSpeed config's sequence_parallel_size means the same); data "
+            "parallelism stays the world's. cp_size and tp_size are refused."
         ),
     )
     dataloader_drop_last: bool = _inert(
@@ -949,7 +1046,8 @@ class GRPOConfig(ConfigChecks):
     )
     optim_args: Optional[str] = _inert(
         None,
-        "DeepSpeed's AdamW takes its parameters from the optimizer fields (learning_rate, adam_*, weight_decay) and the deepspeed config",
+        "DeepSpeed's AdamW takes its parameters from the optimizer fields (learning_rate, adam_*, weight_decay) and "
+        "the deepspeed config",
         "Optimizer arguments.",
     )
     optim_target_modules: Optional[Union[str, list]] = _inert(

@@ -85,7 +85,8 @@ class ConfigChecks:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1.")
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ValueError(
-                f"generation_batch_size={self.generation_batch_size} and steps_per_generation={self.steps_per_generation} "
+                f"generation_batch_size={self.generation_batch_size} and "
+                f"steps_per_generation={self.steps_per_generation} "
                 "are both set; they are two ways to say the same thing. Set only one of them."
             )
         if self.max_steps == 0 or (self.max_steps < 0 and self.num_train_epochs <= 0):
@@ -284,13 +285,15 @@ class ConfigChecks:
         if self.generation_batch_size is not None and self.generation_batch_size % per_step != 0:
             raise ValueError(
                 f"generation_batch_size={self.generation_batch_size} is not divisible by per_device_train_batch_size "
-                f"({self.per_device_train_batch_size}) x world size ({world_size}) = {per_step}. Make it a multiple of {per_step}."
+                f"({self.per_device_train_batch_size}) x world size ({world_size}) = {per_step}. "
+                f"Make it a multiple of {per_step}."
             )
         gen_batch = self.resolved_generation_batch_size(world_size)
         if gen_batch % self.num_generations != 0:
             raise ValueError(
-                f"The generation batch ({gen_batch} completions = per_device_train_batch_size {self.per_device_train_batch_size} "
-                f"x world size {world_size} x steps_per_generation {self.resolved_steps_per_generation(world_size)}) is not "
+                f"The generation batch ({gen_batch} completions = per_device_train_batch_size "
+                f"{self.per_device_train_batch_size} x world size {world_size} x steps_per_generation "
+                f"{self.resolved_steps_per_generation(world_size)}) is not "
                 f"divisible by num_generations={self.num_generations}. Choose values whose product is a multiple of "
                 f"{self.num_generations}, or change num_generations."
             )

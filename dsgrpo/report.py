@@ -7,8 +7,9 @@ is fetched) plus the same PNGs beside it. Several run folders are overlaid, one 
 Figures: reward and each reward function, KL, entropy, completion lengths and the clipped ratio, loss and
 grad norm, learning rate, tokens/s, the time of each phase (stacked), tool and environment health, async metrics,
 eval curves; then a table of sampled completions with their rewards, and multi-turn episodes (tools, environments)
-group by group, side by side, each turn with its tool calls and the answers. A figure whose metrics no run logged is left out and named
-under "Not logged" (KL needs beta > 0, eval curves an eval_dataset, the table log_completions)."""
+group by group, side by side, each turn with its tool calls and the answers. A figure whose metrics no run logged is
+left out and named under "Not logged" (KL needs beta > 0, eval curves an eval_dataset, the table
+log_completions)."""
 
 from __future__ import annotations
 
@@ -427,7 +428,10 @@ def _turn_html(message: dict) -> str:
         for c in message.get("tool_calls") or []
         if isinstance(c, dict)
     )
-    return f"<div class='turn {html.escape(role)}'><span class='who'>{html.escape(role)}</span><pre>{text}</pre>{calls}</div>"
+    return (
+        f"<div class='turn {html.escape(role)}'><span class='who'>{html.escape(role)}</span>"
+        f"<pre>{text}</pre>{calls}</div>"
+    )
 
 
 def _episodes(run: Run) -> str:

@@ -172,8 +172,9 @@ class TrainerSetup:
                 name = type(self.policy.module).__name__
                 if args.token_budget is not None or self.sp_size > 1:
                     raise ValueError(
-                        f"token_budget={args.token_budget} (sequence parallelism {self.sp_size}): {name} (attn_implementation "
-                        f"{getattr(model_config, '_attn_implementation', None)!r}) lets packed sequences attend to "
+                        f"token_budget={args.token_budget} (sequence parallelism {self.sp_size}): {name} "
+                        f"(attn_implementation {getattr(model_config, '_attn_implementation', None)!r}) "
+                        "lets packed sequences attend to "
                         f"each other (a packed sequence's hidden states moved by {leak:.2g} of their scale when its "
                         "neighbour changed), so packed steps would train on the wrong context. Set token_budget=0 "
                         "(padded micro-batches), or an attn_implementation with packed-sequence support (sdpa, "

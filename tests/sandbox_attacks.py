@@ -238,7 +238,8 @@ def corpus(ctx: dict) -> list:
         ),
         (
             "secret from the environment, /proc and the trainer's files",
-            "import glob, os\ndef leak():\n    for k, v in os.environ.items():\n        if v.startswith('sk-'): return v\n"
+            "import glob, os\ndef leak():\n    for k, v in os.environ.items():\n"
+            "        if v.startswith('sk-'): return v\n"
             "    for p in glob.glob('/proc/*/environ') + [" + repr(ctx["secret_file"]) + "]:\n        try:\n"
             "            for part in open(p, 'rb').read().split(b'\\0'):\n                if b'sk-' in part:\n"
             "                    return part.split(b'=')[-1].decode()\n        except OSError: pass\n    return None\n",

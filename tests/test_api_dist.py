@@ -1,7 +1,7 @@
-"""GRPOTrainer's and AsyncGRPOTrainer's `tools` and `rollout_func`, and TrainerControl flags, on 2 ranks with real DeepSpeed ZeRO-3 and real in-process vLLM (fp32,
-CPU). The tool run needs a model that calls tools: the fixture fine-tunes the tiny Qwen2 for a few seconds on one
-conversation per tool (plain torch, one process), then one launch of tests/dist_scripts/api_checks.py records the
-numbers asserted below."""
+"""GRPOTrainer's and AsyncGRPOTrainer's `tools` and `rollout_func`, and TrainerControl flags, on 2 ranks with real
+DeepSpeed ZeRO-3 and real in-process vLLM (fp32, CPU). The tool run needs a model that calls tools: the fixture
+fine-tunes the tiny Qwen2 for a few seconds on one conversation per tool (plain torch, one process), then one launch
+of tests/dist_scripts/api_checks.py records the numbers asserted below."""
 
 import json
 import os

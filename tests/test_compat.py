@@ -1,6 +1,7 @@
-"""dsgrpo/compat/ (a module per library): every private or version-specific symbol of DeepSpeed, vLLM, torch.distributed, transformers
-and peft that dsgrpo touches still exists with what dsgrpo relies on (an upgrade fails here, not as a hang), and
-no other module reaches behind those packages' public APIs. Imports the packages; launches nothing."""
+"""dsgrpo/compat/ (a module per library): every private or version-specific symbol of DeepSpeed, vLLM,
+torch.distributed, transformers and peft that dsgrpo touches still exists with what dsgrpo relies on (an upgrade
+fails here, not as a hang), and no other module reaches behind those packages' public APIs. Imports the packages;
+launches nothing."""
 
 import os
 import re

@@ -261,7 +261,8 @@ def test_a_generator_that_follows_a_replaced_generate_passes_settings_through_to
     assert follower.generate([[1]], [1], None) == "hf"
 
 
-# ================================================================================ partial rollouts: episodes across rounds
+# ================================================================================ partial rollouts: episodes across
+#                                                                                  rounds
 class SteppedEngine:
     """Stands in for vLLM stepped request by request (partial rollouts; unit tests only): a request continues the
     turn its prompt ends in, as `script(conversation so far, turns answered)` plus eos, one token per step."""

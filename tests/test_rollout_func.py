@@ -92,7 +92,8 @@ def message(exc_info) -> str:
         (
             output(completion_ids=np.zeros((4, 3), dtype=int)),
             4,
-            "rollout_func's 'completion_ids' is a ndarray, not a list with one row per prompt. Convert it with .tolist().",
+            "rollout_func's 'completion_ids' is a ndarray, not a list with one row per prompt. "
+            "Convert it with .tolist().",
         ),
         (
             output(completion_ids=[[5, 6, EOS], "789", [5], []]),
@@ -108,8 +109,8 @@ def message(exc_info) -> str:
         (
             output(logprobs=[[-0.1, -0.2, -0.3], [-1.0, -1.5], [-0.5], []]),
             4,
-            "rollout_func's 'logprobs'[1] has 2 values but 'completion_ids'[1] has 3 tokens: give the sampler's log-prob of "
-            "each completion token, in order.",
+            "rollout_func's 'logprobs'[1] has 2 values but 'completion_ids'[1] has 3 tokens: give the sampler's "
+            "log-prob of each completion token, in order.",
         ),
         (
             output(logprobs=[[-0.1, None, -0.3], [-1.0, -1.5, -2.0], [-0.5], []]),
@@ -124,8 +125,8 @@ def message(exc_info) -> str:
         (
             output(env_mask=[[1, 0], [1, 1, 1], [1], []]),
             4,
-            "rollout_func's 'env_mask'[0] has 2 values but 'completion_ids'[0] has 3 tokens; it must hold one 0 or 1 per "
-            "token of 'completion_ids'[0] (1 = sampled by the model, 0 = inserted by the environment).",
+            "rollout_func's 'env_mask'[0] has 2 values but 'completion_ids'[0] has 3 tokens; it must hold one 0 or 1 "
+            "per token of 'completion_ids'[0] (1 = sampled by the model, 0 = inserted by the environment).",
         ),
         (
             output(env_mask=[[1, 0, 2], [1, 1, 1], [1], []]),

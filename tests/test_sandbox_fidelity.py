@@ -158,7 +158,8 @@ def _mutation_rows():
             ("q.pop()", "q[-1]\n        q.pop(0)"),
         ),
         R(
-            "def normalise(m):\n    for row in m:\n        total = sum(row)\n        row[:] = [x / total for x in row]\n",
+            "def normalise(m):\n    for row in m:\n        total = sum(row)\n"
+            "        row[:] = [x / total for x in row]\n",
             ["m = [[1, 1], [1, 3]]\nnormalise(m)\nassert m == [[0.5, 0.5], [0.25, 0.75]]"],
             ("x / total", "x / 2"),
         ),
@@ -306,14 +307,17 @@ HAND = [
         [
             "a = Account(10)\nassert a.withdraw(3) == 7 and a.balance == 7",
             "assert Account(5).withdraw(5) == 0",
-            "a = Account(1)\ntry:\n    a.withdraw(5)\n    assert False\nexcept InsufficientFunds as e:\n    assert str(e) "
+            "a = Account(1)\ntry:\n    a.withdraw(5)\n    assert False\nexcept InsufficientFunds as e:\n"
+            "    assert str(e) "
             "== 'only 1'",
-            "try:\n    Account().withdraw(1)\nexcept Exception as e:\n    assert type(e).__name__ == 'InsufficientFunds'",
+            "try:\n    Account().withdraw(1)\nexcept Exception as e:\n"
+            "    assert type(e).__name__ == 'InsufficientFunds'",
         ],
         ("amount > self.balance", "amount >= self.balance"),
     ),
     R(
-        "class ParseError(ValueError):\n    pass\ndef parse_pair(s):\n    if ',' not in s:\n        raise ParseError(s)\n"
+        "class ParseError(ValueError):\n    pass\ndef parse_pair(s):\n    if ',' not in s:\n"
+        "        raise ParseError(s)\n"
         "    a, b = s.split(',')\n    return int(a), int(b)\n",
         [
             "try:\n    parse_pair('12')\nexcept ValueError:\n    ok = True\nelse:\n    ok = False\nassert ok",
@@ -336,7 +340,8 @@ HAND = [
         "        raise ValueError('negative')\n    return True\n",
         [
             "try:\n    check_age('x')\nexcept TypeError:\n    pass\nelse:\n    assert False",
-            "try:\n    check_age(-1)\nexcept ValueError as e:\n    assert str(e) == 'negative'\nelse:\n    assert False",
+            "try:\n    check_age(-1)\nexcept ValueError as e:\n    assert str(e) == 'negative'\nelse:\n"
+            "    assert False",
             "assert check_age(3)",
         ],
         ("n < 0", "n < -1"),
@@ -472,7 +477,8 @@ HAND = [
         ("s.lower()", "s"),
     ),
     R(
-        "class Shout(str):\n    def shout(self):\n        return self.upper() + '!'\ndef make(s):\n    return Shout(s)\n",
+        "class Shout(str):\n    def shout(self):\n        return self.upper() + '!'\ndef make(s):\n"
+        "    return Shout(s)\n",
         [
             "assert make('hi') == 'hi' and make('hi').startswith('h')",
             "assert make('a').upper() == 'A'",
@@ -672,7 +678,8 @@ HAND = [
         "import datetime\ndef span(a, b):\n    return b - a\n",
         [
             "import datetime\nassert span(datetime.date(2020, 1, 1), datetime.date(2020, 3, 1)).days == 60",
-            "import datetime as dt\nassert span(dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 1, 1)) == dt.timedelta(hours"
+            "import datetime as dt\n"
+            "assert span(dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 1, 1)) == dt.timedelta(hours"
             "=1)",
         ],
         ("b - a", "a - b"),
@@ -847,7 +854,8 @@ HAND = [
         ("reversed(xs)", "xs"),
     ),
     R(
-        "class TreeNode:\n    def __init__(self, v, l=None, r=None):\n        self.val, self.left, self.right = v, l, r\n"
+        "class TreeNode:\n    def __init__(self, v, l=None, r=None):\n"
+        "        self.val, self.left, self.right = v, l, r\n"
         "def depth(t):\n    return 0 if t is None else 1 + max(depth(t.left), depth(t.right))\n",
         [
             "assert depth(TreeNode(1, TreeNode(2, TreeNode(3)))) == 3",
@@ -867,7 +875,8 @@ HAND = [
         ("range(n)", "range(1, n)"),
     ),
     R(
-        "class Temperature:\n    def __init__(self, c):\n        self._c = c\n    @property\n    def fahrenheit(self):\n"
+        "class Temperature:\n    def __init__(self, c):\n        self._c = c\n    @property\n"
+        "    def fahrenheit(self):\n"
         "        return self._c * 9 / 5 + 32\n    @classmethod\n    def from_f(cls, f):\n        return cls((f - 32) * "
         "5 / 9)\n"
         "    @staticmethod\n    def boiling():\n        return 100\n",
@@ -1000,7 +1009,8 @@ HAND = [
         "\n            pass\n"
         "    return None\n",
         [
-            "calls = []\ndef flaky():\n    calls.append(1)\n    if len(calls) < 3:\n        raise ValueError\n    return '"
+            "calls = []\ndef flaky():\n    calls.append(1)\n    if len(calls) < 3:\n        raise ValueError\n"
+            "    return '"
             "ok'\n"
             "assert retry(flaky, 5) == 'ok' and len(calls) == 3",
             "def never():\n    raise ValueError\nassert retry(never, 2) is None",
@@ -1019,7 +1029,8 @@ HAND = [
     R(
         "def take(it, n):\n    return [next(it) for _ in range(n)]\n",
         [
-            "def nat():\n    i = 0\n    while True:\n        yield i\n        i += 1\nassert take(nat(), 3) == [0, 1, 2]",
+            "def nat():\n    i = 0\n    while True:\n        yield i\n        i += 1\n"
+            "assert take(nat(), 3) == [0, 1, 2]",
             "assert take(iter('abc'), 2) == ['a', 'b']",
         ],
         ("range(n)", "range(n - 1)"),
@@ -1045,7 +1056,8 @@ HAND = [
         ("m[i][i]", "m[i][0]"),
     ),
     R(
-        "def sqrt(x):\n    r = x\n    while r * r > x:\n        r = (r + x // r) // 2\n    return r\ndef is_square(n):\n"
+        "def sqrt(x):\n    r = x\n    while r * r > x:\n        r = (r + x // r) // 2\n    return r\n"
+        "def is_square(n):\n"
         "    return sqrt(n) ** 2 == n\n",
         ["assert sqrt(16) == 4 and sqrt(17) == 4", "assert is_square(49) and not is_square(50)"],
         ("while r * r > x", "while r * r > x + 100"),
@@ -1128,7 +1140,8 @@ MORE = [
     ),
     R(
         "class Pt:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n    def __eq__(self, o):\n"
-        "        return (self.x, self.y) == (o.x, o.y)\n    def __hash__(self):\n        return hash((self.x, self.y))\n",
+        "        return (self.x, self.y) == (o.x, o.y)\n    def __hash__(self):\n"
+        "        return hash((self.x, self.y))\n",
         [
             "assert Pt(1, 2) == Pt(1, 2) and Pt(1, 2) != Pt(2, 1)",
             "assert len({Pt(0, 0), Pt(0, 0), Pt(1, 0)}) == 2",
@@ -1322,7 +1335,8 @@ MORE = [
         "def perms(xs):\n    if len(xs) <= 1:\n        yield list(xs)\n        return\n    for i in range(len(xs)):\n"
         "        for p in perms(xs[:i] + xs[i + 1:]):\n            yield [xs[i]] + p\n",
         [
-            "assert sorted(perms([1, 2, 3])) == sorted([[1, 2, 3], [1, 3, 2], [2, 1, 3], [2, 3, 1], [3, 1, 2], [3, 2, 1]])",
+            "assert sorted(perms([1, 2, 3])) == "
+            "sorted([[1, 2, 3], [1, 3, 2], [2, 1, 3], [2, 3, 1], [3, 1, 2], [3, 2, 1]])",
             "assert list(perms([])) == [[]]",
         ],
         ("xs[:i] + xs[i + 1:]", "xs[i + 1:]"),
@@ -1386,10 +1400,12 @@ MORE = [
         ("(2 * a)", "a"),
     ),
     R(
-        "class AppError(Exception):\n    pass\nclass NotFound(AppError):\n    pass\ndef find(d, k):\n    if k not in d:\n"
+        "class AppError(Exception):\n    pass\nclass NotFound(AppError):\n    pass\ndef find(d, k):\n"
+        "    if k not in d:\n"
         "        raise NotFound(k)\n    return d[k]\n",
         [
-            "try:\n    find({}, 'x')\nexcept AppError as e:\n    assert isinstance(e, NotFound)\nelse:\n    assert False",
+            "try:\n    find({}, 'x')\nexcept AppError as e:\n    assert isinstance(e, NotFound)\nelse:\n"
+            "    assert False",
             "assert find({'a': 1}, 'a') == 1",
             "try:\n    find({}, 1)\nexcept NotFound:\n    pass",
         ],

@@ -14,7 +14,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_stack_imports_in_the_venv():
-    code = "import dsgrpo, deepspeed, vllm, transformers, datasets, torch; print(torch.__version__, vllm.__version__, deepspeed.__version__)"
+    code = (
+        "import dsgrpo, deepspeed, vllm, transformers, datasets, torch; "
+        "print(torch.__version__, vllm.__version__, deepspeed.__version__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     torch_v, vllm_v, ds_v = out.stdout.split()[-3:]

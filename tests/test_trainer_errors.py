@@ -167,7 +167,8 @@ def test_non_finite_training_stops_with_the_step_named(tmp_path):
     trainer.policy.module.get_output_embeddings().register_forward_hook(poison)
     with pytest.raises(
         RuntimeError,
-        match=r"Non-finite training values at optimizer step 2: \{'grad_norm': (nan|inf).*Last checkpoint: none saved yet",
+        match=r"Non-finite training values at optimizer step 2: \{'grad_norm': "
+        r"(nan|inf).*Last checkpoint: none saved yet",
     ):
         trainer.train()
     assert trainer.state.global_step == 1  # the failed step is not counted

@@ -1,4 +1,5 @@
-"""DeepSpeed 0.19.8: its comm module global, ZeRO-3 parameter fields, engine checkpoints, the launcher. (See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
+"""DeepSpeed 0.19.8: its comm module global, ZeRO-3 parameter fields, engine checkpoints, the launcher.
+(See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
 
 from __future__ import annotations
 

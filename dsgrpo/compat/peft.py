@@ -1,4 +1,5 @@
-"""peft 0.21.2: LoRA layers and their merged weights. (See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
+"""peft 0.21.2: LoRA layers and their merged weights.
+(See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
 
 from __future__ import annotations
 

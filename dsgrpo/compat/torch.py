@@ -1,4 +1,5 @@
-"""torch.distributed 2.13: default store, standalone groups, broadcast options, the store wire. (See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
+"""torch.distributed 2.13: default store, standalone groups, broadcast options, the store wire.
+(See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""transformers 5.19: ZeRO-3 loading, checkpoint formats, attention registry, MoE routers, generate. (See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
+"""transformers 5.19: ZeRO-3 loading, checkpoint formats, attention registry, MoE routers, generate.
+(See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
 
 from __future__ import annotations
 

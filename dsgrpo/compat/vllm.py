@@ -1,4 +1,5 @@
-"""vLLM 0.32.0: weight reloads, sampling, the engine build, CPU shared memory, and the in-process weight transfer. (See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
+"""vLLM 0.32.0: weight reloads, sampling, the engine build, CPU shared memory, and the in-process weight transfer.
+(See dsgrpo/compat/__init__.py: every symbol here is pinned in PINS.)"""
 
 from __future__ import annotations
 

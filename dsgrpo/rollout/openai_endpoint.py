@@ -2,10 +2,11 @@
 
 `POST /v1/chat/completions` (messages, tools, tool_choice auto/none, n, max_tokens / max_completion_tokens, stop,
 seed, stream; temperature, top_p and top_k are the trainer's, whatever a request asks, as the trained log-probs
-need) and `POST /v1/completions` (a prompt as text or token ids), `GET /v1/models` and `/health`, served by http.json_server: loopback by default, a token required to bind anything else, size and
-connection limits. Every request names its episode (`episode_id` in the body, which the openai client sends with
-`extra_body`, or an `X-Episode-Id` header) among those the trainer opened; each call's prompt ids, sampled ids,
-log-probs and weight versions are recorded under it, and the trainer trains exactly those (rollout/agents.py).
+need) and `POST /v1/completions` (a prompt as text or token ids), `GET /v1/models` and `/health`, served by
+http.json_server: loopback by default, a token required to bind anything else, size and connection limits. Every
+request names its episode (`episode_id` in the body, which the openai client sends with `extra_body`, or an
+`X-Episode-Id` header) among those the trainer opened; each call's prompt ids, sampled ids, log-probs and weight
+versions are recorded under it, and the trainer trains exactly those (rollout/agents.py).
 
 Token-exact by construction: when a chat request's messages are the episode's previous request's messages, then
 the assistant message that request was answered with, then new messages, its prompt is the previous prompt + the

@@ -2,10 +2,10 @@
 from (the prompt stream and its claims), and how a training batch is cut from the groups every rank holds.
 
 The prompt stream is the synchronous trainer's prompt order laid end to end: position p is prompt p % P of
-round p // P (P prompts per round; PromptSource.stream_index), sampled with that round's seed for its slot. A position is claimed by
-exactly one rank, so it is also the group's unique id. With load balancing the claims come from one counter
-in the process group's key-value store (a fast rank simply claims more); without it rank r owns the r-th
-block of n = P / world positions of every round, the synchronous trainer's layout.
+round p // P (P prompts per round; PromptSource.stream_index), sampled with that round's seed for its slot. A
+position is claimed by exactly one rank, so it is also the group's unique id. With load balancing the claims come
+from one counter in the process group's key-value store (a fast rank simply claims more); without it rank r owns the
+r-th block of n = P / world positions of every round, the synchronous trainer's layout.
 
 Everything here but `ClaimCounter` is pure (no process group), so the batch-cutting rules are unit-tested."""
 

@@ -15,8 +15,9 @@ HTTP (JSON):
     GET  /health            {status, server_id, weight_version, model, world_size, max_model_len, last_error,
                              checkpoint: {name: shape}, routes, max_weight_bucket_bytes}
     GET  /get_world_size    {world_size}                                (the name TRL's client uses)
-    POST /generate          {prompt_ids, counts, seeds, sampling} → {completion_ids, logprobs, truncated, weight_version,
-                             routes (with --routing-replay rollout: each token's experts, rollout/base.encode_routes)}
+    POST /generate          {prompt_ids, counts, seeds, sampling} → {completion_ids, logprobs, truncated,
+                             weight_version, routes (with --routing-replay rollout: each token's experts,
+                             rollout/base.encode_routes)}
     POST /score             {token_ids} → {logprobs}                    (the prompt's log-probs: checks, tests)
     POST /init_communicator {port, name} → {world_size}                 queued; the trainer joins as the last rank
     POST /update_weights    {version} → {queued}                        queued; the buckets follow on the communicator

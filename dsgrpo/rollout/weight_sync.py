@@ -2,7 +2,8 @@
 layer at a time (rollout/weight_source.py), the generator loads each group (vLLM's native weight-transfer API where
 it has one), every phase is timed (sync/* metrics), the engine's weights are labelled with the version they are,
 and with verify_weight_sync the engine's checksums of what it received are compared with what was sent. The rest
-streams weights to engines in other processes (a vLLM server, split placement's generators): rollout/weight_stream.py."""
+streams weights to engines in other processes (a vLLM server, split placement's generators):
+rollout/weight_stream.py."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """The asynchronous trainer's rollout worker: a thread per rank that keeps the colocated vLLM engine sampling.
 
 It claims prompt groups from the stream, samples them with the engine's current weights (through the trainer's
-sampler: plain generation, tool turns or a rollout_func), scores them with the reward functions (plain Python and remote ones: nothing collective runs in this thread) and puts them in
-the rank's pool. It never waits for the other ranks. The training loop pauses it (`paused()`) while it
-replaces the engine's weights, writes a checkpoint or evaluates; a claim, its generation and its scoring
-happen under one lock, so a pause never splits a chunk and a paused pool is exactly what was claimed.
+sampler: plain generation, tool turns or a rollout_func), scores them with the reward functions (plain Python and
+remote ones: nothing collective runs in this thread) and puts them in the rank's pool. It never waits for the other
+ranks. The training loop pauses it (`paused()`) while it replaces the engine's weights, writes a checkpoint or
+evaluates; a claim, its generation and its scoring happen under one lock, so a pause never splits a chunk and a
+paused pool is exactly what was claimed.
 
 How far ahead it may run is the staleness bound: with version v loaded it claims only groups that round
 v + max_staleness can still train on; dropped groups (stale, or zero-std with dynamic sampling) are replaced."""

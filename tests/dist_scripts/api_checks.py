@@ -1,6 +1,6 @@
 """Run under `torchrun --nproc_per_node 2`: GRPOTrainer's and AsyncGRPOTrainer's `tools` and `rollout_func`, and
-TrainerControl flags set by a callback, on real DeepSpeed ZeRO-3 and real in-process vLLM (fp32, CPU). Each check records numbers in OUT_DIR/result-<rank>.json; tests/test_api_dist.py
-asserts on them.
+TrainerControl flags set by a callback, on real DeepSpeed ZeRO-3 and real in-process vLLM (fp32, CPU). Each check
+records numbers in OUT_DIR/result-<rank>.json; tests/test_api_dist.py asserts on them.
 
 Usage: torchrun --nproc_per_node 2 tests/dist_scripts/api_checks.py OUT_DIR TOOL_MODEL
 (TOOL_MODEL: a tiny model fine-tuned to call the tools below; tests/test_api_dist.py builds it.)
@@ -113,7 +113,8 @@ def _():
     }
 
 
-# ------------------------------------------------------------------ 1b. environment_factory: the same tools, as an environment's methods
+# ------------------------------------------------------------------ 1b. environment_factory: the same tools, as an
+#                                                                    environment's methods
 environments_seen = []
 
 
@@ -848,7 +849,8 @@ def agent_section():
 check("agents")(agent_section)
 
 
-# ------------------------------------------------------------------ 8. agents' partial rollouts: episodes paused across the sync
+# ------------------------------------------------------------------ 8. agents' partial rollouts: episodes paused across
+#                                                                    the sync
 @check("agents_partial")
 def _():
     """partial_rollout=True with agent_rollout: one prompt in three is answered by a slow agent, which waits for

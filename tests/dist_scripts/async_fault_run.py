@@ -3,12 +3,12 @@
     async_fault_run.py OUTPUT_DIR PLACEMENT [FAULT]     PLACEMENT: colocate | split
                                                         FAULT: worker@N:R | worker@vV:R[:save] | kill@N:R
 
-AsyncGRPOTrainer, on-policy (max_staleness=0; 1 with :save), 6 rounds, a checkpoint every 2, resuming from the latest one when
-there is one. worker@N:R: the N-th reward call on rank R raises inside its rollout worker, mid-chunk (claimed and
-generated, not yet pooled); worker@vV:R: the first one on policy version V or later; with :save rank R holds the
-next checkpoint until its worker has died (a worker lost between a weight sync and a save). kill@N:R: rank R SIGKILLs itself at that point (split placement: a generating rank).
-Each training rank appends what it trained (per round, the prompt positions of the trained groups) and how the run
-ended to OUTPUT_DIR/attempts-<rank>.jsonl.
+AsyncGRPOTrainer, on-policy (max_staleness=0; 1 with :save), 6 rounds, a checkpoint every 2, resuming from the
+latest one when there is one. worker@N:R: the N-th reward call on rank R raises inside its rollout worker, mid-chunk
+(claimed and generated, not yet pooled); worker@vV:R: the first one on policy version V or later; with :save rank R
+holds the next checkpoint until its worker has died (a worker lost between a weight sync and a save). kill@N:R: rank
+R SIGKILLs itself at that point (split placement: a generating rank). Each training rank appends what it trained
+(per round, the prompt positions of the trained groups) and how the run ended to OUTPUT_DIR/attempts-<rank>.jsonl.
 """
 
 import json

@@ -231,7 +231,8 @@ def _():
     return {"error_type": None}
 
 
-# ------------------------------------------------------------------ 3. a PeftModel passed as `model` (a trained adapter)
+# ------------------------------------------------------------------ 3. a PeftModel passed as `model` (a trained
+#                                                                    adapter)
 @check("peft_model_instance")
 def _():
     from peft import get_peft_model

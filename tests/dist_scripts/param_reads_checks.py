@@ -2,7 +2,8 @@
 TRL's tests and callbacks do (autograd-tracked clones, detached clones, sums and norms with and without grad) before
 training, in a callback after every step and after training, and the same run without those reads (issue 26). The
 default DeepSpeed config resolves by the memory plan ('auto': ZeRO-2 and a whole reference wherever the weights
-fit, which a tiny model's do in both worlds); an explicit ZeRO-3 config that really shards runs in both worlds. Records numbers in OUT/result-<rank>.json.
+fit, which a tiny model's do in both worlds); an explicit ZeRO-3 config that really shards runs in both worlds.
+Records numbers in OUT/result-<rank>.json.
 
 Usage: torchrun --nproc_per_node N tests/dist_scripts/param_reads_checks.py OUT
 """

@@ -56,7 +56,8 @@ def full(t):
     return {n: x.clone() for n, x in named_full_parameters(t.policy.module, 1 << 30)}
 
 
-# ------------------------------------------------------------------ 1. one engine over two ranks: in step with the policy
+# ------------------------------------------------------------------ 1. one engine over two ranks: in step with the
+#                                                                    policy
 @check("tp_sync")
 def _():
     t = trainer_for("tp_sync", beta=0.05)

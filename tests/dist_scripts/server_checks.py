@@ -250,7 +250,8 @@ def _():
     }
 
 
-# ------------------------------------------------------------------ 5b. a stateful environment's tool turns, on a server
+# ------------------------------------------------------------------ 5b. a stateful environment's tool turns, on a
+#                                                                    server
 @check("server_agents")
 def _():
     """agent_rollout with vllm_mode='server': the rank's endpoint serves the agent from the server's engine. Three calls

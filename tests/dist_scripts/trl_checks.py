@@ -461,7 +461,8 @@ def _():
     }
 
 
-# ------------------------------------------------------------------ 9. model_init_kwargs, remove_unused_columns, streaming
+# ------------------------------------------------------------------ 9. model_init_kwargs, remove_unused_columns,
+#                                                                    streaming
 @check("model_kwargs")
 def _():
     keys_seen = []
