@@ -417,7 +417,12 @@ def test_agents_run_their_own_loop_through_the_openai_endpoint(results):
         assert ("<tool_response>" in r["inserted"]) == bool(r["answers"][0].get("tool_calls")), r
         text_turns = [a for a in r["answers"][:2] if not a.get("tool_calls")]
         assert ("Say it again." in r["inserted"]) == bool(text_turns[: r["calls"] - 1]) and r["length"] <= 256
-    assert any("\n5\n</tool_response>" in r["inserted"] for r in appended)
+        for text in r["tool_texts"]:  # each tool answer sits in the chain as the agent sent it, masked
+            assert f"<tool_response>\n{text}\n</tool_response>" in r["inserted"], r
+    # at least one appended episode called a tool (a first call is one about 3 times in 4: all 7 or 8 of a round's
+    # appended episodes answering in text is about 1 in 16,000); whether the tiny model's arguments make add() answer
+    # 5 is the model's luck, not the endpoint's (one round's 7 appended episodes had none: this test failed on it)
+    assert any(r["tool_texts"] for r in appended), appended
     for r in rewritten:  # the agent replaced its history after the tool call: split there, every call trains
         starts = [i for i, e in enumerate(r["extends"]) if not e]
         assert len(starts) >= 2 and len(r["restarts"]) == len(starts) - 1 and r["turns"] == r["calls"], r

@@ -799,6 +799,8 @@ def agent_section():
                 "length": len(seq["completion_ids"]),
                 "restarts": [at for at, _ in seq["restarts"]],
                 "answers": [c.sampled.answer for c in e.calls],
+                # what the agent's tools answered, as its later requests sent it back
+                "tool_texts": sorted({m["content"] for c in e.calls for m in c.messages or [] if m["role"] == "tool"}),
             }
         )
     # bad requests, sent by hand on an open episode; the endpoint answers each and goes on serving
