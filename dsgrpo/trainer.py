@@ -379,6 +379,9 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         if self.rewards.remote_names:  # a flapping scorer shows as retries before it fails a step
             retries = dist.all_reduce_sum(torch.tensor(self.rewards.pop_retries()))
             metrics.update({f"rewards/{name}/retries": n.item() for name, n in zip(self.rewards.remote_names, retries)})
+        if self.rewards.counted_names:  # rows a sandbox could not judge: None, never a 0 that reads as wrong
+            errors = dist.all_reduce_sum(torch.tensor(self.rewards.pop_errors()))
+            metrics.update({f"rewards/{name}/errors": n.item() for name, n in zip(self.rewards.counted_names, errors)})
         if args.log_completions:  # the rows of this round (written at the next logging step) or evaluation
             offset = dist.rank() * L
             self._completion_rows = completion_rows(

@@ -105,6 +105,15 @@ class RewardStack:
         """Retried requests of each remote scorer since the last call (in remote_names' order)."""
         return [float(f.pop_retries()) for f in self.funcs if isinstance(f, RemoteReward)]
 
+    @property
+    def counted_names(self) -> List[str]:
+        """The functions that count rows they could not judge (code_reward's sandbox): `rewards/<name>/errors`."""
+        return [self.names[i] for i, f in enumerate(self.funcs) if callable(getattr(f, "pop_errors", None))]
+
+    def pop_errors(self) -> List[float]:
+        """Rows each counting function could not judge since the last call (in counted_names' order)."""
+        return [float(sum(f.pop_errors().values())) for f in self.funcs if callable(getattr(f, "pop_errors", None))]
+
     def model_configs(self) -> list:
         """The transformers configs of the reward models, in reward order (for the memory planner)."""
         return [self._model_configs[i] for i in sorted(self._model_configs)]

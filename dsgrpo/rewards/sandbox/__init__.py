@@ -22,6 +22,7 @@ from .judge import (
     OPT_OUT,
     CodeReward,
     SandboxLimits,
+    SandboxError,
     SandboxUnavailableError,
     check_isolation,
     code_reward,
@@ -33,6 +34,7 @@ from .judge import (
 __all__ = [
     "CodeReward",
     "SandboxLimits",
+    "SandboxError",
     "SandboxUnavailableError",
     "check_isolation",
     "code_reward",

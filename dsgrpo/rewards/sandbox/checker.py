@@ -32,19 +32,24 @@ import builtins
 import collections
 import importlib
 import os
+import functools
+import operator
 import signal
 import sys
+import types
 
 from .limits import install_seccomp
-from .program import LIBRARY_MODULES
+from .program import LIBRARY_MODULES, SITE_BUILTINS, install_site_builtins
 from .protocol import (
     Memo,
     ProtocolError,
+    apply_interpreter_state,
     builtin_name,
     decode,
     encode,
     enum_class,
     frame,
+    interpreter_state,
     namedtuple_class,
     read_frame,
     read_untrusted_frame,
@@ -324,8 +329,26 @@ class Link:
         self.requests, self.replies, self.message_bytes = requests, replies, message_bytes
         self.broken = None
         self.classes: dict = {}
-        self.callbacks: list = []
+        self.callbacks: list = []  # the test's objects the program has a stand-in of (program.TestObject), by ident
+        self.callback_ids: dict = {}
+        self.callback_kinds: list = []
         self.exchanges = 0  # questions asked so far: a module-level value read since the last one is unchanged
+        self.synced = None  # the shared interpreter state (random, decimal, recursion limit) both sides last agreed on
+
+    def share_state(self, message: dict) -> None:
+        """Python's one interpreter shares random's generator, the decimal context and the recursion limit between
+        a test and the program it calls: this process's, when changed since last agreed, travels with the call."""
+        now = interpreter_state()
+        if now != self.synced:
+            message["state"] = now
+            self.synced = now
+
+    def take_state(self, state) -> None:
+        try:
+            apply_interpreter_state(state, recursion=False)
+        except ValueError:
+            self.fail("a malformed answer")
+        self.synced = interpreter_state()
 
     def fail(self, what: str):
         self.broken = self.broken or what
@@ -358,6 +381,7 @@ class Link:
             "args": [encode(a, self.handle_of, None, memo) for a in args],
             "kwargs": {"dict": [[k, encode(v, self.handle_of, None, memo)] for k, v in kwargs.items()]},
         }
+        self.share_state(request)
         return self.exchange("call", request, memo)
 
     def ask(self, op: str, ref, inert: bool = False, **fields):
@@ -376,6 +400,9 @@ class Link:
         self.send(request)
         while True:
             message = self.receive()
+            if "state" in message:  # the program changed random's or decimal's state: the test's changes with it
+                self.take_state(message["state"])
+                continue
             if "callback" not in message:
                 break
             self.run_callback(message["callback"])
@@ -410,6 +437,8 @@ class Link:
 
     def resolve(self, tag, body, callable_=True):
         """A handle the program described: [n, the names of its classes, its data view or None]."""
+        if tag == "test":
+            return self.test_object(body)
         if not (
             tag == "handle"
             and type(body) is list
@@ -447,24 +476,62 @@ class Link:
             return {"handle": obj._sbx_ref["handle"] if "handle" in obj._sbx_ref else obj._sbx_ref}
         if type(obj) is ProgramClass:
             return {"handle": {"name": obj._sbx_class_name}}
-        if callable(obj) or hasattr(type(obj), "__next__"):
+        k = self.callback_ids.get(id(obj))
+        if k is None:  # one ident per object (the callbacks keep it alive): the program's stand-in keeps identity
+            k = self.callback_ids[id(obj)] = len(self.callbacks)
             self.callbacks.append(obj)
-            return {"callback": [[os.getpid(), len(self.callbacks) - 1], not callable(obj)]}
-        raise TypeError(f"a {type(obj).__name__} cannot be passed to the program under test (plain data only)")
+            self.callback_kinds.append(_kind_of(obj))
+        kind = self.callback_kinds[k]
+        obj_type = type(obj)
+        info = (
+            obj.__name__
+            if kind == "class"
+            else obj_type.__eq__ is object.__eq__
+            and obj_type.__hash__ is object.__hash__
+            and not hasattr(obj_type, "__bool__")
+            and not hasattr(obj_type, "__len__")
+        )
+        return {"callback": [[os.getpid(), k], kind, info]}
+
+    def test_object(self, body):
+        """The test's own object, that the program hands back (its stand-in went home)."""
+        if not (
+            type(body) is list
+            and len(body) == 2
+            and body[0] == os.getpid()
+            and type(body[1]) is int
+            and 0 <= body[1] < len(self.callbacks)
+        ):
+            raise ValueError("an object of another test's")
+        return self.callbacks[body[1]]
+
+    def bind_setup(self, namespace: dict, setup: str, entries: set) -> None:
+        """The classes the row's setup defines (a ListNode, a TreeNode) are globals of the program's too, as in
+        Python, where the setup runs in the program's namespace: the program builds the test's own objects with
+        them. Not its functions nor its values (a reference solution or an expected value stays the test's)."""
+        _, bound = _names(setup)
+        classes = {
+            name: namespace[name]
+            for name in sorted(bound - entries)
+            if isinstance(namespace.get(name), type) and type(namespace[name]) is type
+        }
+        if classes:
+            self.ask("bind", None, names=classes)
 
     def run_callback(self, body) -> None:
         """The program calls a callable the test passed it: the test's own code, run here with plain arguments."""
         if not (
             type(body) is list
             and len(body) == 4
-            and body[1] in ("call", "next")
+            and body[1] in TEST_OPERATIONS
             and type(body[0]) is list
             and body[0][:1] == [os.getpid()]
             and len(body[0]) == 2
             and type(body[0][1]) is int
             and 0 <= body[0][1] < len(self.callbacks)
+            and self.callback_kinds[body[0][1]] in TEST_OPERATIONS[body[1]][0]
         ):
-            self.send({"op": "return", "raise": "RuntimeError"})  # a callback of an earlier test's
+            self.send({"op": "return", "raise": "RuntimeError"})  # a callback of an earlier test's, a refused use
             return
         target = self.callbacks[body[0][1]]
         try:
@@ -474,7 +541,7 @@ class Link:
         except (ValueError, TypeError, RecursionError, OverflowError, MemoryError):
             self.fail("a malformed answer")
         try:
-            value = target(*args, **kwargs) if body[1] == "call" else next(target)
+            value = TEST_OPERATIONS[body[1]][1](target, args, kwargs)
             reply = {"op": "return", "value": encode(value, self.handle_of)}
         except ProtocolError:
             raise
@@ -483,6 +550,7 @@ class Link:
                 "op": "return",
                 "raise": type(exc).__name__ if type(exc).__module__ == "builtins" else "RuntimeError",
             }
+        self.share_state(reply)
         self.send(reply)
 
     def _exception(self, op: str, body) -> BaseException:
@@ -495,10 +563,92 @@ class Link:
             if op == "next" and name == "StopIteration":
                 return StopIteration()
             return RuntimeError(f"the program raised {name}")
+        if name == "SystemExit" and chain == ["SystemExit"]:  # exit() in a function the test calls, as in Python
+            return SystemExit(int(text) if text.lstrip("-").isdigit() and len(text) < 20 else text or None)
         try:
             return exception_class(chain)(text)
         except Exception:
             return RemoteError(f"{name}: {text}")
+
+
+# ---------------------------------------------------------------------------------------------- the test's objects
+# What the program may do with an object of the test's that is not plain data (program.TestObject): what Python
+# would let it do, run here on the test's own object, but for the attributes that reach an interpreter's insides
+# (dunders: __globals__, __class__, __dict__...; frames and code: a generator's gi_frame.f_globals would be the
+# test's own namespace, its expected values). A function of the test's can only be called, a generator only
+# iterated, a class called, asked isinstance and read (its public class attributes).
+_HIDDEN_ATTRIBUTES = frozenset(
+    {
+        "gi_frame",
+        "gi_code",
+        "gi_yieldfrom",
+        "cr_frame",
+        "cr_code",
+        "cr_await",
+        "cr_origin",
+        "ag_frame",
+        "ag_code",
+        "ag_await",
+        "f_back",
+        "f_globals",
+        "f_locals",
+        "f_builtins",
+        "f_code",
+        "tb_frame",
+        "tb_next",
+        "func_globals",
+    }
+)
+
+
+def _attribute(name) -> str:
+    if type(name) is not str or not name.isidentifier() or name in _HIDDEN_ATTRIBUTES or name.startswith("__"):
+        raise AttributeError(f"{name!r}: not an attribute the program may reach on the test's object")
+    return name
+
+
+def _kind_of(obj) -> str:
+    if isinstance(obj, type):
+        return "class"
+    if isinstance(obj, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+        return "iter"
+    plain_callables = (
+        types.FunctionType,
+        types.MethodType,
+        types.BuiltinFunctionType,
+        types.MethodWrapperType,
+        types.WrapperDescriptorType,
+        types.MethodDescriptorType,
+        functools.partial,
+    )
+    if isinstance(obj, plain_callables):
+        return "call"
+    return "object"
+
+
+_OBJECT, _ANY = ("object",), ("object", "class")
+TEST_OPERATIONS = {  # how: (the kinds of object it applies to, what it does)
+    "call": (("call", "object", "class"), lambda o, a, k: o(*a, **k)),
+    "next": (("iter", "object"), lambda o, a, k: next(o)),
+    "getattr": (_ANY, lambda o, a, k: getattr(o, _attribute(a[0]))),
+    "setattr": (_OBJECT, lambda o, a, k: setattr(o, _attribute(a[0]), a[1])),
+    "delattr": (_OBJECT, lambda o, a, k: delattr(o, _attribute(a[0]))),
+    "getitem": (_OBJECT, lambda o, a, k: o[a[0]]),
+    "setitem": (_OBJECT, lambda o, a, k: o.__setitem__(a[0], a[1])),
+    "delitem": (_OBJECT, lambda o, a, k: o.__delitem__(a[0])),
+    "len": (_OBJECT, lambda o, a, k: len(o)),
+    "iter": (_OBJECT, lambda o, a, k: iter(o)),
+    "contains": (_OBJECT, lambda o, a, k: a[0] in o),
+    "bool": (_OBJECT, lambda o, a, k: bool(o)),
+    "str": (_OBJECT, lambda o, a, k: str(o)),
+    "repr": (_OBJECT, lambda o, a, k: repr(o)),
+    "hash": (_OBJECT, lambda o, a, k: hash(o)),
+    "isinstance": (("class",), lambda o, a, k: isinstance(a[0], o)),
+    **{
+        op: (_OBJECT, lambda o, a, k, op=op: getattr(operator, op)(o, a[0]))
+        for op in ("eq", "ne", "lt", "le", "gt", "ge")
+    },
+}
 
 
 def _update_in_place(original, new) -> None:
@@ -620,7 +770,7 @@ def helper_names() -> frozenset:
 def entry_points(tests: list, setup: str, declared: list) -> tuple:
     """(entry points, free names): which names the tests take from the program, and every name they read without
     binding it. A pure function of the row (never of the program: a program cannot make itself an answer)."""
-    builtin_names = set(dir(builtins))
+    builtin_names = set(dir(builtins)) | set(SITE_BUILTINS)
     stdlib = set(getattr(sys, "stdlib_module_names", ()))
     setup_reads, bound = _names(setup) if setup else (set(), set())
     per_test = []
@@ -662,7 +812,7 @@ def build_namespace(link: Link, exported, entries: set, free: set) -> dict:
         link.fail("a malformed answer")
     current: set = set()
     namespace = {"__name__": "__main__", "__builtins__": ProgramValues(builtins.__dict__, link, current)}
-    builtin_names = set(dir(builtins))
+    builtin_names = set(dir(builtins)) | set(SITE_BUILTINS)
     stdlib = set(getattr(sys, "stdlib_module_names", ()))
     for name in free | entries:
         entry = exported.get(name)
@@ -784,6 +934,7 @@ def run(limits: dict, contained: bool, fds: dict) -> None:
     prctl_dumpable_off()  # no process of the same uid (a test's) may open this one's memory
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)  # PID 1 with no handler: its children's signals do not reach it
+    install_site_builtins()  # the tests see the builtins a plain `python` has, as the program does
     plan = read_frame(fds["tests"])
     link = Link(fds["requests"], fds["replies"], limits["message_bytes"])
 
@@ -801,7 +952,7 @@ def run(limits: dict, contained: bool, fds: dict) -> None:
             namespace = build_namespace(link, ready["ready"], set(plan["entries"]), set(plan["free"]))
             for i in range(plan["n"]):
                 tell({"next": i})
-                outcome = _one_test(i, namespace, link, contained, fds)
+                outcome = _one_test(i, namespace, link, contained, fds, set(plan["entries"]))
                 if outcome == b"B":
                     link.fail("a malformed answer")
                 if outcome == b"L":
@@ -821,7 +972,7 @@ def prctl_dumpable_off() -> None:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0: /proc/<pid>/mem and ptrace need CAP_SYS_PTRACE
 
 
-def _one_test(i: int, namespace: dict, link: Link, contained: bool, fds: dict) -> bytes:
+def _one_test(i: int, namespace: dict, link: Link, contained: bool, fds: dict, entries: set = frozenset()) -> bytes:
     """Run test i in a fresh child: b'P' passed, b'F' failed, b'B' the program broke the protocol, b'L' the child
     ended before it had read its test. The child holds no descriptor of the tests' pipe or the control pipe (one it
     held could be reopened through /proc/self/fd for writing, where the pipe's owner is this uid, and forge the next
@@ -844,6 +995,7 @@ def _one_test(i: int, namespace: dict, link: Link, contained: bool, fds: dict) -
                 raise ProtocolError("tests out of order")
             if material["setup"]:
                 exec(compile(material["setup"], "<setup>", "exec"), namespace)
+                link.bind_setup(namespace, material["setup"], entries)
             exec(compile(material["test"], f"<test {i}>", "exec"), namespace)
             outcome = b"P"
         except BaseException:

@@ -31,12 +31,18 @@ _SUPERVISOR_MAIN = (
 )
 ISOLATION_MODES = ("isolated", "none")
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
-_INT = re.compile(r"[+-]?\d+\Z")
+_INT = re.compile(r"[+-]?[0-9]+\Z")
 _SPACE = re.compile(r"\s")  # what str.split() splits on
 
 
 class SandboxUnavailableError(RuntimeError):
     """The sandbox cannot be built on this machine: code_reward refuses to score rather than run code unconfined."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not judge one row (a fault of its own, or of the judge's comparison: never something the
+    program did, which scores as Python would). code_reward scores such a row None and counts it by its reason in
+    `rewards/<name>/errors`, rather than a 0.0 that would read as a wrong answer."""
 
 
 @dataclass
@@ -104,7 +110,7 @@ def outputs_match(got: bytes, expected: str, float_tolerance: Optional[float] = 
         if g == w:
             continue
         if _INT.match(w):
-            if not (_INT.match(g) and int(g) == int(w)):
+            if not (_INT.match(g) and _same_integer(g, w)):
                 return False
             continue
         if float_tolerance is None:
@@ -120,6 +126,17 @@ def outputs_match(got: bytes, expected: str, float_tolerance: Optional[float] = 
         ):
             return False
     return True
+
+
+def _same_integer(a: str, b: str) -> bool:
+    """Two integer tokens, as digit strings (sign and leading zeros normalised): linear in their length, where
+    int() would refuse past 4,300 digits (Python 3.11's limit) or take quadratic time where a library lifted it."""
+    return _canonical_integer(a) == _canonical_integer(b)
+
+
+def _canonical_integer(token: str) -> str:
+    digits = token.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if token.startswith("-") and digits != "0" else digits
 
 
 def _tokens(text: str, chunk: int = 1 << 16):
@@ -206,7 +223,11 @@ def _run(
                     continue
                 if message["case"] != len(result["io"]) or message["case"] >= len(cases):
                     raise ValueError(f"case {message['case']} out of order")
-                on_case(message, _read_exact(result_r, message["stdout_bytes"]))
+                stdout = _read_exact(result_r, message["stdout_bytes"])
+                try:
+                    on_case(message, stdout)
+                except Exception as exc:  # the judge's own comparison: named as such, never blamed on the sandbox
+                    failure.append(SandboxError(f"the judge could not compare case {message['case']}'s output: {exc}"))
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a fault of the supervisor's: said below
             failure.append(exc)
             while os.read(result_r, 1 << 16):  # read on, so that the supervisor is never held in a write
@@ -227,9 +248,11 @@ def _run(
         return {"hung": True}
     finally:
         os.close(result_r)
+    if failure and isinstance(failure[0], SandboxError):
+        raise failure[0]
     if failure or not result.pop("complete", False):
         why = f"{failure[0]}; " if failure else ""
-        raise RuntimeError(
+        raise SandboxError(
             f"the sandbox supervisor failed (exit {proc.returncode}): {why}{err.decode(errors='replace')[-2000:]}"
         )
     return result
@@ -278,7 +301,8 @@ def run_tests(
     after `setup`, the row's own setup code) in a fresh namespace, and stdin/stdout cases {'input': ...,
     'output': ...} (the program as a script, once per case). `entry_points`: the names the tests take from the
     program, where the row says (else they are inferred: checker.py). 0.0 when the program breaks a limit, exits
-    or raises before the snippets, or answers out of protocol. `figures`, when given, receives what each run cost
+    or raises before the snippets, or answers out of protocol; SandboxError when the sandbox itself could not judge
+    the row. `figures`, when given, receives what each run cost
     (CPU seconds of its processes, the checker's peak memory, wall seconds) and how it ended."""
     limits = limits or SandboxLimits()
     if isolation not in ISOLATION_MODES:
@@ -287,11 +311,7 @@ def run_tests(
     if not tests:
         return 0.0
     snippets, cases = _split_tests(tests)
-    try:
-        result = _run(code, snippets, cases, limits, isolation, setup, entry_points, float_tolerance)
-    except RuntimeError as exc:  # a fault of the supervisor's own (no program can reach it): said, never a reward
-        _warn_once(f"code_reward: a sandbox run failed and scores 0.0: {exc}")
-        return 0.0
+    result = _run(code, snippets, cases, limits, isolation, setup, entry_points, float_tolerance)
     if "unavailable" in result:
         raise SandboxUnavailableError(f"The code sandbox cannot be built here: {result['unavailable']}. {OPT_OUT}")
     if figures is not None:
@@ -304,12 +324,11 @@ def run_tests(
             ],
         )
     if result.get("hung"):
-        return 0.0
+        raise SandboxError("the sandbox supervisor did not finish within its wall-clock budget and was killed")
     if any(run["fatal"] for run in result["io"]):  # an output limit, a malformed run: an attack, not a wrong answer
         return 0.0
     if len(result["io"]) != len(cases) or (snippets and "asserts" not in result):
-        _warn_once("code_reward: a sandbox run ended without every verdict and scores 0.0")
-        return 0.0
+        raise SandboxError("the sandbox run ended without every verdict")
     passed = sum(run["passed"] for run in result["io"])
     if snippets:
         passed += sum(1 for v in result["asserts"]["passed"] if v is True)
@@ -526,6 +545,8 @@ class CodeReward:
         self.workers = workers or len(os.sched_getaffinity(0))
         self.float_tolerance = float_tolerance
         self.__name__ = "code_reward"
+        self._errors: dict = {}  # rows the sandbox could not judge since the trainer last read them, by reason
+        self._errors_lock = threading.Lock()
 
     def with_isolation(self, isolation: str) -> "CodeReward":
         if isolation == self.isolation:
@@ -544,15 +565,31 @@ class CodeReward:
         if isinstance(completion, list):  # conversational: the last message (this module imports nothing of dsgrpo,
             completion = completion[-1]["content"] if completion else ""  # so tests can load it on its own)
         tests = tests if isinstance(tests, (list, tuple)) else [tests]
-        return run_tests(
-            extract_code(completion),
-            tests,
-            self.limits,
-            self.isolation,
-            setup,
-            _entry_points(entry_point),
-            self.float_tolerance,
-        )
+        try:
+            return run_tests(
+                extract_code(completion),
+                tests,
+                self.limits,
+                self.isolation,
+                setup,
+                _entry_points(entry_point),
+                self.float_tolerance,
+            )
+        except SandboxError as exc:  # not the program's doing: no score (None), counted and said with its cause
+            reason = str(exc)
+            with self._errors_lock:
+                self._errors[reason] = self._errors.get(reason, 0) + 1
+            _warn_once(
+                f"{self.__name__}: a row could not be judged and scores None (rewards/{self.__name__}/errors): {reason}"
+            )
+            return None
+
+    def pop_errors(self) -> dict:
+        """{reason: rows} the sandbox could not judge since the last call (the trainer logs their sum as
+        `rewards/<name>/errors`)."""
+        with self._errors_lock:
+            errors, self._errors = self._errors, {}
+        return errors
 
     def __call__(
         self, completions, tests, entry_point=None, test_setup_code=None, test_imports=None, **kwargs

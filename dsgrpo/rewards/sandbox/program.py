@@ -19,7 +19,17 @@ import operator
 import os
 import sys
 
-from .protocol import Memo, data_view, decode, encode, frame, read_frame, write_all
+from .protocol import (
+    Memo,
+    apply_interpreter_state,
+    data_view,
+    decode,
+    encode,
+    frame,
+    interpreter_state,
+    read_frame,
+    write_all,
+)
 
 EXPORTED_VALUE_NODES, MAX_EXPORTS = 10_000, 10_000
 # Objects the program imported from these modules are reported by name, so that the checker can use its own copy
@@ -79,6 +89,64 @@ OPERATORS = (
 
 
 _NOTHING = object()
+
+
+class _Quitter:
+    """`exit` and `quit` as the site module gives them to a plain `python` (the sandbox runs without site)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code=None):
+        try:  # as site's Quitter: stdin is closed first
+            sys.stdin.close()
+        except BaseException:
+            pass
+        raise SystemExit(code)
+
+
+class _Printer:
+    """`copyright`, `credits` and `license`: print their text when called, as site's do."""
+
+    def __init__(self, name: str, text: str):
+        self.name, self.text = name, text
+
+    def __repr__(self):
+        return self.text
+
+    def __call__(self):
+        print(self.text)
+
+
+class _Helper:
+    """`help`: pydoc's, as site's is."""
+
+    def __repr__(self):
+        return "Type help() for interactive help, or help(object) for help about object."
+
+    def __call__(self, *args, **kwargs):
+        import pydoc
+
+        return pydoc.help(*args, **kwargs)
+
+
+SITE_BUILTINS = ("exit", "quit", "help", "copyright", "credits", "license")
+
+
+def install_site_builtins() -> None:
+    """The builtins the site module adds to a plain `python`: programs end with `exit()` as a matter of habit."""
+    builtins.exit, builtins.quit = _Quitter("exit"), _Quitter("quit")
+    builtins.help = _Helper()
+    builtins.copyright = _Printer("copyright", sys.copyright)
+    builtins.credits = _Printer(
+        "credits",
+        "Thanks to CWI, CNRI, BeOpen, Zope Corporation, the Python Software "
+        "Foundation, and a cast of thousands for supporting Python development.",
+    )
+    builtins.license = _Printer("license", "See https://www.python.org/psf/license/")
 
 
 def _library_module(name: str, value):
@@ -180,17 +248,120 @@ class CallbackIterator(Callback):
         return self._server.callback(self._ident, "next", [], {})
 
 
+class TestObject:
+    """An object of the test's that is not plain data (a ListNode its setup built, a compiled regex, an io.StringIO,
+    an array): it stays in the test's process and this stand-in asks for each use of it, so the program reads and
+    changes the test's own object, as in Python (checker.TEST_OPERATIONS says what may be asked). One stand-in per
+    object: identity holds (`head.next is node`), and an object whose class keeps Python's default equality and
+    hash is compared and hashed here, by that identity (`node in seen`), without asking."""
+
+    __slots__ = ("_t_server", "_t_ident", "_t_plain")
+
+    def __init__(self, server, ident, plain: bool):
+        object.__setattr__(self, "_t_server", server)
+        object.__setattr__(self, "_t_ident", ident)
+        object.__setattr__(self, "_t_plain", plain)  # default equality, hash and truth (no __bool__, no __len__)
+
+    def _t(self, how, *args):
+        return self._t_server.callback(self._t_ident, how, list(args), {})
+
+    def __getattr__(self, name):
+        if name.startswith("_t_"):
+            raise AttributeError(name)
+        return self._t("getattr", name)
+
+    def __setattr__(self, name, value):
+        self._t("setattr", name, value)
+
+    def __delattr__(self, name):
+        self._t("delattr", name)
+
+    def __getitem__(self, key):
+        return self._t("getitem", key)
+
+    def __setitem__(self, key, value):
+        self._t("setitem", key, value)
+
+    def __delitem__(self, key):
+        self._t("delitem", key)
+
+    def __len__(self):
+        return self._t("len")
+
+    def __iter__(self):
+        return self._t("iter")
+
+    def __next__(self):
+        return self._t("next")
+
+    def __contains__(self, item):
+        return self._t("contains", item)
+
+    def __bool__(self):
+        return True if self._t_plain else self._t("bool")
+
+    def __str__(self):
+        return self._t("str")
+
+    def __repr__(self):
+        return self._t("repr")
+
+    def __call__(self, *args, **kwargs):
+        return self._t_server.callback(self._t_ident, "call", list(args), kwargs)
+
+    def __hash__(self):
+        return object.__hash__(self) if self._t_plain else self._t("hash")
+
+
+def _test_comparison(op):
+    def compare(self, other):
+        if self._t_plain and op in ("eq", "ne"):
+            return (self is other) == (op == "eq")
+        return self._t(op, other)
+
+    return compare
+
+
+for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(TestObject, f"__{_op}__", _test_comparison(_op))
+
+
+class TestClass(type):
+    """The stand-in of a class of the test's (a ListNode its setup defines): calling it builds the object in the
+    test's process, isinstance asks there, its class attributes are read there."""
+
+    def __call__(cls, *args, **kwargs):
+        return cls._t_server.callback(cls._t_ident, "call", list(args), kwargs)
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, TestObject) and cls._t_server.callback(cls._t_ident, "isinstance", [obj], {}) is True
+
+    def __getattr__(cls, name):
+        if name.startswith("_t_") or name.startswith("__"):
+            raise AttributeError(name)
+        return cls._t_server.callback(cls._t_ident, "getattr", [name], {})
+
+
+def test_class(server, ident, name: str) -> type:
+    return TestClass(name, (), {"__slots__": (), "_t_server": server, "_t_ident": ident, "__module__": "__main__"})
+
+
 class Server:
     """The program's side of the link: one request at a time, re-entered while a callback of the test's runs."""
 
     def __init__(self, namespace: dict, requests: int, replies: int, class_names: dict):
         self.namespace, self.requests, self.replies, self.class_names = namespace, requests, replies, class_names
         self.handles: list = []
+        self.test_objects: dict = {}  # the stand-ins of the test's objects (TestObject, TestClass), by their ident
+        self.synced = None  # the shared interpreter state (protocol.interpreter_state) as the checker last saw it
 
     def reply(self, obj) -> None:
         write_all(self.replies, frame(obj))
 
     def handle_of(self, obj):
+        ident = self.test_ident(obj)
+        if ident is not None:  # one of the test's own objects, going home: the test gets its own object back
+            return {"test": ident}
         classes = [self.class_names[id(c)][0] for c in type(obj).__mro__ if id(c) in self.class_names]
         try:
             view = data_view(obj, self.handle_of)
@@ -206,9 +377,35 @@ class Server:
             return self.handles[body]
         if tag == "handle" and type(body) is dict and type(body.get("name")) is str and body["name"] in self.namespace:
             return self.namespace[body["name"]]  # one of its own names the test passes back (apply(double, 3))
-        if tag == "callback" and type(body) is list and len(body) == 2 and type(body[1]) is bool:
-            return (CallbackIterator if body[1] else Callback)(self, body[0])
+        if (
+            tag == "callback"
+            and type(body) is list
+            and len(body) == 3
+            and body[1] in ("call", "iter", "object", "class")
+        ):
+            key = repr(body[0])
+            made = self.test_objects.get(key)
+            if made is None:
+                kind, info = body[1], body[2]
+                if kind == "class":
+                    made = test_class(self, body[0], str(info) if str(info).isidentifier() else "TestClass")
+                elif kind == "object":
+                    made = TestObject(self, body[0], info is True)
+                else:
+                    made = (CallbackIterator if kind == "iter" else Callback)(self, body[0])
+                self.test_objects[key] = made
+            return made
         raise ValueError("a malformed reference")
+
+    def test_ident(self, obj):
+        """The checker's ident of one of the test's objects (its stand-in here), else None."""
+        if type(obj) is TestObject:
+            return object.__getattribute__(obj, "_t_ident")
+        if type(obj) in (Callback, CallbackIterator):
+            return obj._ident
+        if type(type(obj)) is TestClass:
+            return type.__getattribute__(obj, "_t_ident")
+        return None
 
     def serve(self) -> None:
         while True:
@@ -218,7 +415,32 @@ class Server:
                 os._exit(0)
             self.reply(self.answer(request))
 
+    def take_state(self, message) -> None:
+        """The test's interpreter state (random, decimal, recursion limit), before the program runs for it."""
+        if type(message) is dict and "state" in message:
+            try:
+                apply_interpreter_state(message["state"])
+            except ValueError:
+                pass
+            self.synced = interpreter_state(recursion=False)
+
+    def give_state(self) -> None:
+        """The program's random and decimal state back to the test when the program changed it."""
+        now = interpreter_state(recursion=False)
+        if now != self.synced:
+            self.reply({"state": now})
+            self.synced = now
+
     def answer(self, request) -> dict:
+        if type(request) is dict and request.get("op") == "call":
+            self.take_state(request)
+            try:
+                return self._answer(request)
+            finally:
+                self.give_state()
+        return self._answer(request)
+
+    def _answer(self, request) -> dict:
         try:
             if type(request) is dict and request.get("op") == "call":
                 memo = Memo(receiving=True)
@@ -251,6 +473,11 @@ class Server:
         target, op = self.target(request), request["op"]
         if op == "ping":
             return True
+        if op == "bind":  # the classes and functions the row's setup defines: globals of the program's too
+            for name, value in decode(request["names"], self.resolve).items():
+                if type(name) is str and name.isidentifier():
+                    self.namespace[name] = value
+            return None
         if op == "value":  # a module-level value of the program's, as it is now
             return target
         if op == "getattr":
@@ -286,6 +513,7 @@ class Server:
 
     def callback(self, ident, how: str, args: list, kwargs: dict):
         """Run a callable of the test's in the checker: ask, then serve the checker's questions until it answers."""
+        self.give_state()
         self.reply({"callback": [ident, how, encode(args, self.handle_of), encode(kwargs, self.handle_of)]})
         while True:
             try:
@@ -293,6 +521,7 @@ class Server:
             except (EOFError, OSError, ValueError):
                 os._exit(0)
             if type(message) is dict and message.get("op") == "return":
+                self.take_state(message)
                 if "raise" in message:
                     name = message["raise"]
                     cls = getattr(builtins, name, None) if type(name) is str else None
@@ -338,6 +567,7 @@ def _same(before, obj) -> bool:
 
 def serve(code: str, requests: int, replies: int) -> None:
     """After containment: the completion's code, then one answer per request until the checker hangs up."""
+    install_site_builtins()
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     class_names: dict = {}
     try:
@@ -354,6 +584,7 @@ def serve(code: str, requests: int, replies: int) -> None:
 
 def run_script(code: str) -> None:
     """For a stdin/stdout case: the completion as a script."""
+    install_site_builtins()
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     try:
         exec(compile(code, "solution.py", "exec"), namespace)

@@ -696,6 +696,104 @@ def decode(value, resolve=None, memo=None):
         memo.objects[body[0]] = obj
         memo.ids[id(obj)] = body[0]
         return obj
-    if tag in ("handle", "callback") and resolve is not None:
+    if tag in ("handle", "callback", "test") and resolve is not None:
         return resolve(tag, body)
     raise ValueError(f"not plain data: tag {tag!r}")
+
+
+# ---------------------------------------------------------------------------------------------- shared state
+# What Python's one interpreter shares between a test and the function it calls, kept in step across the boundary:
+# the random module's generator, the decimal context, the recursion limit (test to program only: the checker's own
+# stack is not the program's to set). Sent when it differs from what both sides last agreed on.
+_ROUNDINGS = (
+    "ROUND_DOWN",
+    "ROUND_HALF_UP",
+    "ROUND_HALF_EVEN",
+    "ROUND_CEILING",
+    "ROUND_FLOOR",
+    "ROUND_UP",
+    "ROUND_HALF_DOWN",
+    "ROUND_05UP",
+)
+_SIGNALS = (
+    "Clamped",
+    "DivisionByZero",
+    "Inexact",
+    "InvalidOperation",
+    "Overflow",
+    "Rounded",
+    "Subnormal",
+    "Underflow",
+    "FloatOperation",
+)
+MT_WORDS = 624  # the Mersenne Twister's state: 624 words and an index (random.getstate()[1])
+
+
+def interpreter_state(recursion: bool = True) -> dict:
+    """This process's shared state as plain data: only the modules it has imported."""
+    state = {}
+    rnd = sys.modules.get("random")
+    if rnd is not None:
+        version, words, gauss = rnd.getstate()
+        state["random"] = [list(words), gauss]
+    dec = sys.modules.get("decimal")
+    if dec is not None:
+        c = dec.getcontext()
+        traps = [name for name in _SIGNALS if c.traps.get(getattr(dec, name), False)]
+        state["decimal"] = [c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp, traps]
+    if recursion:
+        state["recursion"] = sys.getrecursionlimit()
+    return state
+
+
+def apply_interpreter_state(state, recursion: bool = True) -> None:
+    """Take a peer's shared state (validated: ValueError for anything malformed). `recursion`: take its recursion
+    limit too (the program takes the test's; the checker never takes the program's)."""
+    if type(state) is not dict:
+        raise ValueError("a malformed state")
+    if "random" in state:
+        body = state["random"]
+        if not (type(body) is list and len(body) == 2 and type(body[0]) is list and len(body[0]) == MT_WORDS + 1):
+            raise ValueError("a malformed random state")
+        words, gauss = body
+        if not all(type(w) is int and 0 <= w < 1 << 32 for w in words) or words[-1] > MT_WORDS:
+            raise ValueError("a malformed random state")
+        if gauss is not None and type(gauss) is not float:
+            raise ValueError("a malformed random state")
+        import random
+
+        random.setstate((3, tuple(words), gauss))
+    if "decimal" in state:
+        body = state["decimal"]
+        if not (type(body) is list and len(body) == 7 and type(body[6]) is list):
+            raise ValueError("a malformed decimal context")
+        prec, rounding, emin, emax, capitals, clamp, traps = body
+        if not (
+            all(type(x) is int for x in (prec, emin, emax, capitals, clamp))
+            and rounding in _ROUNDINGS
+            and all(t in _SIGNALS for t in traps)
+        ):
+            raise ValueError("a malformed decimal context")
+        import decimal as dec
+
+        try:
+            context = dec.Context(
+                prec=prec,
+                rounding=rounding,
+                Emin=emin,
+                Emax=emax,
+                capitals=capitals,
+                clamp=clamp,
+                traps=[getattr(dec, t) for t in traps],
+            )
+        except (ValueError, TypeError, OverflowError):
+            raise ValueError("a malformed decimal context") from None
+        dec.setcontext(context)
+    if recursion and "recursion" in state:
+        limit = state["recursion"]
+        if type(limit) is not int or not 50 <= limit <= 1 << 30:
+            raise ValueError("a malformed recursion limit")
+        try:
+            sys.setrecursionlimit(limit)
+        except RecursionError:  # lower than the depth the program is at now: Python would refuse it too
+            pass
