@@ -185,10 +185,23 @@ for _dunder, _op in _COMPARISONS.items():
 
 
 class ProgramObject(Remote):
-    """An object of a class of the program's that the test names: everything it does is the program's (the test
-    delegated it by naming the class); only equality with the test's own plain values stays here."""
+    # An object of a class of the program's that the test names, or a function of the program's: everything it does
+    # is the program's (the test delegated it by naming it); only equality with the test's own plain values stays
+    # here. (No docstring: __doc__ is the program's, as __module__ and __signature__ are.)
 
     __slots__ = ()
+
+    @property
+    def __doc__(self):
+        return self._sbx_ask("getattr", name="__doc__")
+
+    @property
+    def __module__(self):
+        return self._sbx_ask("getattr", name="__module__")
+
+    @property
+    def __signature__(self):  # inspect.signature(f): the program's parameters, rebuilt here from plain data
+        return _signature(self._sbx_ask("signature"))
 
     def __call__(self, *args, **kwargs):
         return self._sbx_link.call(self._sbx_ref, args, kwargs)
@@ -409,6 +422,8 @@ class Link:
         if "raise" in message:
             raise self._exception(op, message["raise"])
         resolve = self.resolve_inert if inert else self.resolve
+        if memo is not None:  # the answer numbers its own containers after the call's: shared ones stay shared
+            memo.receiving = True
         try:
             if "ok" in message:
                 value = decode(message["ok"], resolve, memo)
@@ -886,8 +901,11 @@ def _program_class(link: Link, name: str, kind: str, body, exported: dict, entri
     try:
         if kind == "enum_class":
             return enum_class(body)
-        if kind == "namedtuple_class" and type(body) is list and len(body) == 3:
-            return namedtuple_class(*body)
+        if kind == "namedtuple_class" and type(body) is list and len(body) in (3, 4):
+            cls = namedtuple_class(*body[:3])
+            if len(body) == 4:
+                _namedtuple_methods(link, name, cls, body[3])
+            return cls
         if kind == "exception_class":
             return exception_class(body)
     except (ValueError, TypeError):
@@ -906,6 +924,57 @@ def _program_class(link: Link, name: str, kind: str, body, exported: dict, entri
         cls = program_class(link, name)
     link.classes[name] = cls
     return cls
+
+
+def _namedtuple_methods(link: Link, name: str, cls: type, methods) -> None:
+    """A namedtuple class of the program's with methods of its own (`class V(NamedTuple): ... def norm1(self)`),
+    named by the test: its instances stay data here, and each of its methods and properties runs in the program on
+    an instance rebuilt there from the fields (the test delegated it by naming the class)."""
+    if not (type(methods) is list and len(methods) <= 256):
+        raise ValueError("a malformed namedtuple")
+    for entry in methods:
+        if not (
+            type(entry) is list
+            and len(entry) == 2
+            and type(entry[0]) is str
+            and entry[0].isidentifier()
+            and not entry[0].startswith("_")
+            and entry[0] not in cls._fields
+            and entry[1] in ("method", "property")
+        ):
+            raise ValueError("a malformed namedtuple")
+        method, how = entry
+
+        def ref(self, method=method):
+            return {"method": [name, encode(list(self), link.handle_of), method]}
+
+        if how == "property":
+            setattr(cls, method, property(lambda self, ref=ref: link.ask("value", ref(self))))
+        else:
+            setattr(cls, method, lambda self, *args, ref=ref, **kwargs: link.call(ref(self), args, kwargs))
+
+
+def _signature(body):
+    """inspect.Signature from the program's plain description (program.signature_of)."""
+    import inspect
+
+    empty = inspect.Parameter.empty
+    try:
+        parameters, returns = body
+        return inspect.Signature(
+            [
+                inspect.Parameter(
+                    p_name,
+                    type(inspect.Parameter.POSITIONAL_ONLY)(kind),
+                    default=default[0] if default else empty,
+                    annotation=annotation[0] if annotation else empty,
+                )
+                for p_name, kind, default, annotation in parameters
+            ],
+            return_annotation=returns[0] if returns else empty,
+        )
+    except (TypeError, ValueError):
+        raise ValueError("the program's object has no signature Python could give") from None
 
 
 def _real_module(name):

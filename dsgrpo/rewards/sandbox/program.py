@@ -27,6 +27,7 @@ from .protocol import (
     encode,
     frame,
     interpreter_state,
+    mark_interned_strings,
     read_frame,
     write_all,
 )
@@ -187,7 +188,14 @@ def _describe_class(cls):
         defaults = [encode(cls._field_defaults[f]) for f in fields if f in cls._field_defaults]
         try:
             namedtuple_class(cls.__name__, list(fields), defaults)
-            return {"namedtuple_class": [cls.__name__, list(fields), defaults]}
+            # methods and properties of its own (a typing.NamedTuple with a body): they run here when the test
+            # calls them (checker._namedtuple_methods)
+            methods = [
+                [name, "property" if isinstance(value, property) else "method"]
+                for name, value in vars(cls).items()
+                if not name.startswith("_") and name not in fields and (callable(value) or isinstance(value, property))
+            ]
+            return {"namedtuple_class": [cls.__name__, list(fields), defaults] + ([methods] if methods else [])}
         except (TypeError, ValueError):
             pass
     return {"class": [cls.__name__, []]}  # its bases' names follow once every class has its name (exports)
@@ -454,6 +462,7 @@ class Server:
                     for k, obj in enumerate(memo.objects)
                     if not _same(before[k], obj)
                 ]
+                memo.sending = True  # a container the answer holds twice arrives as one (`[row] * n`, aliasing kept)
                 encoded = encode(result, self.handle_of, None, memo)
                 return {"okm": [encoded, after]} if after else {"ok": encoded}
             return {"ok": encode(self.operate(request), self.handle_of)}
@@ -467,6 +476,9 @@ class Server:
         ref = request["target"]
         if ref is None:
             return None
+        if "method" in ref:  # a method of a namedtuple class of the program's, on an instance made of these fields
+            class_name, fields, method = ref["method"]
+            return getattr(self.namespace[class_name](*decode(fields, self.resolve)), method)
         return self.namespace[ref["name"]] if "name" in ref else self.resolve("handle", ref["handle"])
 
     def operate(self, request):
@@ -480,6 +492,8 @@ class Server:
             return None
         if op == "value":  # a module-level value of the program's, as it is now
             return target
+        if op == "signature":
+            return signature_of(target)
         if op == "getattr":
             return getattr(target, request["name"])
         if op == "setattr":
@@ -532,6 +546,27 @@ class Server:
             self.reply(self.answer(message))
 
 
+def signature_of(target) -> list:
+    """inspect.signature(target) as plain data: [[name, kind, [default] or [], [annotation] or []], ...] and
+    [return annotation] or [] (checker._signature rebuilds it)."""
+    import inspect
+
+    signature = inspect.signature(target)
+    empty = inspect.Parameter.empty
+    return [
+        [
+            [
+                p.name,
+                int(p.kind),
+                [] if p.default is empty else [p.default],
+                [] if p.annotation is empty else [p.annotation],
+            ]
+            for p in signature.parameters.values()
+        ],
+        [] if signature.return_annotation is empty else [signature.return_annotation],
+    ]
+
+
 def _only(memo: Memo, k: int) -> Memo:
     """A call's memo for encoding the state of its container k: k itself as a body, the others as references."""
     view = Memo()
@@ -568,6 +603,7 @@ def _same(before, obj) -> bool:
 def serve(code: str, requests: int, replies: int) -> None:
     """After containment: the completion's code, then one answer per request until the checker hangs up."""
     install_site_builtins()
+    mark_interned_strings()
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     class_names: dict = {}
     try:

@@ -253,7 +253,9 @@ def encode(value, handle_of=None, budget=None, memo=None):
 
 
 def _encode(value, t, handle_of, budget, memo):
-    if value is None or t is bool or t is str:
+    if t is str:
+        return {"istr": value} if _mark_interned and _is_interned(value) else value
+    if value is None or t is bool:
         return value
     if t is int:
         return value if value.bit_length() <= BIG_INT_BITS else {"int": format(value, "x")}
@@ -264,7 +266,9 @@ def _encode(value, t, handle_of, budget, memo):
     if t is tuple:
         return {"tuple": [encode(v, handle_of, budget, memo) for v in value]}
     if t is set or t is frozenset:
-        return {t.__name__: [encode(v, handle_of, budget, memo) for v in value]}
+        items = [encode(v, handle_of, budget, memo) for v in value]
+        table = _table_size(value) if t is set else 0
+        return {"set_table": [table, items]} if table > 8 else {t.__name__: items}
     if t is dict or t is collections.OrderedDict or t is collections.Counter:
         return {t.__name__ if t is not dict else "dict": _pairs(value.items(), handle_of, budget, memo)}
     if t is collections.defaultdict:
@@ -317,6 +321,30 @@ def _encode(value, t, handle_of, budget, memo):
     if view is None:
         raise TypeError(f"a {t.__name__} cannot cross the sandbox boundary (plain data only)")
     return view
+
+
+# An interned string the program answers with is interned on arrival, so `name() is name()` and `name() is 'alice'`
+# hold where Python's interning makes them hold (a computed string is not interned there, nor here). CPython 3.11 and
+# 3.12 keep the interned state in the low two bits of PyASCIIObject.state (offset 32 on 64-bit builds); elsewhere no
+# string is marked, and identity of strings is not kept.
+_mark_interned = False
+_STATE_OFFSET = 32 if sys.implementation.name == "cpython" and sys.version_info[:2] in ((3, 11), (3, 12)) else None
+
+
+def mark_interned_strings() -> bool:
+    """The program's side marks its interned strings in what it sends (where the interpreter lets it tell)."""
+    global _mark_interned, _c_uint32
+    if _STATE_OFFSET is None or struct.calcsize("P") != 8:
+        return False
+    import ctypes
+
+    _c_uint32 = ctypes.c_uint32
+    _mark_interned = True
+    return True
+
+
+def _is_interned(s: str) -> bool:
+    return bool(_c_uint32.from_address(id(s) + _STATE_OFFSET).value & 3)
 
 
 def data_view(value, handle_of=None, budget=None, memo=None):
@@ -529,6 +557,48 @@ def dataclass_class(name, fields, flags):
     )
 
 
+# A set's iteration order is the order of its hash table's slots, and a set keeps its table when it shrinks: a set
+# that held 100 ints and now holds 5 iterates them as the 128-slot table places them. The sender says how large its
+# table is; the receiver grows its own to that size (with stand-in members it then drops) before it adds the
+# members in the sender's order, which gives the sender's order wherever the members did not collide.
+_EMPTY_SET_BYTES = sys.getsizeof(set())
+MAX_SET_TABLE = 1 << 22
+
+
+def _table_size(s) -> int:
+    """The slots of a set's hash table beyond its inline 8 (0 while it uses those)."""
+    return (sys.getsizeof(s) - _EMPTY_SET_BYTES) // 16
+
+
+class _Slot:
+    """A stand-in member that occupies a slot of a set being grown, then leaves (its hash is its number)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __hash__(self):
+        return self.n
+
+
+def _set_with_table(items: list, table: int) -> set:
+    plain = set(items)
+    if table & (table - 1) or not 8 < table <= MAX_SET_TABLE or _table_size(plain) >= table:
+        return plain  # not a table size, or one a plain build reaches anyway
+    grown, holders = set(), []
+    while _table_size(grown) < table and len(holders) < table:
+        holders.append(_Slot(len(holders)))
+        grown.add(holders[-1])
+    if _table_size(grown) != table:
+        return plain
+    for holder in holders:
+        grown.discard(holder)
+    for item in items:
+        grown.add(item)
+    return grown if _table_size(grown) == table and len(grown) == len(plain) else plain
+
+
 def _timedelta(body) -> datetime.timedelta:
     if not (type(body) is list and len(body) == 3 and all(type(x) is int for x in body)):
         raise ValueError("a malformed timedelta")
@@ -571,6 +641,8 @@ def decode(value, resolve=None, memo=None):
         return tuple(sub(v) for v in body)
     if tag in ("set", "frozenset") and tb is list:
         return (set if tag == "set" else frozenset)(sub(v) for v in body)
+    if tag == "set_table" and tb is list and len(body) == 2 and type(body[0]) is int and type(body[1]) is list:
+        return _set_with_table([sub(v) for v in body[1]], body[0])
     if tag in ("dict", "OrderedDict", "Counter") and tb is list and all(type(p) is list and len(p) == 2 for p in body):
         pairs = ((sub(k), sub(v)) for k, v in body)
         return dict(pairs) if tag == "dict" else getattr(collections, tag)(dict(pairs))
@@ -603,6 +675,8 @@ def decode(value, resolve=None, memo=None):
         return (bytes if tag == "bytes" else bytearray).fromhex(body)
     if tag == "int":
         return _decode_int(value)
+    if tag == "istr" and tb is str:
+        return sys.intern(body)
     if tag == "float" and body in ("nan", "inf", "-inf"):
         return float(body)
     if tag == "complex" and tb is list and len(body) == 2:
@@ -628,12 +702,11 @@ def decode(value, resolve=None, memo=None):
         return dict(enumerate(sub(v) for v in body)).values()
     if tag == "dict_items" and tb is list and all(type(p) is list and len(p) == 2 for p in body):
         return dict((sub(k), sub(v)) for k, v in body).items()
-    if (
-        tag == "SimpleNamespace"
-        and tb is list
-        and all(type(p) is list and len(p) == 2 and type(p[0]) is str for p in body)
-    ):
-        return types.SimpleNamespace(**{k: sub(v) for k, v in body})
+    if tag == "SimpleNamespace" and tb is list and all(type(p) is list and len(p) == 2 for p in body):
+        fields = {decode(k): sub(v) for k, v in body}
+        if not all(type(k) is str for k in fields):
+            raise ValueError("a malformed SimpleNamespace")
+        return types.SimpleNamespace(**fields)
     if (
         tag == "namedtuple"
         and tb is list
