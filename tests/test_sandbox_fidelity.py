@@ -1693,6 +1693,212 @@ def _loop_rows():
     return rows
 
 
+# ------------------------------------------------------------------------------------------------ Python's habits
+_LISTNODE = """
+class ListNode:
+    def __init__(self, val=0, next=None):
+        self.val = val
+        self.next = next
+def build(xs):
+    head = None
+    for x in reversed(xs):
+        head = ListNode(x, head)
+    return head
+def to_list(node):
+    out = []
+    while node:
+        out.append(node.val)
+        node = node.next
+    return out
+"""
+_TREENODE = """
+class TreeNode:
+    def __init__(self, val=0, left=None, right=None):
+        self.val = val
+        self.left = left
+        self.right = right
+def tree(xs, i=0):
+    if i >= len(xs) or xs[i] is None:
+        return None
+    return TreeNode(xs[i], tree(xs, 2 * i + 1), tree(xs, 2 * i + 2))
+"""
+
+
+def _habit_rows():
+    """Correct programs of the kinds public code-RL data is full of, that only plain Python's own behaviour scores
+    right (issue 65): `exit()` at the end of a script, the test's own objects (a LeetCode ListNode built by the
+    row's setup, a regex, a StringIO, an array), integers past 4,300 digits, the test's random/decimal/recursion
+    state, identity and aliasing, introspection, a NamedTuple with methods."""
+
+    def cases(pairs):
+        return [{"input": i, "output": o} for i, o in pairs]
+
+    big = "1" + "0" * 5000
+    reverse = "def reverse(head):\n    prev = None\n    while head:\n        head.next, prev, head = prev, head, head.next\n    return prev\n"
+    double = (
+        "def double(head):\n    dummy = tail = ListNode()\n    while head:\n        tail.next = ListNode(head.val * 2)\n"
+        "        tail, head = tail.next, head.next\n    return dummy.next\n"
+    )
+    cycle = (
+        "def has_cycle(head):\n    seen = set()\n    while head:\n        if head in seen:\n            return True\n"
+        "        seen.add(head)\n        head = head.next\n    return False\n"
+    )
+    return [
+        # exit() and quit(): the site module's builtins, a habit of competitive programmers
+        R(
+            "a, b = map(int, input().split())\nprint(a + b)\nexit()\n",
+            cases([("1 2\n", "3"), ("2 2\n", "4")]),
+            ("a + b", "a - b"),
+        ),
+        R("a, b = map(int, input().split())\nprint(a * b)\nquit(0)\n", cases([("2 3\n", "6")]), ("a * b", "a + b")),
+        R(
+            "n = int(input())\nif n == 0:\n    print('zero')\n    exit(0)\nprint(n * 2)\n",
+            cases([("0\n", "zero"), ("4\n", "8")]),
+            ("n * 2", "n * 3"),
+        ),
+        R(
+            "def main():\n    n = int(input())\n    print(n + 1)\n    exit()\nmain()\n",
+            cases([("4\n", "5")]),
+            ("n + 1", "n"),
+        ),
+        R("import sys\nprint(sum(map(int, sys.stdin)))\nsys.exit()\n", cases([("1\n2\n", "3")]), ("sum(", "max(")),
+        R(
+            "def check(n):\n    if n < 0:\n        exit(2)\n    return n\n",
+            [
+                "try:\n    check(-1)\n    assert False\nexcept SystemExit as e:\n    assert e.code == 2",
+                "assert check(3) == 3",
+            ],
+            ("exit(2)", "exit(3)"),
+        ),
+        R(
+            "print(copyright is not None and license is not None and help is not None)\n",
+            cases([("", "True")]),
+            ("print(", "print(not "),
+        ),
+        # the test's own objects: they stay the test's, the program reads and changes them
+        R(
+            reverse,
+            [
+                "assert to_list(reverse(build([1, 2, 3]))) == [3, 2, 1]",
+                "assert reverse(None) is None",
+                "h = build([1, 2])\nr = reverse(h)\nassert r.next is h and h.next is None",
+            ],
+            "def reverse(head):\n    return head\n",
+            setup=_LISTNODE,
+        ),
+        R(
+            double,
+            [
+                "assert to_list(double(build([1, 2, 3]))) == [2, 4, 6]",
+                "assert isinstance(double(build([1])), ListNode)",
+            ],
+            ("head.val * 2", "head.val + 2"),
+            setup=_LISTNODE,
+        ),
+        R(
+            cycle,
+            ["h = build([1, 2, 3])\nh.next.next.next = h\nassert has_cycle(h)", "assert not has_cycle(build([1, 2]))"],
+            "def has_cycle(head):\n    return False\n",
+            setup=_LISTNODE,
+        ),
+        R(
+            "def depth(root):\n    if not root:\n        return 0\n    return 1 + max(depth(root.left), depth(root.right))\n",
+            ["assert depth(tree([3, 9, 20, None, None, 15, 7])) == 3", "assert depth(None) == 0"],
+            ("max(depth(root.left), depth(root.right))", "depth(root.left)"),
+            setup=_TREENODE,
+        ),
+        R(
+            "def invert(root):\n    if root:\n        root.left, root.right = invert(root.right), invert(root.left)\n    return root\n",
+            ["t = tree([1, 2, 3])\nassert invert(t) is t and (t.left.val, t.right.val) == (3, 2)"],
+            ("invert(root.right), invert(root.left)", "invert(root.left), invert(root.right)"),
+            setup=_TREENODE,
+        ),
+        R(
+            "def count(pattern, s):\n    return len(pattern.findall(s))\n",
+            ["import re\nassert count(re.compile(r'a+'), 'aa b a') == 2"],
+            ("len(pattern.findall(s))", "len(s)"),
+        ),
+        R(
+            "def first(stream):\n    return stream.readline().strip() + stream.read()\n",
+            ["import io\nassert first(io.StringIO('a\\nbc')) == 'abc'"],
+            ("stream.read()", "''"),
+        ),
+        R(
+            "def total(stream):\n    return sum(int(line) for line in stream)\n",
+            ["import io\nassert total(io.StringIO('1\\n2\\n3\\n')) == 6"],
+            ("sum(", "max("),
+        ),
+        R(
+            "def total(arr):\n    arr.append(4)\n    return sum(arr)\n",
+            ["import array\na = array.array('i', [1, 2, 3])\nassert total(a) == 10 and len(a) == 4"],
+            ("arr.append(4)", "pass"),
+        ),
+        # integers past Python 3.11's 4,300-digit str limit
+        R(
+            "import sys\nsys.set_int_max_str_digits(0)\na, b = map(int, input().split())\nprint(a + b)\n",
+            cases([(big + " 1\n", big[:-1] + "1"), ("1 2\n", "3"), ("-" + big + " 0\n", "-" + big)]),
+            ("a + b", "a - b"),
+        ),
+        # the interpreter's state a test shares with the function it calls
+        R(
+            "import random\ndef roll():\n    return random.randint(1, 6)\n",
+            [
+                "import random\nrandom.seed(1)\nexpected = [random.randint(1, 6) for _ in range(3)]\nrandom.seed(1)\n"
+                "assert [roll() for _ in range(3)] == expected",
+                "import random\nrandom.seed(5)\nroll()\nnext_one = random.random()\nrandom.seed(5)\nrandom.randint(1, 6)\n"
+                "assert random.random() == next_one",
+            ],
+            ("randint(1, 6)", "randint(2, 7)"),
+        ),
+        R(
+            "from decimal import Decimal\ndef third():\n    return Decimal(1) / Decimal(3)\n",
+            ["import decimal\ndecimal.getcontext().prec = 5\nassert str(third()) == '0.33333'"],
+            ("Decimal(3)", "Decimal(4)"),
+        ),
+        R(
+            "def depth(n):\n    return 0 if n == 0 else 1 + depth(n - 1)\n",
+            ["import sys\nsys.setrecursionlimit(10000)\nassert depth(5000) == 5000"],
+            ("1 + depth", "2 + depth"),
+        ),
+        # identity, aliasing, order
+        R(
+            "def grid(n):\n    row = [0] * n\n    return [row] * n\n",
+            ["g = grid(3)\ng[0][0] = 1\nassert g[1][0] == 1"],
+            "def grid(n):\n    return [[0] * n for _ in range(n)]\n",
+        ),
+        R(
+            "def name():\n    return 'alice'\n",
+            ["assert name() is name()"],
+            "def name():\n    return ''.join(['ali', 'ce'])\n",
+        ),
+        R(
+            "def shrink():\n    s = set(range(100))\n    for i in range(95):\n        s.discard(i)\n    return s\n",
+            ["assert list(shrink()) == [95, 96, 97, 98, 99]"],
+            ("range(95)", "range(96)"),
+        ),
+        # introspection
+        R(
+            "def f(x):\n    'Double x.'\n    return 2 * x\n",
+            ["assert f.__doc__ == 'Double x.'"],
+            ("'Double x.'", "'Twice x.'"),
+        ),
+        R(
+            "def f(a, b=2, *rest, key=None):\n    return a\n",
+            [
+                "import inspect\nassert list(inspect.signature(f).parameters) == ['a', 'b', 'rest', 'key']",
+                "import inspect\nassert inspect.signature(f).parameters['b'].default == 2",
+            ],
+            ("b=2", "b=3"),
+        ),
+        R(
+            "from typing import NamedTuple\nclass v(NamedTuple):\n    x: int\n    y: int\n    def norm1(self):\n"
+            "        return abs(self.x) + abs(self.y)\n",
+            ["assert v(3, -4).norm1() == 7", "assert v(1, 2) == (1, 2)"],
+            ("abs(self.x) + abs(self.y)", "self.x + self.y"),
+        ),
+    ]
+
+
 ROWS = (
     _mutation_rows()
     + HAND
@@ -1703,6 +1909,7 @@ ROWS = (
     + _io_rows()
     + _named_class_rows()
     + _loop_rows()
+    + _habit_rows()
 )
 
 
