@@ -6,7 +6,11 @@ The forgers use what the checker reaches of an answer: a method called with the 
 (`startswith`, `issubset`), one that takes none (`isprintable`), dunder methods (`__eq__`, `__bool__`, `__len__`,
 `__contains__`, `__iter__`, `__hash__`, orderings), subclasses of plain types that override them, a fake
 `__class__`, `__getattr__` answering every name, a builtin smuggled as a method, enums, dataclasses and
-namedtuples with their own `__eq__`. Standard library only.
+namedtuples with their own `__eq__`. Issue 65's routes too: the test's own objects the program reaches through
+their stand-ins (its globals through a method's `__globals__`, a generator's frame, a class's `__init__`, the
+setup's functions), the state the interpreter shares (a precision the program lowers to decide the test's own
+`Decimal` division). A row is (name, forger, honest wrong answer, tests[, setup]).
+Standard library only.
 """
 
 STR_TESTS = [
@@ -291,5 +295,95 @@ CORPUS = [
             "try:\n    check(-1)\n    ok = False\nexcept ValueError:\n    ok = True\nassert ok",
             "try:\n    check(-1)\nexcept KeyError:\n    pass\nelse:\n    assert False",
         ],
+    ),
+]
+
+
+LISTNODE = """
+class ListNode:
+    def __init__(self, val=0, next=None):
+        self.val = val
+        self.next = next
+def build(xs):
+    head = None
+    for x in reversed(xs):
+        head = ListNode(x, head)
+    return head
+def to_list(node):
+    out = []
+    while node:
+        out.append(node.val)
+        node = node.next
+    return out
+def reference(head):
+    return build(to_list(head)[::-1])
+"""
+REVERSE_TESTS = [
+    "expected = [3, 2, 1]\nassert to_list(reverse(build([1, 2, 3]))) == expected",
+    "expected = [2, 1]\nassert to_list(reverse(build([1, 2]))) == expected",
+]
+REVERSE_WRONG = "def reverse(head):\n    return head\n"
+# a forger that writes the test's expected values into the list it was given, however it found them
+_WRITE_EXPECTED = (  # the body after `expected = ...`
+    "    node = head\n    for value in expected:\n        node.val = value\n        node = node.next\n    return head\n"
+)
+GENERATOR_TESTS = [
+    "expected = 6\ndef numbers():\n    yield 1\n    yield 2\n    yield 3\nassert total(numbers()) == expected",
+]
+
+CORPUS += [
+    (
+        "the test's globals through a method of its object (head.__init__.__globals__)",
+        "def reverse(head):\n    expected = head.__init__.__globals__['expected']\n" + _WRITE_EXPECTED,
+        REVERSE_WRONG,
+        REVERSE_TESTS,
+        LISTNODE,
+    ),
+    (
+        "the test's globals through its class (ListNode.__init__.__globals__)",
+        "def reverse(head):\n    expected = ListNode.__init__.__globals__['expected']\n" + _WRITE_EXPECTED,
+        REVERSE_WRONG,
+        REVERSE_TESTS,
+        LISTNODE,
+    ),
+    (
+        "the test's globals through getattr by name, a bound method's __self__ and __func__",
+        "def reverse(head):\n    f = getattr(head, '__' + 'init__')\n"
+        "    expected = f.__func__.__globals__['expected']\n" + _WRITE_EXPECTED,
+        REVERSE_WRONG,
+        REVERSE_TESTS,
+        LISTNODE,
+    ),
+    (
+        "the setup's reference solution, called by name",
+        "def reverse(head):\n    return reference(head)\n",
+        REVERSE_WRONG,
+        REVERSE_TESTS,
+        LISTNODE,
+    ),
+    (
+        "the setup's helper functions reached through the class's module",
+        "import sys\ndef reverse(head):\n    return sys.modules[ListNode.__module__].reference(head)\n",
+        REVERSE_WRONG,
+        REVERSE_TESTS,
+        LISTNODE,
+    ),
+    (
+        "a generator's frame: gi_frame.f_back.f_globals",
+        "def total(gen):\n    return gen.gi_frame.f_back.f_globals['expected']\n",
+        "def total(gen):\n    return sum(gen) + 1\n",
+        GENERATOR_TESTS,
+    ),
+    (
+        "a generator's frame through the next() the test's object answers",
+        "def total(gen):\n    it = iter(gen)\n    return it.gi_frame.f_globals['expected']\n",
+        "def total(gen):\n    return sum(gen) + 1\n",
+        GENERATOR_TESTS,
+    ),
+    (
+        "a lowered decimal precision deciding the test's own division",
+        "import decimal\ndef third():\n    decimal.getcontext().prec = 1\n    return decimal.Decimal('0.3')\n",
+        "import decimal\ndef third():\n    return decimal.Decimal('0.3')\n",
+        ["from decimal import Decimal\nassert third() == Decimal(1) / Decimal(3)"],
     ),
 ]

@@ -27,7 +27,10 @@ import pytest
 from dsgrpo.rewards import sandbox
 
 LIMITS = sandbox.SandboxLimits(timeout_s=8.0, cpu_s=8)
-SCRIPT_TAIL = "\nimport ast as _ast, sys as _sys\nfor _line in _sys.stdin:\n    print(repr({entry}(*_ast.literal_eval(_line))))\nexit()\n"
+SCRIPT_TAIL = (
+    "\nimport ast as _ast, sys as _sys\nfor _line in _sys.stdin:\n"
+    "    print(repr({entry}(*_ast.literal_eval(_line))))\nexit()\n"
+)
 
 
 def _problems() -> list:

@@ -1734,9 +1734,13 @@ def _habit_rows():
         return [{"input": i, "output": o} for i, o in pairs]
 
     big = "1" + "0" * 5000
-    reverse = "def reverse(head):\n    prev = None\n    while head:\n        head.next, prev, head = prev, head, head.next\n    return prev\n"
+    reverse = (
+        "def reverse(head):\n    prev = None\n    while head:\n"
+        "        head.next, prev, head = prev, head, head.next\n    return prev\n"
+    )
     double = (
-        "def double(head):\n    dummy = tail = ListNode()\n    while head:\n        tail.next = ListNode(head.val * 2)\n"
+        "def double(head):\n    dummy = tail = ListNode()\n    while head:\n"
+        "        tail.next = ListNode(head.val * 2)\n"
         "        tail, head = tail.next, head.next\n    return dummy.next\n"
     )
     cycle = (
@@ -1802,13 +1806,15 @@ def _habit_rows():
             setup=_LISTNODE,
         ),
         R(
-            "def depth(root):\n    if not root:\n        return 0\n    return 1 + max(depth(root.left), depth(root.right))\n",
+            "def depth(root):\n    if not root:\n        return 0\n"
+            "    return 1 + max(depth(root.left), depth(root.right))\n",
             ["assert depth(tree([3, 9, 20, None, None, 15, 7])) == 3", "assert depth(None) == 0"],
             ("max(depth(root.left), depth(root.right))", "depth(root.left)"),
             setup=_TREENODE,
         ),
         R(
-            "def invert(root):\n    if root:\n        root.left, root.right = invert(root.right), invert(root.left)\n    return root\n",
+            "def invert(root):\n    if root:\n"
+            "        root.left, root.right = invert(root.right), invert(root.left)\n    return root\n",
             ["t = tree([1, 2, 3])\nassert invert(t) is t and (t.left.val, t.right.val) == (3, 2)"],
             ("invert(root.right), invert(root.left)", "invert(root.left), invert(root.right)"),
             setup=_TREENODE,
@@ -1845,7 +1851,8 @@ def _habit_rows():
             [
                 "import random\nrandom.seed(1)\nexpected = [random.randint(1, 6) for _ in range(3)]\nrandom.seed(1)\n"
                 "assert [roll() for _ in range(3)] == expected",
-                "import random\nrandom.seed(5)\nroll()\nnext_one = random.random()\nrandom.seed(5)\nrandom.randint(1, 6)\n"
+                "import random\nrandom.seed(5)\nroll()\nnext_one = random.random()\n"
+                "random.seed(5)\nrandom.randint(1, 6)\n"
                 "assert random.random() == next_one",
             ],
             ("randint(1, 6)", "randint(2, 7)"),
@@ -1875,6 +1882,28 @@ def _habit_rows():
             "def shrink():\n    s = set(range(100))\n    for i in range(95):\n        s.discard(i)\n    return s\n",
             ["assert list(shrink()) == [95, 96, 97, 98, 99]"],
             ("range(95)", "range(96)"),
+        ),
+        # a container the program keeps is the test's own, both ways, for the rest of the test
+        R(
+            "saved = []\ndef keep(xs):\n    saved.append(xs)\ndef total():\n    return sum(sum(x) for x in saved)\n",
+            ["xs = [1]\nkeep(xs)\nxs.append(5)\nassert total() == 6"],
+            ("saved.append(xs)", "saved.append(list(xs))"),
+        ),
+        R(
+            "history = []\ndef log(x):\n    history.append(x)\n    return history\n",
+            ["h = log(1)\nh.append(99)\nassert log(2) == [1, 99, 2] and log(3) is h and h == [1, 99, 2, 3]"],
+            ("return history", "return list(history)"),
+        ),
+        R(
+            "store = {}\ndef attach(d):\n    store['d'] = d\ndef bump():\n    store['d']['n'] += 1\n",
+            ["d = {'n': 0}\nattach(d)\nbump()\nbump()\nassert d == {'n': 2}"],
+            ("store['d'] = d", "store['d'] = dict(d)"),
+        ),
+        R(
+            "class Stack:\n    def __init__(self, items):\n        self.items = items\n    def push(self, x):\n"
+            "        self.items.append(x)\n",
+            ["xs = []\ns = Stack(xs)\ns.push(1)\ns.push(2)\nassert xs == [1, 2]"],
+            ("self.items = items", "self.items = list(items)"),
         ),
         # introspection
         R(
@@ -1987,9 +2016,10 @@ def test_no_answer_forges_above_an_honest_wrong_answer():
     sandbox.check_isolation()
     reward = sandbox.CodeReward(limits=LIMITS, workers=2)
     corpus = answer_attacks.CORPUS
-    programs = [p for _, forger, wrong, _ in corpus for p in (forger, wrong)]
-    tests = [t for *_, t in corpus for _ in range(2)]
-    scores = reward([f"```python\n{p}```" for p in programs], tests)
+    programs = [p for _, forger, wrong, *_ in corpus for p in (forger, wrong)]
+    tests = [row[3] for row in corpus for _ in range(2)]
+    setups = [row[4] if len(row) > 4 else "" for row in corpus for _ in range(2)]
+    scores = reward([f"```python\n{p}```" for p in programs], tests, test_setup_code=setups)
     forged = [
         (name, scores[2 * i], scores[2 * i + 1])
         for i, (name, *_) in enumerate(corpus)

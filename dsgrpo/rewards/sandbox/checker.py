@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import collections
 import importlib
 import os
 import functools
@@ -47,12 +46,16 @@ from .protocol import (
     builtin_name,
     decode,
     encode,
+    encode_state,
     enum_class,
     frame,
     interpreter_state,
     namedtuple_class,
     read_frame,
     read_untrusted_frame,
+    snapshot,
+    unchanged,
+    update_in_place,
     write_all,
 )
 
@@ -347,6 +350,7 @@ class Link:
         self.callback_kinds: list = []
         self.exchanges = 0  # questions asked so far: a module-level value read since the last one is unchanged
         self.synced = None  # the shared interpreter state (random, decimal, recursion limit) both sides last agreed on
+        self.memo, self.snapshots, self.memo_pid = Memo(), {}, None  # the containers shared with the program
 
     def share_state(self, message: dict) -> None:
         """Python's one interpreter shares random's generator, the decimal context and the recursion limit between
@@ -358,7 +362,7 @@ class Link:
 
     def take_state(self, state) -> None:
         try:
-            apply_interpreter_state(state, recursion=False)
+            apply_interpreter_state(state, from_test=False)
         except ValueError:
             self.fail("a malformed answer")
         self.synced = interpreter_state()
@@ -387,15 +391,30 @@ class Link:
         program sorts the test's xs)."""
         if not all(type(k) is str for k in kwargs):
             raise TypeError("keyword names must be strings")
-        memo = Memo(sending=True)
-        request = {
-            "op": "call",
-            "target": ref,
-            "args": [encode(a, self.handle_of, None, memo) for a in args],
-            "kwargs": {"dict": [[k, encode(v, self.handle_of, None, memo)] for k, v in kwargs.items()]},
-        }
+        memo = self.shared()
+        memo.sending, memo.receiving = True, False
+        # the shared containers the test changed since the last call, then the arguments (in this order: the
+        # program numbers new containers in the order it reads them)
+        sync = [
+            [k, encode_state(memo, k, self.handle_of)]
+            for k, before in self.snapshots.items()
+            if memo.objects[k] is not None and not unchanged(before, memo.objects[k])
+        ]
+        request = {"op": "call", "target": ref, "epoch": os.getpid(), "sync": sync}
+        request["args"] = [encode(a, self.handle_of, None, memo) for a in args]
+        request["kwargs"] = {"dict": [[k, encode(v, self.handle_of, None, memo)] for k, v in kwargs.items()]}
         self.share_state(request)
-        return self.exchange("call", request, memo)
+        try:
+            return self.exchange("call", request, memo)
+        finally:  # what both sides hold now: the next call sends what the test changes from here
+            self.snapshots = {k: snapshot(memo.objects[k]) for k in memo.live()}
+
+    def shared(self) -> Memo:
+        """The containers shared with the program during this test (protocol.py's shared containers): each test
+        runs in a process of its own, which starts with none."""
+        if self.memo_pid != os.getpid():
+            self.memo, self.snapshots, self.memo_pid = Memo(), {}, os.getpid()
+        return self.memo
 
     def ask(self, op: str, ref, inert: bool = False, **fields):
         if self.broken:
@@ -427,9 +446,9 @@ class Link:
         try:
             if "ok" in message:
                 value = decode(message["ok"], resolve, memo)
-            elif "okm" in message and memo is not None and type(message["okm"]) is list and len(message["okm"]) == 2:
-                result, after = message["okm"]
-                if type(after) is not list:
+            elif "okm" in message and memo is not None and type(message["okm"]) is list and len(message["okm"]) == 3:
+                result, after, dropped = message["okm"]
+                if type(after) is not list or type(dropped) is not list:
                     raise ValueError("a malformed answer")
                 for change in after:
                     if not (
@@ -439,8 +458,14 @@ class Link:
                         and 0 <= change[0] < len(memo.objects)
                     ):
                         raise ValueError("a malformed answer")
-                    _update_in_place(memo.objects[change[0]], decode(change[1], resolve, memo))
+                    if memo.objects[change[0]] is None:
+                        raise ValueError("a malformed answer")
+                    update_in_place(memo.objects[change[0]], decode(change[1], resolve, memo))
                 value = decode(result, resolve, memo)
+                for k in dropped:  # containers the program no longer holds: no longer shared
+                    if type(k) is not int or not 0 <= k < len(memo.objects):
+                        raise ValueError("a malformed answer")
+                    memo.drop(k)
             else:
                 raise ValueError("a malformed answer")
         except (ValueError, TypeError, RecursionError, OverflowError, MemoryError):
@@ -664,21 +689,6 @@ TEST_OPERATIONS = {  # how: (the kinds of object it applies to, what it does)
         for op in ("eq", "ne", "lt", "le", "gt", "ge")
     },
 }
-
-
-def _update_in_place(original, new) -> None:
-    """The test's container takes the state the program's copy of it had after the call; its identity stays."""
-    t = type(original)
-    if type(new) is not t:
-        raise ValueError("a changed argument of another type")
-    if t is list or t is bytearray:
-        original[:] = new
-    elif t is set or t is collections.deque:
-        original.clear()
-        original.extend(new) if t is collections.deque else original.update(new)
-    else:  # dict, OrderedDict, Counter, defaultdict: exact types, so these are Python's own methods
-        original.clear()
-        (original.update if t is collections.OrderedDict else dict.update.__get__(original))(new)
 
 
 # ---------------------------------------------------------------------------------------------- which names

@@ -22,13 +22,18 @@ import sys
 from .protocol import (
     Memo,
     apply_interpreter_state,
+    children,
     data_view,
     decode,
     encode,
+    encode_state,
     frame,
     interpreter_state,
     mark_interned_strings,
     read_frame,
+    snapshot,
+    unchanged,
+    update_in_place,
     write_all,
 )
 
@@ -361,6 +366,7 @@ class Server:
         self.namespace, self.requests, self.replies, self.class_names = namespace, requests, replies, class_names
         self.handles: list = []
         self.test_objects: dict = {}  # the stand-ins of the test's objects (TestObject, TestClass), by their ident
+        self.memo, self.epoch = Memo(), None  # the containers shared with the test now running
         self.synced = None  # the shared interpreter state (protocol.interpreter_state) as the checker last saw it
 
     def reply(self, obj) -> None:
@@ -430,11 +436,11 @@ class Server:
                 apply_interpreter_state(message["state"])
             except ValueError:
                 pass
-            self.synced = interpreter_state(recursion=False)
+            self.synced = interpreter_state(test_side=False)
 
     def give_state(self) -> None:
         """The program's random and decimal state back to the test when the program changed it."""
-        now = interpreter_state(recursion=False)
+        now = interpreter_state(test_side=False)
         if now != self.synced:
             self.reply({"state": now})
             self.synced = now
@@ -451,26 +457,67 @@ class Server:
     def _answer(self, request) -> dict:
         try:
             if type(request) is dict and request.get("op") == "call":
-                memo = Memo(receiving=True)
-                args = decode(request["args"], self.resolve, memo)
-                kwargs = decode(request["kwargs"], self.resolve, memo)
-                memo.receiving = False
-                before = [_snapshot(obj) for obj in memo.objects]
-                result = self.target(request)(*args, **kwargs)
-                after = [
-                    [k, encode(obj, self.handle_of, None, _only(memo, k))]
-                    for k, obj in enumerate(memo.objects)
-                    if not _same(before[k], obj)
-                ]
-                memo.sending = True  # a container the answer holds twice arrives as one (`[row] * n`, aliasing kept)
-                encoded = encode(result, self.handle_of, None, memo)
-                return {"okm": [encoded, after]} if after else {"ok": encoded}
+                return self.call(request)
             return {"ok": encode(self.operate(request), self.handle_of)}
         except BaseException as exc:  # the program's own exception, reported by name
             try:
                 return {"raise": [type(exc).__name__, str(exc)[:300], exception_chain(type(exc))]}
             except BaseException:
                 return {"raise": ["Exception", "", ["Exception"]]}
+
+    def shared(self, epoch) -> Memo:
+        """The containers shared with the test now running (protocol.py's shared containers): a new test, a new
+        Memo."""
+        if epoch != self.epoch:
+            self.memo, self.epoch = Memo(), epoch
+        return self.memo
+
+    def call(self, request) -> dict:
+        """Call the program: the shared containers the test changed take their new state, the arguments arrive
+        (their containers shared from now on), and the answer carries the program's result, the state of every
+        shared container the call changed, and the numbers of those the program no longer holds."""
+        memo = self.shared(request.get("epoch"))
+        memo.receiving, memo.sending = True, False
+        for k, body in request.get("sync", []):
+            if type(k) is int and 0 <= k < len(memo.objects) and memo.objects[k] is not None:
+                update_in_place(memo.objects[k], decode(body, self.resolve, memo))
+        args = decode(request["args"], self.resolve, memo)
+        kwargs = decode(request["kwargs"], self.resolve, memo)
+        memo.receiving = False
+        live = memo.live()
+        before = {k: snapshot(memo.objects[k]) for k in live}
+        result = self.target(request)(*args, **kwargs)
+        del args, kwargs  # (unkept counts the references left: none of this frame's may be among them)
+        memo.sending = True  # a container the answer holds twice arrives as one (`[row] * n`, aliasing kept)
+        after = [[k, encode_state(memo, k, self.handle_of)] for k in live if not unchanged(before[k], memo.objects[k])]
+        del before
+        encoded = encode(result, self.handle_of, None, memo)
+        del result
+        return {"okm": [encoded, after, self.unkept(memo)]}
+
+    def unkept(self, memo: Memo) -> list:
+        """Drop the shared containers the program no longer holds (no reference left to one but the Memo's and
+        those of other shared containers), unless a container it holds holds them; their numbers."""
+        live = memo.live()
+        inside = collections.Counter()
+        for k in live:
+            for child in children(memo.objects[k]):
+                j = memo.ids.get(id(child))
+                if j is not None:
+                    inside[j] += 1
+        # sys.getrefcount: the Memo's list and getrefcount's own argument, then the references of the program's
+        kept = {k for k in live if sys.getrefcount(memo.objects[k]) - 2 > inside[k]}
+        reach = list(kept)
+        while reach:
+            for child in children(memo.objects[reach.pop()]):
+                j = memo.ids.get(id(child))
+                if j is not None and j not in kept:
+                    kept.add(j)
+                    reach.append(j)
+        dropped = [k for k in live if k not in kept]
+        for k in dropped:
+            memo.drop(k)
+        return dropped
 
     def target(self, request):
         ref = request["target"]
@@ -565,39 +612,6 @@ def signature_of(target) -> list:
         ],
         [] if signature.return_annotation is empty else [signature.return_annotation],
     ]
-
-
-def _only(memo: Memo, k: int) -> Memo:
-    """A call's memo for encoding the state of its container k: k itself as a body, the others as references."""
-    view = Memo()
-    view.objects, view.ids = memo.objects, {i: j for i, j in memo.ids.items() if j != k}
-    return view
-
-
-def _snapshot(obj):
-    """A shallow copy of a mutable argument, to tell afterwards whether the call changed it."""
-    if type(obj) in (dict, collections.OrderedDict, collections.Counter, collections.defaultdict):
-        return list(obj.items())
-    if type(obj) is bytearray:
-        return bytes(obj)
-    return list(obj)
-
-
-def _same(before, obj) -> bool:
-    now = _snapshot(obj)
-    if type(now) is bytes or type(obj) is set:
-        return now == before if type(now) is bytes else set(now) == set(before) and len(now) == len(before)
-    if len(now) != len(before):
-        return False
-    scalars = (int, float, str, bool, bytes, type(None), complex)
-    for a, b in zip(before, now):
-        if type(obj) is not list and type(obj) is not collections.deque:  # pairs (key, value)
-            if a[0] is not b[0] and not (type(a[0]) in scalars and a[0] == b[0]):
-                return False
-            a, b = a[1], b[1]
-        if a is not b and not (type(a) is type(b) and type(a) in scalars and a == b):
-            return False
-    return True
 
 
 def serve(code: str, requests: int, replies: int) -> None:
