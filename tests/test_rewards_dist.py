@@ -54,6 +54,8 @@ def test_a_flapping_scorer_is_retried_and_the_retries_are_counted(results):
     got = results[0]["flapping_scorer"]
     assert got == results[1]["flapping_scorer"]  # reduced over ranks: one figure per round
     assert len(got["retries"]) == 3 and sum(got["retries"]) >= 3  # every round met at least one failure
+    # rows a reward could not judge (every other one, on each rank): counted over both ranks, left out of its mean
+    assert got["errors"] == [4.0, 4.0, 4.0] and got["unjudged_mean"] == [1.0, 1.0, 1.0]
     assert got["retries"] == [float(int(n)) for n in got["retries"]]
     # the scorer's rewards are real ones (length), never made up for the failed requests
     assert got["remote"] == pytest.approx([10 * x for x in got["local"]], abs=1e-4)

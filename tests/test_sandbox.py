@@ -102,6 +102,35 @@ def test_stdin_stdout_comparison():
     assert not sandbox.outputs_match(b"inf", "1e309")
 
 
+def test_integer_tokens_compare_as_digit_strings_of_any_length():
+    """No int(): Python 3.11 refuses past 4,300 digits (the row then failed whole), and where a library lifted the
+    limit, int() is quadratic in the trainer's process. Sign and leading zeros are normalised."""
+    big = "9" * 1_000_000
+    assert sandbox.outputs_match(big.encode(), big)
+    assert sandbox.outputs_match(("+000" + big).encode(), big)
+    assert not sandbox.outputs_match((big[:-1] + "8").encode(), big)
+    assert sandbox.outputs_match(("-" + big).encode(), "-" + big) and not sandbox.outputs_match(big.encode(), "-" + big)
+    assert sandbox.outputs_match(b"-0 +0 -000", "0 0 0")
+    assert not sandbox.outputs_match("\u0661".encode(), "1")  # ASCII digits only (Arabic-Indic one is text)
+
+
+def test_a_row_the_sandbox_cannot_judge_is_a_counted_error_not_a_zero(isolation):
+    """The judge's own fault (here its comparison, with a tolerance that is not a number) scores None, is counted by
+    its reason, and reaches the trainer as rewards/<name>/errors; a wrong answer beside it still scores 0."""
+    from dsgrpo.rewards.stack import RewardStack
+
+    reward = sandbox.CodeReward(limits=FAST, float_tolerance="not a number", workers=1)
+    stack = RewardStack([reward])
+    assert stack.counted_names == ["code_reward"]
+    with pytest.warns(RuntimeWarning, match="could not compare case 0"):
+        scores = reward(
+            ["```python\nprint(0.5)\n```", "```python\nprint(2)\n```", "```python\nprint(1)\n```"],
+            [[{"input": "", "output": "0.50"}], [{"input": "", "output": "1"}], [{"input": "", "output": "1"}]],
+        )
+    assert scores == [None, 0.0, 1.0]
+    assert stack.pop_errors() == [1.0] and stack.pop_errors() == [0.0]
+
+
 # ------------------------------------------------------------------------------------------------ the corpus
 @pytest.fixture(scope="module")
 def isolation():

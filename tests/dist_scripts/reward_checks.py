@@ -34,6 +34,29 @@ def length_bonus(prompts, completions, **kwargs):
     return [0.1 * len(c) for c in completions]
 
 
+class Unjudgeable:
+    """A reward that cannot judge every other completion it sees (code_reward's sandbox, when it fails): None there,
+    counted by reason for the trainer (pop_errors), as rewards/<name>/errors."""
+
+    __name__ = "unjudgeable"
+
+    def __init__(self):
+        self.seen, self.errors = 0, {}
+
+    def __call__(self, prompts, completions, **kwargs):
+        out = []
+        for _ in completions:
+            self.seen += 1
+            out.append(None if self.seen % 2 else 1.0)
+            if self.seen % 2:
+                self.errors["the judge failed"] = self.errors.get("the judge failed", 0) + 1
+        return out
+
+    def pop_errors(self):
+        errors, self.errors = self.errors, {}
+        return errors
+
+
 dist.init()
 rank = dist.rank()
 
@@ -97,10 +120,12 @@ def _():
         logging_steps=1,
         save_strategy="no",
     )
-    trainer = GRPOTrainer(tiny_model("qwen2"), [length_bonus, remote], args=args, train_dataset=data)
+    trainer = GRPOTrainer(tiny_model("qwen2"), [length_bonus, remote, Unjudgeable()], args=args, train_dataset=data)
     trainer.train()
     rows = training_rows(trainer)
     return {
+        "errors": [r["rewards/unjudgeable/errors"] for r in rows],
+        "unjudged_mean": [r["rewards/unjudgeable/mean"] for r in rows],
         "retries": [r["rewards/flapping/retries"] for r in rows],
         "remote": [r["rewards/flapping/mean"] for r in rows],
         "local": [r["rewards/length_bonus/mean"] for r in rows],
