@@ -3,12 +3,15 @@
 For test snippets P runs the code, sends the names it defined, and answers one request at a time ("call add(1, 2)",
 "len of that object"): plain data back (protocol.py). An object of the program's own class stays here as a handle,
 described by the exported names of the classes it is an instance of and, where it has one, its data view (a
-dataclass's fields, a str subclass's str): the checker decides what the test gets (checker.py's answer rule). After a
-call, the arguments' mutable containers whose state changed go back with the answer, so that the test's own objects
-change as in Python. A test's own callable arrives as a Callback: calling it asks the checker to run it (the test's
-code, in the test's process) and waits for its plain answer, serving the checker's questions meanwhile. For a
-stdin/stdout case P runs the code as a script. Nothing P says is believed: the checker compares, in a process P
-cannot see. Standard library only.
+dataclass's fields, a str subclass's str): the checker decides what the test gets (checker.py's answer rule). A
+mutable container that crossed is shared with the test for as long as the program holds it (protocol.py's shared
+containers): the state each side changes travels at each call, so both hold one object as in Python. A test's own
+callable arrives as a Callback, and any other object of the test's that is not plain data as a TestObject: using it
+asks the checker to do it (the test's code, on the test's own object, in the test's process) and waits for the
+plain answer, serving the checker's questions meanwhile. The random generator the test shares with the program
+travels with each call and back, as do the test's decimal context and recursion limit to the program. For a
+stdin/stdout case P runs the code as a script, with the builtins site gives a plain `python` (`exit()`). Nothing P
+says is believed: the checker compares, in a process P cannot see. Standard library only.
 """
 
 from __future__ import annotations
