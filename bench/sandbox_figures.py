@@ -41,12 +41,10 @@ def main() -> None:
     print(f"hostile programs (tests/sandbox_attacks.py): {sum(map(held, hostile))} held / {len(hostile)}")
 
     reward = sandbox.CodeReward(limits=fidelity.LIMITS, workers=2)
-    corpus = answer_attacks.CORPUS
-    programs = [p for _, forger, wrong, _ in corpus for p in (forger, wrong)]
-    scores = reward([f"```python\n{p}```" for p in programs], [t for *_, t in corpus for _ in range(2)])
-    forged = [name for i, (name, *_) in enumerate(corpus) if scores[2 * i] > scores[2 * i + 1]]
+    rows = answer_attacks.scored(reward)
+    forged = [name for name, forger, wrong in rows if forger > wrong]
     print(
-        f"answer forgers (tests/sandbox_answer_attacks.py): {len(corpus) - len(forged)} held / {len(corpus)}"
+        f"answer forgers (tests/sandbox_answer_attacks.py): {len(rows) - len(forged)} held / {len(rows)}"
         + (f"  forged: {forged}" if forged else "")
     )
 

@@ -74,13 +74,19 @@ def json_server(
     max_connections: int = 64,
     read_timeout_s: float = 10.0,
     header_fields: Optional[Dict[str, str]] = None,
+    openai_errors: bool = False,
 ) -> ThreadingHTTPServer:
     """A threading server (not started) answering `routes[(method, path)]`; every path but `open_paths` needs the
     bearer token when one is set (401 without it, checked before the path is looked up, and a 404 names no
     route). 413 over the size limit, 400 for anything unreadable, 503 beyond `max_connections` open ones; a
     connection idle for `read_timeout_s` is closed. `header_fields` {header: key}: a header's value reaches the
-    route as body[key] where the body has none."""
+    route as body[key] where the body has none. `openai_errors`: this server's own errors (401, 404, 413, 400, 500)
+    in OpenAI's shape, {"error": {"message", "type", "param", "code"}}, as an OpenAI client parses them; else
+    {"error": "message"}."""
     expected = f"Bearer {token}".encode() if token else None
+
+    def error(status: int, message: str) -> dict:
+        return openai_error(status, message) if openai_errors else {"error": message}
 
     class Handler(BaseHTTPRequestHandler):
         timeout = read_timeout_s  # every read on the socket (request line, headers, body)
@@ -152,29 +158,29 @@ def json_server(
         def _handle(self, method: str) -> None:
             path = self.path.split("?")[0].rstrip("/") or "/"
             if expected and path not in open_paths and not self._authorized():
-                return self._reply(401, {"error": "missing or wrong bearer token"})
+                return self._reply(401, error(401, "missing or wrong bearer token"))
             route = routes.get((method, path))
             if route is None:
-                return self._reply(404, {"error": f"no {method} {_one_line(path)[:100]}"})
+                return self._reply(404, error(404, f"no {method} {_one_line(path)[:100]}"))
             try:
                 body = self._body() if method == "POST" else {}
             except _TooLarge as exc:
                 self.close_connection = True
-                return self._reply(413, {"error": str(exc)})
+                return self._reply(413, error(413, str(exc)))
             except BadRequest as exc:
                 self.close_connection = True
-                return self._reply(400, {"error": f"bad request: {exc}"})
+                return self._reply(400, error(400, f"bad request: {exc}"))
             for header, key in (header_fields or {}).items():
                 if self.headers.get(header) is not None:
                     body.setdefault(key, self.headers.get(header))
             try:
                 code, reply = route(body)
             except KeyError as exc:
-                code, reply = 400, {"error": f"bad request: missing field {_one_line(str(exc))}"}
+                code, reply = 400, error(400, f"bad request: missing field {_one_line(str(exc))}")
             except (ValueError, TypeError) as exc:
-                code, reply = 400, {"error": f"bad request: {type(exc).__name__}: {_one_line(str(exc))}"}
+                code, reply = 400, error(400, f"bad request: {type(exc).__name__}: {_one_line(str(exc))}")
             except Exception as exc:  # noqa: BLE001 - the route's own failure: report it, keep serving
-                code, reply = 500, {"error": f"{type(exc).__name__}: {_one_line(str(exc))}"}
+                code, reply = 500, error(500, f"{type(exc).__name__}: {_one_line(str(exc))}")
             self._reply(code, reply)
 
         def do_GET(self):
@@ -188,6 +194,21 @@ def json_server(
 
 class _TooLarge(BadRequest):
     pass
+
+
+_OPENAI_ERRORS = {  # status: (type, code), as OpenAI's API answers them
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    404: ("invalid_request_error", "unknown_url"),
+    413: ("invalid_request_error", "request_too_large"),
+    500: ("server_error", None),
+    503: ("server_error", "overloaded"),
+}
+
+
+def openai_error(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> dict:
+    kind, default_code = _OPENAI_ERRORS.get(status, ("invalid_request_error", None))
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or default_code}}
 
 
 def _one_line(text: str) -> str:

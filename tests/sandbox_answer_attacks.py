@@ -387,3 +387,12 @@ CORPUS += [
         ["from decimal import Decimal\nassert third() == Decimal(1) / Decimal(3)"],
     ),
 ]
+
+
+def scored(reward) -> list:
+    """(name, the forger's score, its honest wrong answer's score) for every row, scored by `reward` (a CodeReward)."""
+    programs = [p for _, forger, wrong, *_ in CORPUS for p in (forger, wrong)]
+    tests = [row[3] for row in CORPUS for _ in range(2)]
+    setups = [row[4] if len(row) > 4 else "" for row in CORPUS for _ in range(2)]
+    scores = reward([f"```python\n{p}```" for p in programs], tests, test_setup_code=setups)
+    return [(row[0], scores[2 * i], scores[2 * i + 1]) for i, row in enumerate(CORPUS)]

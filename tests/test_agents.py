@@ -14,6 +14,8 @@ from dsgrpo.rollout.openai_endpoint import (
     Episodes,
     RequestError,
     _answer_matches,
+    _version_spans,
+    answers_a_call,
     normal_message,
 )
 
@@ -110,6 +112,38 @@ def test_messages_are_read_as_the_template_reads_them_and_bad_ones_named():
         },
     )
     assert not _answer_matches(sent, {"role": "user", "content": ""}) and not _answer_matches(None, sent)
+
+
+def test_a_tool_message_must_answer_a_tool_call():
+    user, call = {"role": "user", "content": "2+3?"}, {"type": "function", "function": {"name": "add", "arguments": {}}}
+    asked = {"role": "assistant", "content": "", "tool_calls": [call, call]}
+    tool = {"role": "tool", "content": "5"}
+    answers_a_call([user, asked, tool, tool, {"role": "assistant", "content": "5"}, user])  # two calls, two answers
+    for messages, index in (
+        ([user, {"role": "assistant", "content": "5"}, tool], 2),  # the assistant made no call
+        ([tool], 0),
+        ([user, asked, tool, user, tool], 4),  # a user message between
+    ):
+        with pytest.raises(RequestError, match=rf"messages\[{index}\]: a message with role 'tool' must be"):
+            answers_a_call(messages)
+
+
+def test_weight_versions_are_spans_as_vllm_reports_them():
+    assert _version_spans([3, 3, 4, 4, 4]) == [
+        {"version": "3", "start": 0, "end": 2},
+        {"version": "4", "start": 2, "end": 5},
+    ]
+    assert _version_spans([]) == [] and _version_spans([7]) == [{"version": "7", "start": 0, "end": 1}]
+
+
+def test_a_split_episodes_chains_read_apart_as_text():
+    from dsgrpo.rollout.batch import CHAIN_MARK, chains_text
+
+    class Letters:  # a tokenizer of one letter per id: what the pure join needs of one
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(ord("a") + i) for i in ids)
+
+    assert chains_text(Letters(), [0, 1, 2, 3, 4], [[2, [9]], [4, [9, 9]]]) == CHAIN_MARK.join(["ab", "cd", "e"])
 
 
 def test_only_episodes_the_trainer_opened_are_served():

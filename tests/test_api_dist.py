@@ -408,6 +408,33 @@ def test_agents_run_their_own_loop_through_the_openai_endpoint(results):
         assert len(run["streamed"]) >= 4 and all(n > 0 for n in run["streamed"]), run["streamed"]
         assert bad["completions"][0] == 200 and bad["completions"][1]["object"] == "text_completion"
         assert bad["after"][0] == 200 and bad["after"][1]["choices"][0]["message"]["role"] == "assistant"
+        assert (
+            bad["orphan_tool"][0] == 400
+            and "must be a response to a preceding" in bad["orphan_tool"][1]["error"]["message"]
+        )
+        past = bad["max_tokens_past_context"]
+        assert past[0] == 400 and past[1]["error"]["code"] == "context_length_exceeded", past
+        assert past[1]["error"]["param"] == "max_tokens" and "maximum context length" in past[1]["error"]["message"]
+        # the token-in/token-out route (verifiers' TrainClient): ids and log-probs exactly as recorded for training
+        t = run["tokens"]
+        assert t["first"][0] == 200 and t["second"][0] == 200, (t["first"], t["second"])
+        assert t["models"]["data"][0]["max_model_len"] == t["max_model_len"] and t["max_model_len"] > 0
+        assert t["abort"][0] == 200
+        first, second = t["first"][1], t["second"][1]
+        assert first["prompt_token_ids"] == t["prompt"] and first["output_mode"] == "tokens"
+        for answer, rec in zip((first, second), t["recorded"]):
+            choice = answer["choices"][0]
+            assert choice["token_ids"] == rec["ids"] and 0 < len(rec["ids"]) <= 6
+            content = choice["logprobs"]["content"]
+            assert [e["token"] for e in content] == [f"token_id:{i}" for i in rec["ids"]]  # as renderers check it
+            assert [e["token_id"] for e in content] == rec["ids"] and [e["logprob"] for e in content] == rec["logprobs"]
+            assert choice["weight_versions"][0]["start"] == 0 and choice["weight_versions"][-1]["end"] == len(
+                rec["ids"]
+            )
+        assert [r["extends"] for r in t["recorded"]] == [False, True]  # the second continues the first's chain
+        assert t["recorded"][1]["prompt"][: len(t["prompt"])] == t["prompt"]
+        # a split episode's chains read apart wherever its completion is text
+        assert run["marked"] and all("a new chain of calls starts here" in c for c in run["marked"]), run["marked"]
     assert rows and all(2 <= r["calls"] <= 3 for r in rows) and sum(r["calls"] == 3 for r in rows) > len(rows) // 2
     appended = [r for r in rows if not r["rewritten"]]
     rewritten = [r for r in rows if r["rewritten"]]

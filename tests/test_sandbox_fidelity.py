@@ -2015,20 +2015,12 @@ def test_no_answer_forges_above_an_honest_wrong_answer():
     """tests/sandbox_answer_attacks.py: each forger scores at most its honest wrong answer."""
     sandbox.check_isolation()
     reward = sandbox.CodeReward(limits=LIMITS, workers=2)
-    corpus = answer_attacks.CORPUS
-    programs = [p for _, forger, wrong, *_ in corpus for p in (forger, wrong)]
-    tests = [row[3] for row in corpus for _ in range(2)]
-    setups = [row[4] if len(row) > 4 else "" for row in corpus for _ in range(2)]
-    scores = reward([f"```python\n{p}```" for p in programs], tests, test_setup_code=setups)
-    forged = [
-        (name, scores[2 * i], scores[2 * i + 1])
-        for i, (name, *_) in enumerate(corpus)
-        if scores[2 * i] > scores[2 * i + 1]
-    ]
+    rows = answer_attacks.scored(reward)
+    forged = [row for row in rows if row[1] > row[2]]
     assert not forged, "forgers above the honest wrong answer (name, forger, honest wrong):\n" + "\n".join(
         map(str, forged)
     )
-    assert len(corpus) >= 20
+    assert len(rows) >= 20
 
 
 def test_the_answer_bound_counts_structure_not_string_bytes():

@@ -27,8 +27,8 @@ from dsgrpo.testing import _free_port
 def http_server():
     started = []
 
-    def start(routes, token=None, max_request_bytes=1 << 10, port=0):
-        server = json_server(routes, "127.0.0.1", port, token, max_request_bytes)
+    def start(routes, token=None, max_request_bytes=1 << 10, port=0, openai_errors=False):
+        server = json_server(routes, "127.0.0.1", port, token, max_request_bytes, openai_errors=openai_errors)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         started.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}"
@@ -37,6 +37,33 @@ def http_server():
     for s in started:
         s.shutdown()
         s.server_close()
+
+
+def test_the_agent_endpoints_own_errors_are_shaped_as_openais(http_server):
+    """An agent's OpenAI client reads {"error": {"message", "type", "param", "code"}}: the endpoint's 401 (a wrong
+    key), 404, 413 and 400 come in that shape, as its routes' own refusals do."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = http_server({("POST", "/v1/echo"): lambda body: (200, {"got": body["x"]})}, token="k", openai_errors=True)
+
+    def status_and_error(path, data, token="k"):
+        req = urllib.request.Request(url + path, data=data, method="POST", headers={"Authorization": f"Bearer {token}"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        return err.value.code, json.loads(err.value.read())["error"]
+
+    for path, data, token, status, code in (
+        ("/v1/echo", b"{}", "wrong", 401, "invalid_api_key"),
+        ("/v1/nope", b"{}", "k", 404, "unknown_url"),
+        ("/v1/echo", b"x" * 2000, "k", 413, "request_too_large"),
+        ("/v1/echo", b"{", "k", 400, None),
+        ("/v1/echo", b"{}", "k", 400, None),  # a missing field
+    ):
+        got_status, error = status_and_error(path, data, token)
+        assert got_status == status and set(error) == {"message", "type", "param", "code"}, error
+        assert error["code"] == code and error["type"] == "invalid_request_error" and error["message"]
 
 
 def test_token_size_limit_and_unknown_paths(http_server):

@@ -24,6 +24,17 @@ class Batch:
     metrics: Dict[str, float] = field(default_factory=dict)  # the source's own, reduced over ranks (tools/*, async/*)
 
 
+CHAIN_MARK = "\n\n[the agent rewrote its history: a new chain of calls starts here]\n\n"
+
+
+def chains_text(tokenizer, completion_ids: List[int], restarts: List[list]) -> str:
+    """A split episode's completion as text (completions.jsonl, the report, text rewards): each chain's tokens
+    decoded on their own, joined by CHAIN_MARK, so the chains do not read as one reply."""
+    cuts = [0] + [at for at, _ in restarts] + [len(completion_ids)]
+    pieces = [completion_ids[a:b] for a, b in zip(cuts, cuts[1:])]
+    return CHAIN_MARK.join(tokenizer.decode(p, skip_special_tokens=True) for p in pieces)
+
+
 class BatchBuilder:
     """Rollout rows + their dataset rows → Batch (completions decoded, micro-batches padded)."""
 
@@ -49,5 +60,8 @@ class BatchBuilder:
             completions = rollout.messages
         else:
             texts = self.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+            for i, restarts in enumerate(rollout.restarts or []):
+                if restarts:  # an agent that rewrote its history: its chains, each after its own prompt, marked
+                    texts[i] = chains_text(self.tokenizer, rollout.completion_ids[i], restarts)
             completions = completions_for_rewards(texts, prompts.conversational)
         return Batch(rollout, rows, completions, columns, tensors)

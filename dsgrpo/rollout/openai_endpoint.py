@@ -2,20 +2,24 @@
 
 `POST /v1/chat/completions` (messages, tools, tool_choice auto/none, n, max_tokens / max_completion_tokens, stop,
 seed, stream; temperature, top_p and top_k are the trainer's, whatever a request asks, as the trained log-probs
-need) and `POST /v1/completions` (a prompt as text or token ids), `GET /v1/models` and `/health`, served by
-http.json_server: loopback by default, a token required to bind anything else, size and connection limits. Every
-request names its episode (`episode_id` in the body, which the openai client sends with `extra_body`, or an
-`X-Episode-Id` header) among those the trainer opened; each call's prompt ids, sampled ids, log-probs and weight
-versions are recorded under it, and the trainer trains exactly those (rollout/agents.py).
+need), `POST /v1/completions` (a prompt as text or token ids), vLLM's token-in/token-out dialect that verifiers'
+TrainClient speaks (`POST /inference/v1/generate`: {model, token_ids, sampling_params} in, choices[0].token_ids
+and per-token logprobs out; `POST /inference/v1/abort_requests`), `GET /v1/models` (with `max_model_len`) and
+`/health`, served by http.json_server: loopback by default, a token required to bind anything else, size and
+connection limits, OpenAI's error shape. Every request names its episode (`episode_id` in the body, which the
+openai client sends with `extra_body`, or an `X-Episode-Id` header, or verifiers' `X-Session-ID`) among those the
+trainer opened; each call's prompt ids, sampled ids, log-probs and weight versions are recorded under it, and the
+trainer trains exactly those (rollout/agents.py).
 
 Token-exact by construction: when a chat request's messages are the episode's previous request's messages, then
 the assistant message that request was answered with, then new messages, its prompt is the previous prompt + the
 ids that were sampled + the new messages' tokens as the chat template renders them after an assistant turn
 (tools.ids_after_reply) — never a re-tokenisation of the conversation. A completions request continues when its
-ids start with the previous prompt + sampled ids. Any other request (the agent rewrote its history) starts a new
-chain of calls. An episode's chain holds at most `max_completion_length` tokens after its first prompt, and when
-every chain trains (rollout/agents.py) its chains hold that much together: a call is given what is left, and none
-once it is used up.
+ids start with the previous prompt + sampled ids, and so does a generate request's token_ids. Any other request
+(the agent rewrote its history) starts a new chain of calls. An episode's chain holds at most
+`max_completion_length` tokens after its first prompt, and when every chain trains (rollout/agents.py) its chains
+hold that much together: a call is given what is left (a choice cut there finishes with "length"), and none once
+it is used up; a request past the model's context (max_tokens included) is refused, as vLLM refuses it.
 
 Calls waiting together are generated in one engine call (a few milliseconds' window), so many episodes in flight
 keep the engine's batch full. A bad request gets an OpenAI-style error ({"error": {"message", "type", "param",
@@ -186,6 +190,23 @@ def normal_message(message, index: int) -> dict:
     return out
 
 
+def answers_a_call(messages: List[dict]) -> None:
+    """A `tool` message answers a tool call: it follows an assistant message that made calls (or another tool
+    message answering the same one), as OpenAI requires. RequestError naming the message otherwise."""
+    for i, m in enumerate(messages):
+        if m["role"] != "tool":
+            continue
+        k = i - 1
+        while k >= 0 and messages[k]["role"] == "tool":
+            k -= 1
+        if k < 0 or messages[k]["role"] != "assistant" or not messages[k].get("tool_calls"):
+            raise RequestError(
+                f"messages[{i}]: a message with role 'tool' must be a response to a preceding assistant message "
+                "with 'tool_calls'",
+                "messages",
+            )
+
+
 def _answer_matches(sent: Optional[dict], given: dict) -> bool:
     """The assistant message a request repeats is the one it was answered with (content and calls)."""
     if sent is None or given.get("role") != "assistant":
@@ -225,9 +246,16 @@ class OpenAIEndpoint:
         routes = {
             ("POST", "/v1/chat/completions"): self._answering(self._chat),
             ("POST", "/v1/completions"): self._answering(self._complete),
+            ("POST", "/inference/v1/generate"): self._answering(self._tokens),
+            ("POST", "/inference/v1/abort_requests"): self._answering(self._abort),
             ("GET", "/v1/models"): lambda body: (
                 200,
-                {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "dsgrpo"}]},
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": model_name, "object": "model", "owned_by": "dsgrpo", "max_model_len": max_model_len}
+                    ],
+                },
             ),
             ("GET", "/health"): lambda body: (200, {"status": "ok"}),
         }
@@ -239,7 +267,8 @@ class OpenAIEndpoint:
             max_request_bytes,
             max_connections=256,
             read_timeout_s=60.0,
-            header_fields={"X-Episode-Id": "episode_id"},
+            header_fields={"X-Episode-Id": "episode_id", "X-Session-ID": "episode_id"},
+            openai_errors=True,
         )
         self.host, self.port = host, self.server.server_address[1]
         self._threads = [
@@ -309,7 +338,7 @@ class OpenAIEndpoint:
                 raise RequestError("stop must be a string or a list of at most 8 strings", "stop")
             extra["stop"] = stop
         wanted = body.get("max_completion_tokens", body.get("max_tokens"))
-        if wanted is not None and (not isinstance(wanted, int) or wanted < 1):
+        if wanted is not None and (not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 1):
             raise RequestError("max_tokens must be a positive integer", "max_tokens")
         seed = body.get("seed")
         if seed is not None and not isinstance(seed, int):
@@ -317,10 +346,22 @@ class OpenAIEndpoint:
         return episode, n, replace(self.sampling, extra=extra), wanted, seed
 
     def _room(self, episode: Episode, prompt_ids: List[int], extends: bool, wanted: Optional[int]) -> int:
+        """Tokens this call may sample: what it asks (max_tokens) within the episode's budget. A request past the
+        model's context is refused, as vLLM and OpenAI refuse it; past the episode's budget (the trainer's
+        max_completion_length, not the model's limit) it is given what is left, and a choice cut there finishes
+        with "length"."""
         if self.max_model_len is not None and len(prompt_ids) >= self.max_model_len:
             raise RequestError(
                 f"the prompt has {len(prompt_ids)} tokens; the engine's context holds {self.max_model_len}",
                 "messages",
+                "context_length_exceeded",
+            )
+        if self.max_model_len is not None and wanted is not None and len(prompt_ids) + wanted > self.max_model_len:
+            raise RequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(prompt_ids) + wanted} tokens ({len(prompt_ids)} in the messages, {wanted} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                "max_tokens",
                 "context_length_exceeded",
             )
         start = len(episode.calls[episode.chain_start()].prompt_ids) if extends else len(prompt_ids)
@@ -344,6 +385,7 @@ class OpenAIEndpoint:
         if not isinstance(messages, list) or not messages:
             raise RequestError("messages must be a non-empty list", "messages")
         messages = [normal_message(m, i) for i, m in enumerate(messages)]
+        answers_a_call(messages)
         tools = body.get("tools") or None
         if tools is not None and not (
             isinstance(tools, list)
@@ -419,22 +461,12 @@ class OpenAIEndpoint:
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
             prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        elif (
-            isinstance(prompt, list)
-            and prompt
-            and all(isinstance(t, int) and 0 <= t < len(self.tokenizer) for t in prompt)
-        ):
+        elif isinstance(prompt, list) and prompt and all(_is_token(t, self.tokenizer) for t in prompt):
             prompt_ids = list(prompt)
         else:
             raise RequestError("prompt must be a non-empty string or a list of token ids of this model", "prompt")
         with episode.lock:
-            extends = False
-            last = episode.calls[-1] if episode.calls else None
-            for j, c in enumerate(last.choices if last else []):
-                head = last.prompt_ids + c.ids
-                if len(prompt_ids) > len(head) and prompt_ids[: len(head)] == head:
-                    last.chosen, extends = j, True
-                    break
+            extends = self._continues(episode, prompt_ids)
             room = self._room(episode, prompt_ids, extends, wanted)
         choices = self._generate(prompt_ids, n, sampling, room, seed)
         self._record(episode, Call(prompt_ids, choices, extends))
@@ -458,6 +490,81 @@ class OpenAIEndpoint:
                 "usage": _usage(prompt_ids, choices),
             },
         )
+
+    def _tokens(self, body: dict) -> Tuple[int, dict]:
+        """vLLM's token-in/token-out route, as verifiers' TrainClient (renderers' generate) calls it: the prompt as
+        token ids, sampling_params ({max_tokens, n, seed, stop, stop_token_ids; temperature, top_p and top_k stay
+        the trainer's}), the episode in X-Session-ID. The answer: the sampled ids and their log-probs, each entry
+        carrying its token both as vLLM's `token_id` and as `"token_id:<id>"` (what renderers check)."""
+        params = body.get("sampling_params", {})
+        if not isinstance(params, dict):
+            raise RequestError("sampling_params must be an object", "sampling_params")
+        if body.get("stream"):
+            raise RequestError("stream is not served on /inference/v1/generate: ask for the whole answer", "stream")
+        keys = ("n", "max_tokens", "seed", "stop", "temperature", "top_p", "top_k")
+        episode, n, sampling, wanted, seed = self._common(
+            {"model": body.get("model"), "episode_id": body.get("episode_id"), **{k: params.get(k) for k in keys}}
+            | {"n": params.get("n", 1)}
+        )
+        stop_ids = params.get("stop_token_ids")
+        if stop_ids is not None:
+            if not (isinstance(stop_ids, list) and all(_is_token(t, self.tokenizer) for t in stop_ids)):
+                raise RequestError("stop_token_ids must be a list of token ids of this model", "sampling_params")
+            sampling = replace(sampling, extra={**sampling.extra, "stop_token_ids": list(stop_ids)})
+        prompt_ids = body.get("token_ids")
+        if not (isinstance(prompt_ids, list) and prompt_ids and all(_is_token(t, self.tokenizer) for t in prompt_ids)):
+            raise RequestError("token_ids must be a non-empty list of token ids of this model", "token_ids")
+        with episode.lock:
+            extends = self._continues(episode, prompt_ids)
+            room = self._room(episode, prompt_ids, extends, wanted)
+        choices = self._generate(prompt_ids, n, sampling, room, seed)
+        self._record(episode, Call(list(prompt_ids), choices, extends))
+        request_id = body.get("request_id") if isinstance(body.get("request_id"), str) else uuid.uuid4().hex
+        out = [
+            {
+                "index": i,
+                "finish_reason": "length" if c.truncated else "stop",
+                "stop_reason": None,
+                "token_ids": c.ids,
+                "logprobs": {
+                    "content": [
+                        {"token_id": t, "token": f"token_id:{t}", "logprob": lp, "top_logprobs": []}
+                        for t, lp in zip(c.ids, c.logprobs)
+                    ]
+                },
+                "weight_versions": _version_spans(c.versions),
+            }
+            for i, c in enumerate(choices)
+        ]
+        return 200, {
+            "request_id": request_id,
+            "output_mode": "tokens",
+            "model": self.model_name,
+            "created": int(time.time()),
+            "prompt_token_ids": list(prompt_ids),
+            "choices": out,
+            "usage": _usage(prompt_ids, choices),
+        }
+
+    def _abort(self, body: dict) -> Tuple[int, dict]:
+        """vLLM's abort route: accepted and answered at once. A call here is generated in one engine batch with
+        the calls sent beside it and recorded for training; there is nothing to cancel that would not leave its
+        episode's record short, so an aborted call simply completes."""
+        ids = body.get("request_ids")
+        if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+            raise RequestError("request_ids must be a list of strings", "request_ids")
+        return 200, {}
+
+    def _continues(self, episode: Episode, prompt_ids: List[int]) -> bool:
+        """Whether token ids continue the episode's last call: its prompt + one choice's sampled ids, then more
+        (that choice becomes the one the chain trains)."""
+        last = episode.calls[-1] if episode.calls else None
+        for j, c in enumerate(last.choices if last else []):
+            head = last.prompt_ids + c.ids
+            if len(prompt_ids) > len(head) and prompt_ids[: len(head)] == head:
+                last.chosen = j
+                return True
+        return False
 
     def _record(self, episode: Episode, call: Call) -> None:
         with episode.lock:
@@ -533,6 +640,21 @@ class OpenAIEndpoint:
             for item in items:
                 item[6]["error"] = f"{type(exc).__name__}: {exc}"
                 item[5].set()
+
+
+def _is_token(t, tokenizer) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < len(tokenizer)
+
+
+def _version_spans(versions: List[int]) -> List[dict]:
+    """vLLM's weight_versions: contiguous [start, end) spans of output tokens sampled with one weight version."""
+    spans: List[dict] = []
+    for i, v in enumerate(versions):
+        if spans and spans[-1]["version"] == str(v):
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": str(v), "start": i, "end": i + 1})
+    return spans
 
 
 def _usage(prompt_ids: List[int], choices: List[Choice]) -> dict:

@@ -779,6 +779,14 @@ def agent_section():
     KEEP.append(trainer)
     seen = spy_engine(trainer)
     restarts = spy_batches(trainer, lambda batch: [len(r) for r in batch.rollout.restarts or []])
+    marked = spy_batches(  # how a split episode's completion reads in completions.jsonl, the report, text rewards
+        trainer,
+        lambda batch: [
+            c[-1]["content"] if isinstance(c, list) else c
+            for c, r in zip(batch.completions, batch.rollout.restarts or [])
+            if r
+        ],
+    )
     start = time.time()
     trainer.train()
     seconds = time.time() - start
@@ -807,9 +815,10 @@ def agent_section():
     endpoint = rollout.endpoint
     endpoint.episodes.open("probe", 256)
 
-    def post(body, path="/chat/completions", headers=None):
+    def post(body, path="/chat/completions", headers=None, url=None):
+        url = url or (endpoint.url + path if path else f"http://{endpoint.host}:{endpoint.port}/inference/v1/generate")
         req = urllib.request.Request(
-            endpoint.url + path,
+            url,
             data=json.dumps(body).encode(),
             method="POST",
             headers={"Content-Type": "application/json", **(headers or {})},
@@ -832,6 +841,41 @@ def agent_section():
             {"prompt": "Write some numbers", "max_tokens": 4}, "/completions", {"X-Episode-Id": "probe"}
         ),
         "after": post({"messages": hello, "max_tokens": 4, "episode_id": "probe"}),
+        # a tool message answering no tool call (OpenAI refuses it); max_tokens past the model's context (vLLM: 400)
+        "orphan_tool": post(
+            {
+                "messages": hello + [{"role": "assistant", "content": "5"}, {"role": "tool", "content": "5"}],
+                "episode_id": "probe",
+            }
+        ),
+        "max_tokens_past_context": post({"messages": hello, "max_tokens": 10**6, "episode_id": "probe"}),
+    }
+    # vLLM's token-in/token-out route, as verifiers' TrainClient calls it: the episode in X-Session-ID, a second
+    # call whose token ids continue the first's prompt + sampled ids extends its chain
+    base = f"http://{endpoint.host}:{endpoint.port}"
+    endpoint.episodes.open("tokens", 64)
+    session = {"X-Session-ID": "tokens"}
+    text = tok.apply_chat_template(hello, tokenize=False, add_generation_prompt=True)
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    params = {"max_tokens": 6, "logprobs": 1, "skip_special_tokens": False, "stop_token_ids": [tok.eos_token_id]}
+    first = post({"model": "policy", "token_ids": prompt, "sampling_params": params}, "", session)
+    first_ids = first[1]["choices"][0]["token_ids"] if first[0] == 200 else []
+    more = tok("\nok", add_special_tokens=False)["input_ids"]
+    second = post({"model": "policy", "token_ids": prompt + first_ids + more, "sampling_params": params}, "", session)
+    recorded_calls = endpoint.episodes.close("tokens").calls
+    with urllib.request.urlopen(endpoint.url + "/models", timeout=60) as resp:
+        models = json.loads(resp.read())
+    tokens = {
+        "first": first,
+        "second": second,
+        "recorded": [
+            {"prompt": c.prompt_ids, "ids": c.sampled.ids, "logprobs": c.sampled.logprobs, "extends": c.extends}
+            for c in recorded_calls
+        ],
+        "prompt": prompt,
+        "abort": post({"request_ids": ["x"]}, "", None, base + "/inference/v1/abort_requests"),
+        "models": models,
+        "max_model_len": endpoint.max_model_len,
     }
     return {
         "history": training_rows(trainer),
@@ -845,6 +889,8 @@ def agent_section():
         "calls_by_style": {s: calls_made.count(s) for s in ("append", "rewrite")},
         "streamed": streamed,
         "endpoint_host": endpoint.host,
+        "tokens": tokens,
+        "marked": marked,
     }
 
 

@@ -204,8 +204,7 @@ class Memo:
     """The mutable containers shared during one test, numbered alike on both sides, so that a container sent twice
     arrives as one object (aliasing is kept) and its later states can be sent and matched with the peer's object.
     The sender numbers ({"m": [k, body]} the first time, {"r": k} after); the receiver rebuilds it and may then refer
-    to it ({"r": k}) in what it sends back. (A Memo of its own, not shared, numbers one call's arguments: Link.call's
-    sync and program.Server.call say how the shared one is kept in step.)"""
+    to it ({"r": k}) in what it sends back. checker.Link.call and program.Server.call keep the two in step."""
 
     def __init__(self, sending: bool = False, receiving: bool = False):
         self.objects: list = []
