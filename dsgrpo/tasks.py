@@ -361,12 +361,52 @@ def textarena_dataset(games: str = "GuessTheNumber-v0"):
     return rows(games)
 
 
+def reasoning_gym_dataset(names: str = "basic_arithmetic", size: int = 512, seed: int = 0):
+    """`task:reasoning_gym:NAME[,NAME]`: reasoning-gym's procedurally generated tasks (made here, nothing
+    downloaded), as conversational prompts under reasoning-gym's own system prompt (the answer in <answer> tags),
+    with a `reasoning_gym_entry` column (the entry as JSON) that `reasoning_gym_reward` scores with the task's own
+    scorer. Several names draw `size` rows from them in turn."""
+    import json
+
+    import reasoning_gym
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+    from datasets import Dataset
+
+    chosen = [n.strip() for n in str(names).split(",") if n.strip()]
+    if not chosen:
+        raise ValueError("task:reasoning_gym:NAME[,NAME] names no task; e.g. task:reasoning_gym:basic_arithmetic")
+    sets = []
+    for name in chosen:
+        try:
+            sets.append(reasoning_gym.create_dataset(name, size=size, seed=seed))
+        except Exception as exc:  # its registry's own error: name the task and the fix
+            raise ValueError(
+                f"task:reasoning_gym: {name!r} is not a reasoning-gym task ({exc}); see reasoning_gym's "
+                "registered datasets (reasoning_gym.factory.DATASETS)"
+            ) from None
+    rows = []
+    for i in range(size):
+        entry = sets[i % len(sets)][i // len(sets) if len(sets) > 1 else i]
+        rows.append(
+            {
+                "prompt": [
+                    {"role": "system", "content": SYSTEM_PROMPTS["default"]},
+                    {"role": "user", "content": entry["question"]},
+                ],
+                "answer": str(entry["answer"]),
+                "reasoning_gym_entry": json.dumps(entry, default=str),
+            }
+        )
+    return Dataset.from_list(rows)
+
+
 TASKS = {
     "copy_digits": copy_digits_dataset,
     "copy_digits_heldout": copy_digits_heldout,
     "gsm8k": gsm8k_dataset,
     "door": door_dataset,
     "textarena": textarena_dataset,
+    "reasoning_gym": reasoning_gym_dataset,
 }
 WARMUP_TASKS = ("copy_digits", "door")  # tasks whose model `python -m dsgrpo.tasks warmup --task T` builds
 

@@ -131,3 +131,25 @@ def test_the_shared_prompt_runs_once_with_the_same_loss_and_gradients(monkeypatc
     plain, plain_grad = loss_and_grad()
     assert len(calls) == 3
     assert abs(shared - plain) < 1e-5 and torch.allclose(shared_grad, plain_grad, atol=1e-6, rtol=1e-4)
+
+
+def test_reasoning_gym_tasks_are_made_here_and_scored_by_their_own_scorers():
+    """task:reasoning_gym:NAME[,NAME] (issue 66): reasoning-gym generates the rows locally, under its own system
+    prompt; reasoning_gym_reward scores the <answer> with the task's own scorer (from the row's entry)."""
+    from dsgrpo.cli import build_dataset
+    from dsgrpo.rewards import BUILTIN_REWARDS
+
+    rows = build_dataset("task:reasoning_gym:basic_arithmetic,leg_counting", "train")
+    assert (
+        len(rows) == 512 and rows[0]["prompt"][0]["role"] == "system" and "<answer>" in rows[0]["prompt"][0]["content"]
+    )
+    sources = [json.loads(e)["metadata"]["source_dataset"] for e in rows["reasoning_gym_entry"][:4]]
+    assert sources == ["basic_arithmetic", "leg_counting"] * 2  # the names in turn
+    reward = BUILTIN_REWARDS.get("reasoning_gym_reward")
+    entries = rows["reasoning_gym_entry"][:4]
+    right = [[{"role": "assistant", "content": f"Thinking.\n<answer>{a}</answer>"}] for a in rows["answer"][:4]]
+    assert reward(right, entries) == [1.0] * 4
+    wrong = ["<answer>seven</answer>", "<answer>-1</answer>", "no answer tags", ""]
+    assert reward(wrong, entries) == [0.0] * 4
+    with pytest.raises(ValueError, match="'no_such_task' is not a reasoning-gym task"):
+        build_dataset("task:reasoning_gym:no_such_task", "train")

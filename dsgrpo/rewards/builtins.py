@@ -24,6 +24,24 @@ def gold_answer(solution: str) -> str:
     return solution.split("####")[-1].strip().replace(",", "") if "####" in solution else solution
 
 
+@BUILTIN_REWARDS.register("reasoning_gym_reward")
+def reasoning_gym_reward(completions, reasoning_gym_entry, **kwargs) -> List[Optional[float]]:
+    """reasoning-gym's own score of the completion's <answer> (task:reasoning_gym rows carry their entry as JSON):
+    its task's scorer, partial credit where the task gives it; 0.0 without an answer."""
+    import json
+
+    from reasoning_gym import get_score_answer_fn
+    from reasoning_gym.utils import extract_answer
+
+    out: List[Optional[float]] = []
+    for completion, raw in zip(completions, reasoning_gym_entry):
+        entry = json.loads(raw)
+        answer = extract_answer(completion_text(completion))
+        score = get_score_answer_fn(entry["metadata"]["source_dataset"])
+        out.append(0.0 if answer is None else float(score(answer, entry)))
+    return out
+
+
 @BUILTIN_REWARDS.register("accuracy_reward")
 def accuracy_reward(completions, solution, **kwargs) -> List[Optional[float]]:
     """1.0 when math-verify finds the completion's answer equal to the gold solution, else 0.0; None when the
