@@ -299,7 +299,7 @@ CORPUS = [
 ]
 
 
-LISTNODE = """
+LISTNODE_SETUP = """
 class ListNode:
     def __init__(self, val=0, next=None):
         self.val = val
@@ -315,9 +315,8 @@ def to_list(node):
         out.append(node.val)
         node = node.next
     return out
-def reference(head):
-    return build(to_list(head)[::-1])
-"""
+"""  # a LeetCode-style row's setup (tests/test_sandbox_fidelity.py's rows use it too)
+LISTNODE = LISTNODE_SETUP + "def reference(head):\n    return build(to_list(head)[::-1])\n"
 REVERSE_TESTS = [
     "expected = [3, 2, 1]\nassert to_list(reverse(build([1, 2, 3]))) == expected",
     "expected = [2, 1]\nassert to_list(reverse(build([1, 2]))) == expected",

@@ -1694,23 +1694,7 @@ def _loop_rows():
 
 
 # ------------------------------------------------------------------------------------------------ Python's habits
-_LISTNODE = """
-class ListNode:
-    def __init__(self, val=0, next=None):
-        self.val = val
-        self.next = next
-def build(xs):
-    head = None
-    for x in reversed(xs):
-        head = ListNode(x, head)
-    return head
-def to_list(node):
-    out = []
-    while node:
-        out.append(node.val)
-        node = node.next
-    return out
-"""
+_LISTNODE = answer_attacks.LISTNODE_SETUP
 _TREENODE = """
 class TreeNode:
     def __init__(self, val=0, left=None, right=None):

@@ -40,6 +40,9 @@ import types
 from .limits import install_seccomp
 from .program import LIBRARY_MODULES, SITE_BUILTINS, install_site_builtins
 from .protocol import (
+    BINARY_OPERATORS,
+    COMPARISON_OPERATORS,
+    UNARY_OPERATORS,
     Memo,
     ProtocolError,
     apply_interpreter_state,
@@ -80,23 +83,6 @@ class RemoteError(Exception):
 # - equality and ordering between two of the program's objects are asked of the program (it decides nothing the
 #   test did not take from it); between one of them and the test's own value they stay here (identity).
 # Iterators and generators the program returns iterate in the program; each item crosses as data.
-_COMPARISONS = {"__eq__": "eq", "__ne__": "ne", "__lt__": "lt", "__le__": "le", "__gt__": "gt", "__ge__": "ge"}
-_ARITHMETIC = (
-    "add",
-    "sub",
-    "mul",
-    "truediv",
-    "floordiv",
-    "mod",
-    "pow",
-    "matmul",
-    "lshift",
-    "rshift",
-    "and",
-    "or",
-    "xor",
-)
-_UNARY = {"__neg__": "neg", "__pos__": "pos", "__abs__": "abs", "__invert__": "invert"}
 
 
 class Remote:
@@ -183,8 +169,8 @@ def _compare(name, op):
     return compare
 
 
-for _dunder, _op in _COMPARISONS.items():
-    setattr(Remote, _dunder, _compare(_dunder, _op))
+for _op in COMPARISON_OPERATORS:
+    setattr(Remote, f"__{_op}__", _compare(f"__{_op}__", _op))
 
 
 class ProgramObject(Remote):
@@ -239,16 +225,18 @@ class ProgramObject(Remote):
 def _binary(op, reflected):
     def apply(self, other):
         args = [other, self] if reflected else [self, other]
-        return self._sbx_link.ask("operator", None, name=op + "_" if op in ("and", "or") else op, args=args)
+        return self._sbx_link.ask("operator", None, name=op, args=args)
 
     return apply
 
 
-for _op in _ARITHMETIC:
-    setattr(ProgramObject, f"__{_op}__", _binary(_op, False))
-    setattr(ProgramObject, f"__r{_op}__", _binary(_op, True))
-for _dunder, _op in _UNARY.items():
-    setattr(ProgramObject, _dunder, lambda self, _op=_op: self._sbx_link.ask("operator", None, name=_op, args=[self]))
+for _op in BINARY_OPERATORS:  # and_ is __and__ and __rand__
+    setattr(ProgramObject, f"__{_op.rstrip('_')}__", _binary(_op, False))
+    setattr(ProgramObject, f"__r{_op.rstrip('_')}__", _binary(_op, True))
+for _op in UNARY_OPERATORS:
+    setattr(
+        ProgramObject, f"__{_op}__", lambda self, _op=_op: self._sbx_link.ask("operator", None, name=_op, args=[self])
+    )
 
 
 class ProgramClass(type):

@@ -23,6 +23,7 @@ import os
 import sys
 
 from .protocol import (
+    OPERATORS,
     Memo,
     apply_interpreter_state,
     children,
@@ -66,34 +67,6 @@ LIBRARY_MODULES = (
     "numbers",
     "dataclasses",
     "enum",
-)
-# operators a test applies to the program's objects (the checker decides which it forwards: checker.Remote)
-OPERATORS = (
-    "add",
-    "sub",
-    "mul",
-    "truediv",
-    "floordiv",
-    "mod",
-    "pow",
-    "matmul",
-    "lshift",
-    "rshift",
-    "and_",
-    "or_",
-    "xor",
-    "neg",
-    "pos",
-    "abs",
-    "invert",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "eq",
-    "ne",
-    "contains",
-    "index",
 )
 
 

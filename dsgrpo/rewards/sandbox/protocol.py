@@ -200,6 +200,29 @@ BUILTIN_MODULES = ("math", "cmath", "operator", "itertools", "functools", "heapq
 _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType, types.WrapperDescriptorType)
 
 
+# The operators a test may apply to the program's objects, by their names in the operator module: the checker
+# forwards exactly these (checker.Remote, checker.ProgramObject) and the program applies exactly these
+# (program.Server.operate). One list, read by both sides of the boundary.
+COMPARISON_OPERATORS = ("eq", "ne", "lt", "le", "gt", "ge")
+BINARY_OPERATORS = (
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "pow",
+    "matmul",
+    "lshift",
+    "rshift",
+    "and_",
+    "or_",
+    "xor",
+)
+UNARY_OPERATORS = ("neg", "pos", "abs", "invert")
+OPERATORS = BINARY_OPERATORS + UNARY_OPERATORS + COMPARISON_OPERATORS + ("contains", "index")
+
+
 class Memo:
     """The mutable containers shared during one test, numbered alike on both sides, so that a container sent twice
     arrives as one object (aliasing is kept) and its later states can be sent and matched with the peer's object.
