@@ -535,8 +535,8 @@ def test_a_task_named_like_a_builtin_or_a_library_function(isolation):
 
 
 def test_which_names_the_program_answers_for():
-    """checker.entry_points is a pure function of the row: the tests, the setup code, the declared entry points."""
-    from dsgrpo.rewards.sandbox.checker import entry_points
+    """names.entry_points is a pure function of the row: the tests, the setup code, the declared entry points."""
+    from dsgrpo.rewards.sandbox.names import entry_points
 
     assert entry_points(attacks.TESTS, "", [])[0] == {"add"}  # abs is Python's
     assert entry_points(["assert isclose(f(1), 2)", "assert f(0) == 0"], "", [])[0] == {"f"}

@@ -8,6 +8,8 @@ nothing a test does with the program's answers may reach further than the progra
     supervisor.py  S, trusted: builds the run, enforces its limits, receives the verdicts
     program.py     P, contained: the completion's code; answers questions with plain data
     checker.py     C, contained like P: the test snippets, one process per test, asking P
+    answers.py     what a test gets of P's answers (the answer rule), in C
+    names.py       which names the tests take from P: a pure function of the row
     containment.py namespaces, root, identity of a contained process (a "cell")
     limits.py      rlimits and the seccomp filters
     cgroups.py     the run's cgroups: memory, processes and CPU time as the kernel counts them

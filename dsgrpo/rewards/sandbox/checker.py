@@ -8,8 +8,8 @@ most decide that test's own verdict (which such a test hands to the program anyw
 the count, never anything outside the sandbox. The checker itself runs only this file's code and the decoding of
 answers (protocol.py), never a test.
 
-What a test gets of an answer: the answer rule (below, above Remote): inert data unless the program defined its
-class and the test names that class.
+What a test gets of an answer: the answer rule (answers.py): inert data unless the program defined its class and
+the test names that class. Which names the program answers for: names.py, by the rule below.
 
 Which names a test sees (the program must not answer for a name the test expects from elsewhere):
 - Python's builtins, the row's setup code (run in each test's process), and names the tests bind themselves;
@@ -27,7 +27,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import importlib
 import os
@@ -37,16 +36,24 @@ import signal
 import sys
 import types
 
+from .answers import (
+    _ITERATION_ENDS,
+    Missing,
+    ProgramClass,
+    ProgramObject,
+    Refused,
+    Remote,
+    RemoteError,
+    exception_class,
+    program_class,
+)
 from .limits import install_seccomp
+from .names import _names
 from .program import LIBRARY_MODULES, SITE_BUILTINS, install_site_builtins
 from .protocol import (
-    BINARY_OPERATORS,
-    COMPARISON_OPERATORS,
-    UNARY_OPERATORS,
     Memo,
     ProtocolError,
     apply_interpreter_state,
-    builtin_name,
     decode,
     encode,
     encode_state,
@@ -61,267 +68,6 @@ from .protocol import (
     update_in_place,
     write_all,
 )
-
-
-class RemoteError(Exception):
-    """An exception of the program's whose type is not one of Python's exceptions nor derived from one."""
-
-
-# ---------------------------------------------------------------------------------------------- answers
-# The answer rule. An answer is inert data unless the program defined its class and the test names that class:
-# - plain data (protocol.py) is rebuilt here from fresh objects: its methods are this process's own (`startswith`,
-#   `issubset`, `isprintable` run on the checker's copy, never in the program); so are instances of subclasses of
-#   plain types (a copy of the base value), dates, enum members, dataclass instances (their fields, compared as a
-#   dataclass compares by default), dict views, namedtuples;
-# - an object of a class the test names (an entry point: `s = Stack(); s.push(1)`) is a ProgramObject: an
-#   instance of a stand-in class of that name (so `isinstance(make(), Shape)` holds), whose calls, attributes,
-#   items and operators go to the program: the test delegated them by naming the class;
-# - any other object of the program's is a Remote: the test may read it (attributes, items, len, bool, str,
-#   repr, iteration: the values cross as data, so `x in obj` iterates here) and call it when it is itself the
-#   answer (a closure make_adder returned), but a method of it is refused: nothing of the program's runs with the
-#   test's values where it would decide a comparison the test makes with its own values;
-# - equality and ordering between two of the program's objects are asked of the program (it decides nothing the
-#   test did not take from it); between one of them and the test's own value they stay here (identity).
-# Iterators and generators the program returns iterate in the program; each item crosses as data.
-
-
-class Remote:
-    """An object of the program's whose class the test does not name (or which has none of the program's: a
-    function, a generator): readable, iterable, callable only when it is itself the answer (see the answer rule)."""
-
-    __slots__ = ("_sbx_link", "_sbx_ref", "_sbx_callable")
-
-    def __init__(self, link, ref: dict, callable_: bool = True):
-        object.__setattr__(self, "_sbx_link", link)
-        object.__setattr__(self, "_sbx_ref", ref)
-        object.__setattr__(self, "_sbx_callable", callable_)
-
-    def _sbx_ask(self, op, inert=False, **fields):
-        return self._sbx_link.ask(op, self._sbx_ref, inert=inert, **fields)
-
-    def __call__(self, *args, **kwargs):
-        if not self._sbx_callable:
-            raise TypeError(
-                "a method or item of an object of the program's whose class the test does not name "
-                "(only the test's names run the program's code)"
-            )
-        return self._sbx_link.call(self._sbx_ref, args, kwargs)
-
-    def __getattr__(self, name):
-        if name.startswith("_sbx_"):
-            raise AttributeError(name)
-        return self._sbx_ask("getattr", inert=True, name=name)
-
-    def __getitem__(self, key):
-        return self._sbx_ask("getitem", inert=True, key=key)
-
-    def __len__(self):
-        n = self._sbx_ask("len")
-        if type(n) is not int or n < 0:
-            raise TypeError("len() of the program's object is not a non-negative int")
-        return n
-
-    def __bool__(self):
-        b = self._sbx_ask("bool")
-        if type(b) is not bool:
-            raise TypeError("bool() of the program's object is not a bool")
-        return b
-
-    def __str__(self):
-        s = self._sbx_ask("str")
-        if type(s) is not str:
-            raise TypeError("str() of the program's object is not a str")
-        return s
-
-    def __repr__(self):
-        s = self._sbx_ask("repr")
-        if type(s) is not str:
-            raise TypeError("repr() of the program's object is not a str")
-        return s
-
-    def __hash__(self):  # equality with the test's own values is identity, so the program's hash decides nothing
-        h = self._sbx_ask("hash")
-        if type(h) is not int:
-            raise TypeError("hash() of the program's object is not an int")
-        return h
-
-    def __iter__(self):
-        it = self._sbx_ask("iter")
-        return it if isinstance(it, Remote) else iter(it)
-
-    def __next__(self):
-        return self._sbx_ask("next")
-
-    def __contains__(self, item):  # by iteration, compared here (the program's __contains__ would see the item)
-        for value in self:
-            if value is item or value == item:
-                return True
-        return False
-
-
-def _compare(name, op):
-    def compare(self, other):
-        if not isinstance(other, Remote):
-            return NotImplemented  # the test's own value: not the program's to judge
-        return self._sbx_link.ask("operator", None, name=op, args=[self, other])
-
-    compare.__name__ = name
-    return compare
-
-
-for _op in COMPARISON_OPERATORS:
-    setattr(Remote, f"__{_op}__", _compare(f"__{_op}__", _op))
-
-
-class ProgramObject(Remote):
-    # An object of a class of the program's that the test names, or a function of the program's: everything it does
-    # is the program's (the test delegated it by naming it); only equality with the test's own plain values stays
-    # here. (No docstring: __doc__ is the program's, as __module__ and __signature__ are.)
-
-    __slots__ = ()
-
-    @property
-    def __doc__(self):
-        return self._sbx_ask("getattr", name="__doc__")
-
-    @property
-    def __module__(self):
-        return self._sbx_ask("getattr", name="__module__")
-
-    @property
-    def __signature__(self):  # inspect.signature(f): the program's parameters, rebuilt here from plain data
-        return _signature(self._sbx_ask("signature"))
-
-    def __call__(self, *args, **kwargs):
-        return self._sbx_link.call(self._sbx_ref, args, kwargs)
-
-    def __getattr__(self, name):
-        if name.startswith("_sbx_"):
-            raise AttributeError(name)
-        return self._sbx_ask("getattr", name=name)
-
-    def __setattr__(self, name, value):
-        self._sbx_ask("setattr", name=name, value=value)
-
-    def __getitem__(self, key):
-        return self._sbx_ask("getitem", key=key)
-
-    def __setitem__(self, key, value):
-        self._sbx_ask("setitem", key=key, value=value)
-
-    def __delitem__(self, key):
-        self._sbx_ask("delitem", key=key)
-
-    def __contains__(self, item):
-        return bool(self._sbx_link.ask("operator", None, name="contains", args=[self, item]))
-
-    def __enter__(self):
-        return ProgramObject.__getattr__(self, "__enter__")()
-
-    def __exit__(self, kind, value, traceback):  # the exception's class crosses by name when it is Python's own
-        return ProgramObject.__getattr__(self, "__exit__")(kind if builtin_name(kind) else None, None, None)
-
-
-def _binary(op, reflected):
-    def apply(self, other):
-        args = [other, self] if reflected else [self, other]
-        return self._sbx_link.ask("operator", None, name=op, args=args)
-
-    return apply
-
-
-for _op in BINARY_OPERATORS:  # and_ is __and__ and __rand__
-    setattr(ProgramObject, f"__{_op.rstrip('_')}__", _binary(_op, False))
-    setattr(ProgramObject, f"__r{_op.rstrip('_')}__", _binary(_op, True))
-for _op in UNARY_OPERATORS:
-    setattr(
-        ProgramObject, f"__{_op}__", lambda self, _op=_op: self._sbx_link.ask("operator", None, name=_op, args=[self])
-    )
-
-
-class ProgramClass(type):
-    """The stand-in for a class of the program's that the test names: calling it builds the object in the program,
-    its attributes are the program's class attributes, its instances are the program's objects of that class."""
-
-    def __call__(cls, *args, **kwargs):
-        return cls._sbx_class_link.call({"name": cls._sbx_class_name}, args, kwargs)
-
-    def __getattr__(cls, name):
-        if name.startswith("_sbx_") or name.startswith("__"):
-            raise AttributeError(name)
-        return cls._sbx_class_link.ask("getattr", {"name": cls._sbx_class_name}, name=name)
-
-    def __repr__(cls):
-        return f"<class {cls._sbx_class_name!r} of the program under test>"
-
-
-def program_class(link, name: str, bases: tuple = ()) -> type:
-    return ProgramClass(
-        name,
-        bases or (ProgramObject,),
-        {"__slots__": (), "_sbx_class_link": link, "_sbx_class_name": name, "__module__": "solution"},
-    )
-
-
-class Refused:
-    """A method of an object of the program's whose class the test does not name: it exists, and refuses to run."""
-
-    __slots__ = ("_sbx_name",)
-
-    def __init__(self, name: str):
-        self._sbx_name = name
-
-    def __call__(self, *args, **kwargs):
-        raise TypeError(
-            f"{self._sbx_name}: a method of an object of the program's whose class the test does not "
-            "name (only the test's names run the program's code)"
-        )
-
-    def __repr__(self):
-        return f"<method {self._sbx_name!r} of the program under test>"
-
-
-class Missing:
-    """An entry point the program did not define, where a builtin of that name would otherwise answer."""
-
-    __slots__ = ("_sbx_name",)
-
-    def __init__(self, name: str):
-        object.__setattr__(self, "_sbx_name", name)
-
-    def _fail(self, *args, **kwargs):
-        raise NameError(f"name {self._sbx_name!r} is not defined by the program")
-
-    __call__ = __getattr__ = __getitem__ = __iter__ = __len__ = __bool__ = _fail
-
-
-_UNMAPPED = {"SystemExit", "KeyboardInterrupt", "GeneratorExit"}
-_ITERATION_ENDS = {"StopIteration", "StopAsyncIteration"}
-_exception_classes: dict = {}
-
-
-def exception_class(chain) -> type:
-    """The checker's class for an exception class of the program's: [its name, its bases' names..., the first of
-    Python's own exceptions among them]. Derived from that builtin (a test's `except ValueError` catches the
-    program's subclass of it), one per chain (a test's `except InsufficientFunds` catches what the program raised)."""
-    if not (
-        type(chain) is list
-        and 0 < len(chain) <= 32
-        and all(type(n) is str and n.isidentifier() and len(n) <= 200 for n in chain)
-    ):
-        raise ValueError("a malformed exception")
-    base = getattr(builtins, chain[-1], None)
-    if not (isinstance(base, type) and issubclass(base, Exception)) or chain[-1] in _UNMAPPED:
-        raise ValueError("not an exception")
-    if len(chain) == 1:
-        return base
-    key = tuple(chain)
-    cls = _exception_classes.get(key)
-    if cls is None:
-        if len(_exception_classes) > 256:
-            _exception_classes.clear()
-        cls = _exception_classes[key] = type(chain[0], (exception_class(chain[1:]),), {"__module__": "solution"})
-    return cls
 
 
 class Link:
@@ -679,146 +425,6 @@ TEST_OPERATIONS = {  # how: (the kinds of object it applies to, what it does)
 }
 
 
-# ---------------------------------------------------------------------------------------------- which names
-def _names(source: str):
-    """(names a snippet reads, names it binds). A snippet that does not parse reads and binds nothing here (it
-    fails when it runs)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return set(), set()
-    reads, binds = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (reads if isinstance(node.ctx, ast.Load) else binds).add(node.id)
-        elif isinstance(node, ast.arg):
-            binds.add(node.arg)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            binds.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                binds.add(alias.asname or alias.name.partition(".")[0])
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            binds.add(node.name)
-        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-            binds.add(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            binds.add(node.rest)
-    return reads, binds
-
-
-# Names tests use as helpers (comparisons, constants, containers) and expect from an import: the public names of
-# these modules and the usual aliases of numeric libraries. The program never answers for one of them unless the
-# row names it its entry point, or the tests use nothing else (a task named `gcd`).
-HELPER_MODULES = ("math", "cmath", "collections", "fractions", "decimal", "typing")
-HELPER_ALIASES = ("np", "numpy", "pd", "pandas", "plt", "sp", "scipy", "sympy", "torch", "tf", "nx")
-_helper_names = None
-
-
-def _calls(source: str, builtin_names: set) -> tuple:
-    """(names a snippet calls, names among them it uses as helpers: a call of one takes another call of a
-    non-builtin name, or a name bound from one, among its arguments, or is compared with such a value:
-    `isclose(area(1), 3.14)`, `r = area(1); isclose(r, 3.14)`, `count('') == Counter()`)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return set(), set()
-
-    def callee(node):
-        return node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
-
-    def answers(nodes, other_than):  # an answer of another name's call: the call itself, or a name bound from one
-        return any(
-            isinstance(n, ast.Name)
-            and n.id in carrying
-            or callee(n) not in (None, other_than)
-            and callee(n) not in builtin_names
-            for node in nodes
-            for n in ast.walk(node)
-        )
-
-    carrying: set = set()
-    bindings = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            bindings.append((targets, node.value))
-        elif isinstance(node, (ast.For, ast.comprehension)):
-            bindings.append(([node.target], node.iter))
-        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-            bindings.append(([node.optional_vars], node.context_expr))
-    for _ in range(len(bindings) + 1):  # until nothing new carries an answer
-        before = len(carrying)
-        for targets, value in bindings:
-            if answers([value], None):
-                carrying.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
-        if len(carrying) == before:
-            break
-    called, helping = set(), set()
-    for node in ast.walk(tree):
-        name = callee(node)
-        if name is not None:
-            called.add(name)
-            if answers(node.args + [k.value for k in node.keywords], name):
-                helping.add(name)
-        if isinstance(node, ast.Compare):
-            operands = [node.left] + node.comparators
-            for i, operand in enumerate(operands):
-                name = callee(operand)
-                if name is not None and answers(operands[:i] + operands[i + 1 :], name):
-                    helping.add(name)
-    return called, helping
-
-
-def helper_names() -> frozenset:
-    global _helper_names
-    if _helper_names is None:
-        names = set(HELPER_ALIASES)
-        for module in HELPER_MODULES:
-            names.update(n for n in dir(importlib.import_module(module)) if not n.startswith("_"))
-        _helper_names = frozenset(names)
-    return _helper_names
-
-
-def entry_points(tests: list, setup: str, declared: list) -> tuple:
-    """(entry points, free names): which names the tests take from the program, and every name they read without
-    binding it. A pure function of the row (never of the program: a program cannot make itself an answer)."""
-    builtin_names = set(dir(builtins)) | set(SITE_BUILTINS)
-    stdlib = set(getattr(sys, "stdlib_module_names", ()))
-    setup_reads, bound = _names(setup) if setup else (set(), set())
-    per_test = []
-    for test in tests:
-        reads, binds = _names(test)
-        per_test.append(reads)
-        bound |= binds
-    free_per_test = [reads - bound for reads in per_test]
-    free = set().union(*free_per_test, setup_reads - bound) if per_test else setup_reads - bound
-    special = builtin_names | stdlib | helper_names()
-    regular = {n for n in free if n not in special}
-    # a library's name the tests call as a task (`trace(m) == 5`, `sqrt(16) == 4`) and never import is the
-    # program's; one that wraps or is compared with another call (`isclose(area(1), 3.14)`, `count('') ==
-    # Counter()`) is a helper the test expects from Python
-    called, helping = set(), set()
-    for test in tests:
-        c, h = _calls(test, builtin_names)
-        called |= c
-        helping |= h
-    regular |= {n for n in free & called if n in special and n not in builtin_names and n not in helping}
-    if declared or regular:
-        return regular | set(declared), free
-    helpers = {n for n in free if n not in builtin_names and n not in stdlib}
-    if helpers:
-        return helpers, free
-    using = [f for f in free_per_test if f]
-    return (set.intersection(*using) if using else set()), free
-
-
-def plan_names(tests: list, setup: str, declared: list) -> dict:
-    """What the checker needs to know of a row's tests before any runs: the names only (never the tests' text)."""
-    entries, free = entry_points(tests, setup, declared)
-    return {"entries": sorted(entries), "free": sorted(free), "n": len(tests)}
-
-
 def build_namespace(link: Link, exported, entries: set, free: set) -> dict:
     """The globals every test starts from (before the setup code runs in the test's own process)."""
     if type(exported) is not dict or not all(type(k) is str for k in exported):
@@ -950,29 +556,6 @@ def _namedtuple_methods(link: Link, name: str, cls: type, methods) -> None:
             setattr(cls, method, property(lambda self, ref=ref: link.ask("value", ref(self))))
         else:
             setattr(cls, method, lambda self, *args, ref=ref, **kwargs: link.call(ref(self), args, kwargs))
-
-
-def _signature(body):
-    """inspect.Signature from the program's plain description (program.signature_of)."""
-    import inspect
-
-    empty = inspect.Parameter.empty
-    try:
-        parameters, returns = body
-        return inspect.Signature(
-            [
-                inspect.Parameter(
-                    p_name,
-                    type(inspect.Parameter.POSITIONAL_ONLY)(kind),
-                    default=default[0] if default else empty,
-                    annotation=annotation[0] if annotation else empty,
-                )
-                for p_name, kind, default, annotation in parameters
-            ],
-            return_annotation=returns[0] if returns else empty,
-        )
-    except (TypeError, ValueError):
-        raise ValueError("the program's object has no signature Python could give") from None
 
 
 def _real_module(name):

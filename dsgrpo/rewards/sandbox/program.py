@@ -3,7 +3,7 @@
 For test snippets P runs the code, sends the names it defined, and answers one request at a time ("call add(1, 2)",
 "len of that object"): plain data back (protocol.py). An object of the program's own class stays here as a handle,
 described by the exported names of the classes it is an instance of and, where it has one, its data view (a
-dataclass's fields, a str subclass's str): the checker decides what the test gets (checker.py's answer rule). A
+dataclass's fields, a str subclass's str): the checker decides what the test gets (answers.py's answer rule). A
 mutable container that crossed is shared with the test for as long as the program holds it (protocol.py's shared
 containers): the state each side changes travels at each call, so both hold one object as in Python. A test's own
 callable arrives as a Callback, and any other object of the test's that is not plain data as a TestObject: using it
@@ -43,7 +43,7 @@ from .protocol import (
 
 EXPORTED_VALUE_NODES, MAX_EXPORTS = 10_000, 10_000
 # Objects the program imported from these modules are reported by name, so that the checker can use its own copy
-# (never the program's object) when a test uses that name (checker.py's name rules).
+# (never the program's object) when a test uses that name (names.py's rules).
 LIBRARY_MODULES = (
     "math",
     "cmath",
@@ -152,7 +152,7 @@ def exception_chain(cls) -> list:
 
 def _describe_class(cls):
     """How the checker rebuilds a class of the program's that a test names: enums and namedtuples as data classes,
-    exceptions as local exception classes, any other class as a class of handles (checker.program_class)."""
+    exceptions as local exception classes, any other class as a class of handles (answers.program_class)."""
     import enum
 
     from .protocol import enum_class, namedtuple_class
@@ -571,7 +571,7 @@ class Server:
 
 def signature_of(target) -> list:
     """inspect.signature(target) as plain data: [[name, kind, [default] or [], [annotation] or []], ...] and
-    [return annotation] or [] (checker._signature rebuilds it)."""
+    [return annotation] or [] (answers._signature rebuilds it)."""
     import inspect
 
     signature = inspect.signature(target)

@@ -201,7 +201,7 @@ _DESCRIPTORS = (types.MethodDescriptorType, types.ClassMethodDescriptorType, typ
 
 
 # The operators a test may apply to the program's objects, by their names in the operator module: the checker
-# forwards exactly these (checker.Remote, checker.ProgramObject) and the program applies exactly these
+# forwards exactly these (answers.Remote, answers.ProgramObject) and the program applies exactly these
 # (program.Server.operate). One list, read by both sides of the boundary.
 COMPARISON_OPERATORS = ("eq", "ne", "lt", "le", "gt", "ge")
 BINARY_OPERATORS = (

@@ -26,7 +26,7 @@ import select
 import sys
 import time
 
-from . import checker, program
+from . import checker, names, program
 from .cgroups import CgroupUnavailable, RunCgroups, where_runs_go
 from .containment import CHECKER_UID_OFFSET, UID_BASE, Cell, SetupError, enter_run_namespaces
 from .protocol import ProtocolError, frame, read_frame, write_all
@@ -207,7 +207,7 @@ class Supervisor:
                 _close(req_r, req_w, rep_r, rep_w, out_w, tests_r, control_w)
             material = read_frame(0)  # only now: both cells were forked without the tests in memory
             tests, setup = material["tests"], material["setup"]
-            plan = checker.plan_names(tests, setup, material["entry_points"])
+            plan = names.plan_names(tests, setup, material["entry_points"])
             verdicts = self._converse(watch, out_r, tests_w, control_r, plan, tests, setup)
         finally:
             for cell in cells:
@@ -386,7 +386,7 @@ def main() -> int:
             import tempfile
 
             job["workdir"] = tempfile.mkdtemp(prefix="dsgrpo-sandbox-")
-        checker.helper_names()  # imported once here, not in every checker
+        names.helper_names()  # imported once here, not in every checker
         supervisor = Supervisor(job, mode)
         # stdin/stdout cases first: their programs fork before any test snippet is in this process. Each case's
         # stdout goes to the judge as soon as the case ends, and is not kept; after a limit that fails the row,
