@@ -14,6 +14,7 @@ nothing a test does with the program's answers may reach further than the progra
     limits.py      rlimits and the seccomp filters
     cgroups.py     the run's cgroups: memory, processes and CPU time as the kernel counts them
     protocol.py    frames, and the plain data that answers are made of
+    sharing.py     what one interpreter shares across the boundary: random/decimal state, containers that crossed
 
 The README's "Running code the policy wrote" section states the threat model. Everything here is standard library
 only: the supervisor runs under `python -I -S` and tests load this package on its own.

@@ -53,20 +53,22 @@ from .program import LIBRARY_MODULES, SITE_BUILTINS, install_site_builtins
 from .protocol import (
     Memo,
     ProtocolError,
-    apply_interpreter_state,
     decode,
     encode,
-    encode_state,
     enum_class,
     frame,
-    interpreter_state,
     namedtuple_class,
     read_frame,
     read_untrusted_frame,
+    write_all,
+)
+from .sharing import (
+    apply_interpreter_state,
+    encode_state,
+    interpreter_state,
     snapshot,
     unchanged,
     update_in_place,
-    write_all,
 )
 
 
@@ -144,7 +146,7 @@ class Link:
             self.snapshots = {k: snapshot(memo.objects[k]) for k in memo.live()}
 
     def shared(self) -> Memo:
-        """The containers shared with the program during this test (protocol.py's shared containers): each test
+        """The containers shared with the program during this test (sharing.py): each test
         runs in a process of its own, which starts with none."""
         if self.memo_pid != os.getpid():
             self.memo, self.snapshots, self.memo_pid = Memo(), {}, os.getpid()

@@ -4,7 +4,7 @@ For test snippets P runs the code, sends the names it defined, and answers one r
 "len of that object"): plain data back (protocol.py). An object of the program's own class stays here as a handle,
 described by the exported names of the classes it is an instance of and, where it has one, its data view (a
 dataclass's fields, a str subclass's str): the checker decides what the test gets (answers.py's answer rule). A
-mutable container that crossed is shared with the test for as long as the program holds it (protocol.py's shared
+mutable container that crossed is shared with the test for as long as the program holds it (sharing.py's shared
 containers): the state each side changes travels at each call, so both hold one object as in Python. A test's own
 callable arrives as a Callback, and any other object of the test's that is not plain data as a TestObject: using it
 asks the checker to do it (the test's code, on the test's own object, in the test's process) and waits for the
@@ -25,20 +25,22 @@ import sys
 from .protocol import (
     OPERATORS,
     Memo,
-    apply_interpreter_state,
-    children,
     data_view,
     decode,
     encode,
-    encode_state,
     frame,
-    interpreter_state,
     mark_interned_strings,
     read_frame,
+    write_all,
+)
+from .sharing import (
+    apply_interpreter_state,
+    children,
+    encode_state,
+    interpreter_state,
     snapshot,
     unchanged,
     update_in_place,
-    write_all,
 )
 
 EXPORTED_VALUE_NODES, MAX_EXPORTS = 10_000, 10_000
@@ -343,7 +345,7 @@ class Server:
         self.handles: list = []
         self.test_objects: dict = {}  # the stand-ins of the test's objects (TestObject, TestClass), by their ident
         self.memo, self.epoch = Memo(), None  # the containers shared with the test now running
-        self.synced = None  # the shared interpreter state (protocol.interpreter_state) as the checker last saw it
+        self.synced = None  # the shared interpreter state (sharing.interpreter_state) as the checker last saw it
 
     def reply(self, obj) -> None:
         write_all(self.replies, frame(obj))
@@ -442,7 +444,7 @@ class Server:
                 return {"raise": ["Exception", "", ["Exception"]]}
 
     def shared(self, epoch) -> Memo:
-        """The containers shared with the test now running (protocol.py's shared containers): a new test, a new
+        """The containers shared with the test now running (sharing.py): a new test, a new
         Memo."""
         if epoch != self.epoch:
             self.memo, self.epoch = Memo(), epoch
