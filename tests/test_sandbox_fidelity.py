@@ -1912,6 +1912,60 @@ def _habit_rows():
     ]
 
 
+def _test_object_rows():
+    """The test's objects read whole and written back (program.TestObject): what the program writes is what the
+    test's code sees whenever it runs (a callback, a method, the test after the call), in Python's order; a
+    property's setter runs as the write happens; a list of 5,000 nodes is walked within the limits."""
+    temp = (
+        "class Temp:\n    def __init__(self):\n        self._c = 0\n    @property\n    def f(self):\n"
+        "        return self._c * 9 / 5 + 32\n    @f.setter\n    def f(self, v):\n        self._c = (v - 32) * 5 / 9\n"
+    )
+    tree = (
+        "class Node:\n    def __init__(self, val, children=None):\n        self.val = val\n"
+        "        self.children = children or []\n    def doubled(self):\n        return self.val * 2\n"
+    )
+    n = 5000
+    return [
+        R(
+            "def boil(t):\n    t.f = 212\n    return t.f\n",
+            ["t = Temp()\nassert boil(t) == 212 and t._c == 100"],
+            ("212\n", "211\n"),
+            setup=temp,
+        ),
+        R(
+            "def relink(a, b):\n    a.next = b\n    return a.val + a.next.val\n",
+            ["a, b = ListNode(1), ListNode(2)\nassert relink(a, b) == 3 and a.next is b and b.next is None"],
+            ("a.next = b", "a.next = a"),
+            setup=_LISTNODE,
+        ),
+        R(
+            "def reverse(head):\n    prev = None\n    while head:\n"
+            "        head.next, prev, head = prev, head, head.next\n    return prev\n",
+            [f"assert to_list(reverse(build(list(range({n}))))) == list(range({n}))[::-1]"],
+            "def reverse(head):\n    return head\n",
+            setup=_LISTNODE,
+        ),
+        R(
+            "def total(root):\n    return root.val + sum(total(c) for c in root.children)\n",
+            ["assert total(Node(1, [Node(2), Node(3, [Node(4)])])) == 10"],
+            ("sum(total(c) for c in root.children)", "len(root.children)"),
+            setup=tree,
+        ),
+        R(
+            "def apply(node, f):\n    node.val = 5\n    return f()\n",
+            ["n = Node(1)\nassert apply(n, lambda: n.val) == 5"],
+            ("node.val = 5", "node.val = 4"),
+            setup=tree,
+        ),
+        R(
+            "def f(n):\n    n.val = 7\n    return n.doubled()\n",
+            ["n = Node(1)\nassert f(n) == 14 and n.val == 7"],
+            ("n.val = 7", "n.val = 6"),
+            setup=tree,
+        ),
+    ]
+
+
 ROWS = (
     _mutation_rows()
     + HAND
@@ -1923,6 +1977,7 @@ ROWS = (
     + _named_class_rows()
     + _loop_rows()
     + _habit_rows()
+    + _test_object_rows()
 )
 
 

@@ -259,15 +259,31 @@ class Link:
             self.callback_kinds.append(_kind_of(obj))
         kind = self.callback_kinds[k]
         obj_type = type(obj)
-        info = (
-            obj.__name__
-            if kind == "class"
-            else obj_type.__eq__ is object.__eq__
-            and obj_type.__hash__ is object.__hash__
-            and not hasattr(obj_type, "__bool__")
-            and not hasattr(obj_type, "__len__")
-        )
+        if kind == "class":
+            info = obj.__name__
+        else:
+            info = [
+                obj_type.__eq__ is object.__eq__
+                and obj_type.__hash__ is object.__hash__
+                and not hasattr(obj_type, "__bool__")
+                and not hasattr(obj_type, "__len__"),
+                _plain_attributes(obj),
+            ]
         return {"callback": [[os.getpid(), k], kind, info]}
+
+    def _written_back(self, args) -> bool:
+        """A batch of attribute writes names only the test's objects of plain instance attributes."""
+        if not (len(args) == 1 and type(args[0]) is list):
+            return False
+        for write in args[0]:
+            if not (type(write) is list and len(write) == 3 and type(write[1]) is str):
+                return False
+            k = self.callback_ids.get(id(write[0]))
+            if k is None or self.callbacks[k] is not write[0] or self.callback_kinds[k] != "object":
+                return False
+            if not _plain_attributes(write[0]):
+                return False
+        return True
 
     def test_object(self, body):
         """The test's own object, that the program hands back (its stand-in went home)."""
@@ -314,6 +330,8 @@ class Link:
             args, kwargs = decode(body[2], self.resolve), decode(body[3], self.resolve)
             if type(args) is not list or type(kwargs) is not dict or not all(type(k) is str for k in kwargs):
                 raise ValueError
+            if body[1] == "setattrs" and not self._written_back(args):
+                raise ValueError
         except (ValueError, TypeError, RecursionError, OverflowError, MemoryError):
             self.fail("a malformed answer")
         try:
@@ -326,7 +344,8 @@ class Link:
                 "op": "return",
                 "raise": type(exc).__name__ if type(exc).__module__ == "builtins" else "RuntimeError",
             }
-        self.share_state(reply)
+        if body[1] not in ("vars", "setattrs"):  # plain attributes read or written: the test's state did not move
+            self.share_state(reply)
         self.send(reply)
 
     def _exception(self, op: str, body) -> BaseException:
@@ -383,6 +402,68 @@ def _attribute(name) -> str:
     return name
 
 
+def _plain_attributes(obj) -> bool:
+    """Its attributes are plain instance attributes: Python's own attribute access, a __dict__, no property or other
+    data descriptor in its class (a ListNode): reading one runs no code of the test's, nor does writing one."""
+    t = type(obj)
+    if not (
+        not isinstance(obj, type)
+        and t.__getattribute__ is object.__getattribute__
+        and t.__setattr__ is object.__setattr__
+        and t.__delattr__ is object.__delattr__
+        and type(getattr(obj, "__dict__", None)) is dict
+    ):
+        return False
+    plain = _PLAIN_CLASSES.get(t)
+    if plain is None:
+        plain = _PLAIN_CLASSES[t] = not any(
+            hasattr(type(value), "__set__") or hasattr(type(value), "__delete__")
+            for cls in t.__mro__[:-1]
+            for name, value in vars(cls).items()
+            if name not in ("__dict__", "__weakref__")
+        )
+    return plain
+
+
+_PLAIN_CLASSES: dict = {}  # class -> no data descriptor in it (a test's process asks of few classes)
+
+
+def _plain_vars(obj) -> dict:
+    """The instance attributes a stand-in may answer from (program.TestObject): none a data descriptor of the
+    class shadows (a property of that name wins in Python), none the program may not reach (_attribute)."""
+    if not _plain_attributes(obj):
+        return {}
+    out = {}
+    for name, value in vars(obj).items():
+        if type(name) is not str or not name.isidentifier() or name in _HIDDEN_ATTRIBUTES or name.startswith("__"):
+            continue
+        shadow = getattr(type(obj), name, None)
+        if hasattr(type(shadow), "__set__") or hasattr(type(shadow), "__delete__"):
+            continue
+        out[name] = value
+    return out
+
+
+PREFETCH_OBJECTS = 256
+
+
+def _plain_vars_from(obj) -> list:
+    """[object, its plain attributes] for `obj` and the plain objects its attributes lead to (directly, or as items
+    of a list or tuple attribute), breadth first, at most PREFETCH_OBJECTS: what the program could read one
+    attribute at a time, in one answer."""
+    out, seen, queue = [], {id(obj)}, [obj]
+    while queue and len(out) < PREFETCH_OBJECTS:
+        current = queue.pop(0)
+        found = _plain_vars(current)
+        out.append([current, found])
+        for value in found.values():
+            for item in value if type(value) in (list, tuple) else (value,):
+                if id(item) not in seen and _plain_attributes(item) and type(item).__module__ != "builtins":
+                    seen.add(id(item))
+                    queue.append(item)
+    return out
+
+
 def _kind_of(obj) -> str:
     if isinstance(obj, type):
         return "class"
@@ -408,6 +489,8 @@ TEST_OPERATIONS = {  # how: (the kinds of object it applies to, what it does)
     "next": (("iter", "object"), lambda o, a, k: next(o)),
     "getattr": (_ANY, lambda o, a, k: getattr(o, _attribute(a[0]))),
     "setattr": (_OBJECT, lambda o, a, k: setattr(o, _attribute(a[0]), a[1])),
+    "vars": (_OBJECT, lambda o, a, k: _plain_vars_from(o)),
+    "setattrs": (_OBJECT, lambda o, a, k: [setattr(t, _attribute(n), v) for t, n, v in a[0]] and None),
     "delattr": (_OBJECT, lambda o, a, k: delattr(o, _attribute(a[0]))),
     "getitem": (_OBJECT, lambda o, a, k: o[a[0]]),
     "setitem": (_OBJECT, lambda o, a, k: o.__setitem__(a[0], a[1])),
