@@ -202,13 +202,16 @@ _OPENAI_ERRORS = {  # status: (type, code), as OpenAI's API answers them
     404: ("invalid_request_error", "unknown_url"),
     413: ("invalid_request_error", "request_too_large"),
     500: ("server_error", None),
-    503: ("server_error", "overloaded"),
 }
 
 
-def openai_error(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> dict:
-    kind, default_code = _OPENAI_ERRORS.get(status, ("invalid_request_error", None))
-    return {"error": {"message": message, "type": kind, "param": param, "code": code or default_code}}
+def openai_error(
+    status: int, message: str, param: Optional[str] = None, code: Optional[str] = None, kind: Optional[str] = None
+) -> dict:
+    """OpenAI's error body: {"error": {"message", "type", "param", "code"}} (type and code as OpenAI's API gives
+    them for the status, where not named)."""
+    default_kind, default_code = _OPENAI_ERRORS.get(status, ("invalid_request_error", None))
+    return {"error": {"message": message, "type": kind or default_kind, "param": param, "code": code or default_code}}
 
 
 def _one_line(text: str) -> str:

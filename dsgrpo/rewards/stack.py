@@ -108,11 +108,11 @@ class RewardStack:
     @property
     def counted_names(self) -> List[str]:
         """The functions that count rows they could not judge (code_reward's sandbox): `rewards/<name>/errors`."""
-        return [self.names[i] for i, f in enumerate(self.funcs) if callable(getattr(f, "pop_errors", None))]
+        return [self.names[i] for i, f in enumerate(self.funcs) if _counts_errors(f)]
 
     def pop_errors(self) -> List[float]:
         """Rows each counting function could not judge since the last call (in counted_names' order)."""
-        return [float(sum(f.pop_errors().values())) for f in self.funcs if callable(getattr(f, "pop_errors", None))]
+        return [float(sum(f.pop_errors().values())) for f in self.funcs if _counts_errors(f)]
 
     def model_configs(self) -> list:
         """The transformers configs of the reward models, in reward order (for the memory planner)."""
@@ -281,6 +281,11 @@ class RewardStack:
                 )
             column[i] = float(v)
         return column
+
+
+def _counts_errors(f: Callable) -> bool:
+    """A reward source that counts the rows it could not judge: a `pop_errors() -> {reason: rows}` method."""
+    return callable(getattr(f, "pop_errors", None))
 
 
 def takes_trainer_state(f: Callable) -> bool:

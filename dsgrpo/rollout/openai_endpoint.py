@@ -39,7 +39,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
-from ..http import EventStream, json_server
+from ..http import EventStream, json_server, openai_error
 from .base import SamplingConfig
 from .tools import assistant_message, ids_after_reply
 
@@ -63,7 +63,7 @@ class RequestError(ValueError):
         self.status, self.param, self.code, self.kind = status, param, code, kind
 
     def reply(self) -> Tuple[int, dict]:
-        return self.status, {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+        return self.status, openai_error(self.status, str(self), self.param, self.code, self.kind)
 
 
 @dataclass

@@ -51,6 +51,7 @@ from .limits import install_seccomp
 from .names import _names
 from .program import LIBRARY_MODULES, SITE_BUILTINS, install_site_builtins
 from .protocol import (
+    COMPARISON_OPERATORS,
     Memo,
     ProtocolError,
     decode,
@@ -396,8 +397,13 @@ _HIDDEN_ATTRIBUTES = frozenset(
 )
 
 
+def _reachable(name) -> bool:
+    """An attribute name the program may reach on the test's objects."""
+    return type(name) is str and name.isidentifier() and name not in _HIDDEN_ATTRIBUTES and not name.startswith("__")
+
+
 def _attribute(name) -> str:
-    if type(name) is not str or not name.isidentifier() or name in _HIDDEN_ATTRIBUTES or name.startswith("__"):
+    if not _reachable(name):
         raise AttributeError(f"{name!r}: not an attribute the program may reach on the test's object")
     return name
 
@@ -429,19 +435,11 @@ _PLAIN_CLASSES: dict = {}  # class -> no data descriptor in it (a test's process
 
 
 def _plain_vars(obj) -> dict:
-    """The instance attributes a stand-in may answer from (program.TestObject): none a data descriptor of the
-    class shadows (a property of that name wins in Python), none the program may not reach (_attribute)."""
+    """The instance attributes a stand-in may answer from (program.TestObject), those the program may reach
+    (_reachable); {} for an object whose attributes are not plain (its class has a property: it would win)."""
     if not _plain_attributes(obj):
         return {}
-    out = {}
-    for name, value in vars(obj).items():
-        if type(name) is not str or not name.isidentifier() or name in _HIDDEN_ATTRIBUTES or name.startswith("__"):
-            continue
-        shadow = getattr(type(obj), name, None)
-        if hasattr(type(shadow), "__set__") or hasattr(type(shadow), "__delete__"):
-            continue
-        out[name] = value
-    return out
+    return {name: value for name, value in vars(obj).items() if _reachable(name)}
 
 
 PREFETCH_OBJECTS = 256
@@ -503,10 +501,7 @@ TEST_OPERATIONS = {  # how: (the kinds of object it applies to, what it does)
     "repr": (_OBJECT, lambda o, a, k: repr(o)),
     "hash": (_OBJECT, lambda o, a, k: hash(o)),
     "isinstance": (("class",), lambda o, a, k: isinstance(a[0], o)),
-    **{
-        op: (_OBJECT, lambda o, a, k, op=op: getattr(operator, op)(o, a[0]))
-        for op in ("eq", "ne", "lt", "le", "gt", "ge")
-    },
+    **{op: (_OBJECT, lambda o, a, k, op=op: getattr(operator, op)(o, a[0])) for op in COMPARISON_OPERATORS},
 }
 
 
@@ -707,7 +702,7 @@ def prctl_dumpable_off() -> None:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0: /proc/<pid>/mem and ptrace need CAP_SYS_PTRACE
 
 
-def _one_test(i: int, namespace: dict, link: Link, contained: bool, fds: dict, entries: set = frozenset()) -> bytes:
+def _one_test(i: int, namespace: dict, link: Link, contained: bool, fds: dict, entries: set) -> bytes:
     """Run test i in a fresh child: b'P' passed, b'F' failed, b'B' the program broke the protocol, b'L' the child
     ended before it had read its test. The child holds no descriptor of the tests' pipe or the control pipe (one it
     held could be reopened through /proc/self/fd for writing, where the pipe's owner is this uid, and forge the next

@@ -110,7 +110,7 @@ def outputs_match(got: bytes, expected: str, float_tolerance: Optional[float] = 
         if g == w:
             continue
         if _INT.match(w):
-            if not (_INT.match(g) and _same_integer(g, w)):
+            if not (_INT.match(g) and _canonical_integer(g) == _canonical_integer(w)):
                 return False
             continue
         if float_tolerance is None:
@@ -128,13 +128,10 @@ def outputs_match(got: bytes, expected: str, float_tolerance: Optional[float] = 
     return True
 
 
-def _same_integer(a: str, b: str) -> bool:
-    """Two integer tokens, as digit strings (sign and leading zeros normalised): linear in their length, where
-    int() would refuse past 4,300 digits (Python 3.11's limit) or take quadratic time where a library lifted it."""
-    return _canonical_integer(a) == _canonical_integer(b)
-
-
 def _canonical_integer(token: str) -> str:
+    """An integer token as a digit string, sign and leading zeros normalised: compared in time linear in its length,
+    where int() would refuse past 4,300 digits (Python 3.11's limit) or take quadratic time where a library lifted
+    it."""
     digits = token.lstrip("+-").lstrip("0") or "0"
     return "-" + digits if token.startswith("-") and digits != "0" else digits
 

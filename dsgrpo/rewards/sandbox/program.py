@@ -23,6 +23,7 @@ import os
 import sys
 
 from .protocol import (
+    COMPARISON_OPERATORS,
     OPERATORS,
     Memo,
     data_view,
@@ -349,7 +350,7 @@ def _test_comparison(op):
     return compare
 
 
-for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
+for _op in COMPARISON_OPERATORS:
     setattr(TestObject, f"__{_op}__", _test_comparison(_op))
 
 
@@ -480,15 +481,6 @@ class Server:
             self.synced = now
 
     def answer(self, request) -> dict:
-        if type(request) is dict and request.get("op") == "call":
-            self.take_state(request)
-            try:
-                return self._answer(request)
-            finally:
-                self.give_state()
-        return self._answer(request)
-
-    def _answer(self, request) -> dict:
         try:
             if type(request) is dict and request.get("op") == "call":
                 return self.call(request)
@@ -500,8 +492,7 @@ class Server:
                 return {"raise": ["Exception", "", ["Exception"]]}
 
     def shared(self, epoch) -> Memo:
-        """The containers shared with the test now running (sharing.py): a new test, a new
-        Memo."""
+        """The containers shared with the test now running (sharing.py): a new test, a new Memo."""
         if epoch != self.epoch:
             self.memo, self.epoch = Memo(), epoch
         return self.memo
@@ -509,7 +500,16 @@ class Server:
     def call(self, request) -> dict:
         """Call the program: the shared containers the test changed take their new state, the arguments arrive
         (their containers shared from now on), and the answer carries the program's result, the state of every
-        shared container the call changed, and the numbers of those the program no longer holds."""
+        shared container the call changed, and the numbers of those the program no longer holds. The test's
+        interpreter state arrives with it and the program's goes back (sharing.py), whether the call returns or
+        raises."""
+        self.take_state(request)
+        try:
+            return self._call(request)
+        finally:
+            self.give_state()
+
+    def _call(self, request) -> dict:
         memo = self.shared(request.get("epoch"))
         memo.receiving, memo.sending = True, False
         for k, body in request.get("sync", []):
@@ -566,7 +566,7 @@ class Server:
         target, op = self.target(request), request["op"]
         if op == "ping":
             return True
-        if op == "bind":  # the classes and functions the row's setup defines: globals of the program's too
+        if op == "bind":  # the classes the row's setup defines: globals of the program's too
             for name, value in decode(request["names"], self.resolve).items():
                 if type(name) is str and name.isidentifier():
                     self.namespace[name] = value

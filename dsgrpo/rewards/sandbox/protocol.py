@@ -365,16 +365,15 @@ _mark_interned = False
 _STATE_OFFSET = 32 if sys.implementation.name == "cpython" and sys.version_info[:2] in ((3, 11), (3, 12)) else None
 
 
-def mark_interned_strings() -> bool:
+def mark_interned_strings() -> None:
     """The program's side marks its interned strings in what it sends (where the interpreter lets it tell)."""
     global _mark_interned, _c_uint32
     if _STATE_OFFSET is None or struct.calcsize("P") != 8:
-        return False
+        return
     import ctypes
 
     _c_uint32 = ctypes.c_uint32
     _mark_interned = True
-    return True
 
 
 def _is_interned(s: str) -> bool:
