@@ -14,6 +14,8 @@ __all__ = [
     "AsyncRLGRPOTrainer",
     "agent_rollout",
     "agent_reward",
+    "env_host_rollout",
+    "env_host_dataset",
     "__version__",
 ]
 
@@ -31,4 +33,8 @@ def __getattr__(name):
         from .rollout import agents
 
         return getattr(agents, name)
+    if name in ("env_host_rollout", "env_host_dataset"):  # ecosystems in their own Python (envhost/)
+        from . import envhost
+
+        return getattr(envhost, name)
     raise AttributeError(f"module 'dsgrpo' has no attribute {name!r}")

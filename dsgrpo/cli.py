@@ -33,6 +33,11 @@ RUN_KEYS = {
     "environment_factory": "TRL's environment_factory: 'package.module:Class' (one instance per rollout; its public "
     "methods are the tools), or {name: 'module:Class'} picked by the dataset's 'environment' "
     "column. reward_funcs may then be left out when the environment has get_reward().",
+    "environment": "An environment of another ecosystem, run in an env host of its own Python (issue 66): "
+    "'verifiers:TASKSET_MODULE' (a verifiers v1 taskset) or 'python:MODULE:FUNCTION'. train_dataset defaults to "
+    "its rows, reward_funcs to its reward (agent_reward).",
+    "environment_host": "Options of the env host: {paths: [...], requirements: FILE, python: PATH, "
+    "start_timeout_s: S, max_restarts: N, max_concurrent: N, timeout_s: S}.",
     "peft_config": "Train a LoRA adapter: peft.LoraConfig's fields, e.g. "
     "{r: 16, lora_alpha: 32, target_modules: all-linear}.",
 }
@@ -49,7 +54,9 @@ def load_run_config(path: str, overrides: List[str]) -> Tuple[Dict[str, Any], GR
     values = load_yaml_mapping(path)
     values.update(parse_cli_overrides(overrides, extra_keys=tuple(RUN_KEYS)))
     run, rest = split_config(values)
-    needed = ("model", "train_dataset") + (() if "environment_factory" in run else ("reward_funcs",))
+    hosted = "environment" in run  # the env host gives the rows and the reward
+    needed = ("model",) + (() if hosted else ("train_dataset",))
+    needed += () if hosted or "environment_factory" in run else ("reward_funcs",)
     for key in needed:
         if key not in run:
             raise ValueError(f"{path}: missing '{key}' ({RUN_KEYS[key]})")
@@ -139,14 +146,24 @@ def train(argv: List[str]) -> int:
     if kind not in TRAINERS:
         raise ValueError(f"{known.config}: trainer={kind!r} is not one of {list(TRAINERS)}.")
     cls = AsyncGRPOTrainer if kind == "async" else GRPOTrainer
+    rewards = [reward_source(f) for f in funcs] or None
+    train_dataset, rollout = build_dataset(run.get("train_dataset"), split), None
+    if "environment" in run:
+        from . import agent_reward
+        from .envhost import env_host_dataset, env_host_rollout
+
+        rollout = env_host_rollout(run["environment"], **(run.get("environment_host") or {}))
+        train_dataset = train_dataset if train_dataset is not None else env_host_dataset(rollout)
+        rewards = rewards or [agent_reward]
     trainer = cls(
         run["model"],
-        [reward_source(f) for f in funcs] or None,
+        rewards,
         args=args,
-        train_dataset=build_dataset(run["train_dataset"], split),
+        train_dataset=train_dataset,
         eval_dataset=build_dataset(run.get("eval_dataset"), split),
         peft_config=run.get("peft_config"),
         environment_factory=environment_factory(run.get("environment_factory")),
+        rollout_func=rollout,
     )
     _computing.add("train")
     state = trainer.train()
@@ -305,7 +322,9 @@ def _dispatch(argv: List[str]) -> int:
             "       dsgrpo export CHECKPOINT_DIR OUT_DIR [--merged]   (--merged: a LoRA run's merged model too)\n"
             "       dsgrpo serve-reward (--func MOD:FN | --builtin NAME | --model PATH) [--port P] [--token T]\n"
             "       dsgrpo vllm-serve --model M [--tensor-parallel-size N] [--data-parallel-size D] [--host H] "
-            "[--port P] [--token T]   (vllm_mode='server')\n\nRun keys:"
+            "[--port P] [--token T]   (vllm_mode='server')\n"
+            "       dsgrpo env-host build NAME|REQUIREMENTS.txt   (an ecosystem's venv, ahead of its first use)"
+            "\n\nRun keys:"
         )
         for k, v in RUN_KEYS.items():
             print(f"  {k:16s} {v}")
@@ -317,6 +336,14 @@ def _dispatch(argv: List[str]) -> int:
         return 0
     if argv[0] == "train":
         return train(argv[1:])
+    if argv[0] == "env-host":
+        if len(argv) != 3 or argv[1] != "build":
+            print("usage: dsgrpo env-host build NAME|REQUIREMENTS.txt", file=sys.stderr)
+            return 2
+        from .envhost.venvs import ensure_venv
+
+        print(f"ready: {ensure_venv(argv[2])}")
+        return 0
     if argv[0] == "plan":
         return plan(argv[1:])
     if argv[0] == "report":

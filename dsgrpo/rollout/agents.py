@@ -221,6 +221,7 @@ class AgentRollout:
         self.last_episodes, versions = [], []
         for row, episode_id, (reward, how) in zip(rows, ids, outcomes):
             episode = self.endpoint.episodes.close(episode_id)
+            reward, how = self.checked(episode_id, episode, reward, how)
             self.last_episodes.append(episode)
             seq = assemble(episode.calls, _prompt_ids(tokenizer, row["prompt"]), whole)
             for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask") + (("restarts",) if whole else ()):
@@ -237,6 +238,18 @@ class AgentRollout:
             out["tool_counts"].append([counts.get(k, 0) for k in COUNTS])
         return out, versions
 
+    def checked(self, episode_id: str, episode, reward: Optional[float], how: str) -> tuple:
+        """(reward, how) of a finished episode after any check of its record (envhost: the host's own branches
+        held against it)."""
+        return reward, how
+
+    async def play(self, base, row: dict, episode_id: str) -> Optional[float]:
+        """One episode's reward: the agent run with the client bound to its episode."""
+        client = base.with_options(default_headers={"X-Episode-Id": episode_id})
+        if inspect.iscoroutinefunction(self.agent):
+            return await self.agent(client, row)
+        return await asyncio.to_thread(self.agent, client, row)
+
     def _client(self, endpoint: OpenAIEndpoint):
         import httpx
         import openai
@@ -248,13 +261,9 @@ class AgentRollout:
 
     async def _episode(self, base, gate: asyncio.Semaphore, row: dict, episode_id: str) -> tuple:
         """(reward, how it ended: ok, error or timeout) of one episode."""
-        client = base.with_options(default_headers={"X-Episode-Id": episode_id})
         async with gate:
             try:
-                if inspect.iscoroutinefunction(self.agent):
-                    reward = await asyncio.wait_for(self.agent(client, row), self.timeout_s)
-                else:
-                    reward = await asyncio.wait_for(asyncio.to_thread(self.agent, client, row), self.timeout_s)
+                reward = await asyncio.wait_for(self.play(base, row, episode_id), self.timeout_s)
                 return (None if reward is None else float(reward)), "ok"
             except asyncio.TimeoutError:
                 return None, "timeout"
