@@ -28,6 +28,8 @@ JOBS = {
         "test_api_dist:start_fine_tune",
     ),
     "report_runs": ("tests/test_report.py::", "test_report:start_runs"),
+    # the verifiers ecosystem's own venv (issue 66's env host), built on first use and cached by its pins
+    "verifiers_env": ("tests/test_api_dist.py::", "test_api_dist:start_verifiers_env"),
 }
 _waiting: dict = {}  # name -> the function that waits for it
 _results: dict = {}

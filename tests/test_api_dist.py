@@ -87,14 +87,41 @@ def start_fine_tune(folder):
     return lambda: (wait(), model)
 
 
+def start_verifiers_env(folder):
+    """`dsgrpo env-host build verifiers` in a process of its own (cached in ~/.cache/dsgrpo/envs after the first
+    build: pip from the package registry, about a minute): the env host check's interpreter."""
+    import background
+
+    wait = background.command(
+        [sys.executable, "-c", "import sys; from dsgrpo.cli import main; sys.exit(main(sys.argv[1:]))"]
+        + ["env-host", "build", "verifiers"],
+        folder,
+        env={"OMP_NUM_THREADS": None, "MKL_NUM_THREADS": None},
+    )
+
+    def python():
+        done = wait()
+        assert done.returncode == 0, done.stderr[-4000:] + done.stdout[-2000:]
+        return done.stdout.strip().splitlines()[-1].removeprefix("ready: ")
+
+    return python
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     import background
 
     proc, model = background.result("tool_caller_model")
     assert proc.returncode == 0, proc.stderr[-4000:]
+    verifiers_python = background.result("verifiers_env")
     out = tmp_path_factory.mktemp("api_checks")
-    torchrun("tests/dist_scripts/api_checks.py", str(out), model, timeout=900)
+    torchrun(
+        "tests/dist_scripts/api_checks.py",
+        str(out),
+        model,
+        timeout=900,
+        env={"DSGRPO_TEST_VERIFIERS_PYTHON": verifiers_python},
+    )
     per_rank = [json.load(open(out / f"result-{r}.json")) for r in range(2)]
     return per_rank
 
@@ -485,3 +512,25 @@ def test_agents_partial_rollouts_pause_an_episode_across_the_weight_sync(results
         assert run["resumed_steps"] == 4 and run["in_flight_at_2"], run
         assert set(run["in_flight_at_2"]) <= set(after) and not before & set(after), run
         assert len(after) == len(set(after)), run
+
+
+def test_a_verifiers_environment_trains_through_the_env_host_in_its_own_venv(results):
+    """Issue 66: a verifiers v1 taskset of our own (tests/envhost_modules/dsgrpo_vf_digits: a local Taskset, the
+    plain chat harness, a reward on the answer) runs in the env host's verifiers venv: verifiers' TrainClient
+    renders each prompt and calls the rank's /inference/v1/generate; the trainer trains the endpoint's record, and
+    every host branch equals it token for token (none refused). Rank 0 kills its host in the third round: the
+    episodes it held fail (env/errors), the host starts again for the rest, and the run completes its steps."""
+    runs = part(results, "env_host")
+    for rank, run in enumerate(runs):
+        assert run["versions"]["verifiers"] == "0.4.0" and not run["trainer_has_verifiers"], run["versions"]
+        assert run["rows"] == 16 and run["columns"] == ["prompt", "task_index"]  # the Taskset's own rows
+        history = run["history"]
+        assert [h["step"] for h in history] == [1, 2, 3], history
+        assert all(h["env/errors"] == 0 for h in history[:2]), history
+        assert 0 < history[2]["env/errors"] < 1, history  # some of round 3's episodes were lost, not all
+        assert run["branch_checks"]["refused"] == 0 and run["branch_checks"]["matched"] >= 16, run["branch_checks"]
+        assert run["recorded"] == run["matched_engine"] and run["generate_calls"] >= 4, run
+        assert run["restarts"] == (1 if rank == 0 else 0) and run["killed"] == (rank == 0), run
+        # the reward is verifiers' (digits in the reply), it varies within groups, so the policy moves
+        assert all(0 <= h["reward"] <= 1 for h in history) and any(h["grad_norm"] > 0 for h in history), history
+        print(f"env host rank {rank}: {run['seconds']:.1f} s for 3 rounds, host up in {run['host_start_s']:.1f} s")

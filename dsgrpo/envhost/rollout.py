@@ -104,9 +104,10 @@ class EnvHostRollout(AgentRollout):
             start_timeout_s=start_timeout_s,
             max_restarts=max_restarts,
         )
-        self.host: Optional[EnvHost] = None
+        self.env_host: Optional[EnvHost] = None
         self.branches: dict = {}  # episode id -> the host's branches, until the episode is checked
         self.metrics: dict = {}  # the ecosystem's own metrics, summed over this rank's finished episodes
+        self.branch_checks = {"matched": 0, "refused": 0}  # episodes whose host branches were held to the record
 
     @staticmethod
     def _no_agent(client, row):  # the host plays the episodes (play); AgentRollout wants a callable
@@ -114,14 +115,14 @@ class EnvHostRollout(AgentRollout):
 
     def started_host(self, log_dir: Optional[str] = None) -> EnvHost:
         """This rank's host, started now if it is not (the venv built first if it is not cached)."""
-        if self.host is None:
+        if self.env_host is None:
             o = self.host_options
             python = python_of(self.environment, o["python"], o["requirements"])
             log_path = None
             if log_dir:
                 os.makedirs(log_dir, exist_ok=True)
                 log_path = os.path.join(log_dir, f"env_host_rank{dist.rank()}.log")
-            self.host = EnvHost(
+            self.env_host = EnvHost(
                 self.environment,
                 python,
                 paths=o["paths"],
@@ -130,7 +131,7 @@ class EnvHostRollout(AgentRollout):
                 start_timeout_s=o["start_timeout_s"],
                 max_restarts=o["max_restarts"],
             ).start()
-        return self.host
+        return self.env_host
 
     def serving(self, trainer):
         endpoint = super().serving(trainer)
@@ -139,7 +140,7 @@ class EnvHostRollout(AgentRollout):
 
     async def play(self, base, row: dict, episode_id: str) -> Optional[float]:
         tokenizer = self._tokenizer_path
-        answer = await self.host.episode(
+        answer = await self.env_host.episode(
             row, base_url=self.endpoint.url, episode_id=episode_id, model=self.model_name, tokenizer=tokenizer
         )
         self.branches[episode_id] = answer.get("branches")  # None: the ecosystem reports no token ids
@@ -162,6 +163,7 @@ class EnvHostRollout(AgentRollout):
         if how != "ok" or branches is None:
             return reward, how
         why = branch_mismatch(episode.calls, branches)
+        self.branch_checks["refused" if why else "matched"] += 1
         if why is None:
             return reward, how
         if len(self._warned) < 2:
@@ -171,9 +173,9 @@ class EnvHostRollout(AgentRollout):
 
     def close(self) -> None:
         super().close()
-        if self.host is not None:
-            self.host.close()
-            self.host = None
+        if self.env_host is not None:
+            self.env_host.close()
+            self.env_host = None
 
 
 def _tokenizer_path(trainer) -> str:

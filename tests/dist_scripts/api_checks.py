@@ -1038,6 +1038,78 @@ def _():
     }
 
 
+# ------------------------------------------------------------------ 10. a verifiers v1 environment in the env host's
+#                                                                     own venv (issue 66)
+@check("env_host")
+def _():
+    """verifiers' own Taskset, Task rewards, chat harness and TrainClient (its /inference/v1/generate calls) run in
+    a host of the verifiers venv; the trainer trains the endpoint's record, each host branch held against it. In
+    the third round rank 0 kills its host while episodes are in it: they fail (env/errors), the host starts again
+    for the rest, and the run goes on."""
+    import importlib.util
+    import signal
+    import threading
+
+    from dsgrpo import agent_reward
+    from dsgrpo.envhost import env_host_dataset, env_host_rollout
+
+    modules = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "envhost_modules")
+    rollout = env_host_rollout(
+        "verifiers:dsgrpo_vf_digits",
+        python=os.environ["DSGRPO_TEST_VERIFIERS_PYTHON"],
+        paths=[modules],
+        max_concurrent=4,
+        timeout_s=300,
+    )
+    start = time.time()
+    data = env_host_dataset(rollout)
+    host_start_s = time.time() - start
+    killed, original_play = [], rollout.play
+
+    def kill_when_in_flight(calls_before):  # the host holds episodes once the engine answers this round's first call
+        deadline = time.time() + 120
+        while len(seen["versions"]) == calls_before and time.time() < deadline:
+            time.sleep(0.005)
+        os.kill(killed[0], signal.SIGKILL)
+
+    async def play(base, row, episode_id):
+        if dist.rank() == 0 and rollout.rounds == 2 and not killed:
+            killed.append(rollout.env_host._process.pid)
+            threading.Thread(target=kill_when_in_flight, args=(len(seen["versions"]),), daemon=True).start()
+        return await original_play(base, row, episode_id)
+
+    rollout.play = play
+    trainer = GRPOTrainer(
+        tiny_model("qwen2"),
+        agent_reward,
+        train_dataset=data,
+        rollout_func=rollout,
+        args=config("env_host", max_steps=3, max_completion_length=32, temperature=1.0),
+    )
+    KEEP.append(trainer)
+    seen = spy_engine(trainer)
+    start = time.time()
+    trainer.train()
+    seconds = time.time() - start
+    recorded, matched = calls_the_engine_sampled(rollout.last_episodes, seen)
+    return {
+        "history": training_rows(trainer),
+        "rows": len(data),
+        "columns": sorted(data.column_names),
+        "host_start_s": host_start_s,
+        "seconds": seconds,
+        "versions": rollout.env_host.versions,
+        "trainer_has_verifiers": importlib.util.find_spec("verifiers") is not None,
+        "branch_checks": rollout.branch_checks,
+        "restarts": rollout.env_host.restarts,
+        "killed": bool(killed),
+        "recorded": recorded,
+        "matched_engine": matched,
+        "metrics": rollout.metrics,
+        "generate_calls": sum(len(e.calls) for e in rollout.last_episodes),
+    }
+
+
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
     json.dump(results, fh)
 dist.barrier("results written")
