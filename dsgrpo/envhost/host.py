@@ -73,8 +73,9 @@ class VerifiersAdapter:
         from verifiers.v1.utils.loaders import environment_class
 
         self.vf = vf
+        harness = os.environ.get("DSGRPO_VERIFIERS_HARNESS", "dsgrpo_chat")  # plugins/dsgrpo_chat.py, or `null`
         config = vf.SingleAgentEnvConfig.model_validate(
-            {"taskset": {"id": taskset_id}, "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}}
+            {"taskset": {"id": taskset_id}, "agent": {"harness": {"id": harness}, "runtime": {"type": "subprocess"}}}
         )
         self.env = environment_class(taskset_id)(config)
         self.tasks = None
@@ -217,6 +218,10 @@ async def serve(spec: str, answers: Answers) -> None:
 
 
 def main(argv=None) -> int:
+    here = os.path.dirname(os.path.abspath(__file__))
+    # run as a script, this folder is first on sys.path: only its plugins (harnesses an ecosystem loads by name)
+    # should be importable from it, not its sibling modules
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here] + [os.path.join(here, "plugins")]
     parser = argparse.ArgumentParser(description="dsgrpo's environment host (started by the trainer)")
     parser.add_argument("environment")
     parser.add_argument("--answers", type=int, required=True, help="the file descriptor answers are written to")

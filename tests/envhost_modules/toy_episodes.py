@@ -46,3 +46,19 @@ async def chat(base_url, episode_id, row, model, api_key):
     messages += [reply["choices"][0]["message"], {"role": "user", "content": "again"}]
     reply = await asyncio.to_thread(post, {"model": model, "messages": messages, "max_tokens": 8})
     return {"reward": float(len(reply["choices"][0]["message"]["content"] or "") % 3), "branches": row.get("branches")}
+
+
+async def one_call(base_url, episode_id, row, model, api_key):
+    """One chat call against the trainer's endpoint (bench/env_host.py: the protocol's cost beside in-process)."""
+
+    def post():
+        req = urllib.request.Request(
+            base_url + "/chat/completions",
+            data=json.dumps({"model": model, "messages": row["prompt"]}).encode(),
+            headers={"Content-Type": "application/json", "X-Episode-Id": episode_id},
+        )
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.loads(resp.read())
+
+    reply = await asyncio.to_thread(post)
+    return {"reward": float(len(reply["choices"][0]["message"]["content"] or ""))}
