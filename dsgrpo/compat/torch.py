@@ -78,3 +78,16 @@ class StoreWire:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def engine_thread_threads(count: int) -> None:
+    """This thread's OpenMP thread count set to `count` (the process's torch.get_num_threads()). OpenMP keeps the
+    count per thread, and a thread started later takes the value the runtime read at its start: under the deepspeed
+    launcher OMP_NUM_THREADS is set (device.prepare_process) only after torch's OpenMP started, so a background
+    thread that generates (the agents' endpoint, the async trainer's worker) counted the machine's cores while the
+    main thread counted its share, and vLLM-CPU's attention refused every call of that thread ("Check failed:
+    input->metadata->thread_num == thread_num (2 vs. 1)", cpu_attn_impl.hpp). vLLM replaces torch.set_num_threads
+    with a no-op once its engine exists; the binding under it, torch._C.set_num_threads, sets the calling thread's."""
+    import torch
+
+    torch._C.set_num_threads(count)

@@ -39,6 +39,9 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
+import torch
+
+from .. import compat
 from ..http import EventStream, json_server, openai_error
 from .base import SamplingConfig
 from .tools import assistant_message, ids_after_reply
@@ -243,6 +246,7 @@ class OpenAIEndpoint:
         self._serving = threading.Event()
         self._serving.set()
         self._engine_busy = threading.Lock()
+        self._omp_threads = torch.get_num_threads()  # the engine thread generates with the main thread's OpenMP count
         routes = {
             ("POST", "/v1/chat/completions"): self._answering(self._chat),
             ("POST", "/v1/completions"): self._answering(self._complete),
@@ -583,6 +587,7 @@ class OpenAIEndpoint:
         return slot["choices"]
 
     def _engine_loop(self) -> None:
+        compat.engine_thread_threads(self._omp_threads)
         while not self._stop.is_set():
             try:
                 first = self._pending.get(timeout=0.1)

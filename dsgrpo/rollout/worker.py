@@ -20,6 +20,7 @@ from typing import Callable, List, Optional
 
 import torch
 
+from .. import compat
 from ..algorithms.dapo import zero_std_groups
 from .base import Rollout
 from .pool import ClaimCounter, Group, GroupPool, PromptStream
@@ -34,7 +35,13 @@ class BackgroundThread:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"{self.thread_name}-rank{self.rank}", daemon=True)
+            threads = torch.get_num_threads()
+
+            def run() -> None:
+                compat.engine_thread_threads(threads)  # vLLM-CPU's attention wants the main thread's OpenMP count
+                self._run()
+
+            self._thread = threading.Thread(target=run, name=f"{self.thread_name}-rank{self.rank}", daemon=True)
             self._thread.start()
 
     @property
