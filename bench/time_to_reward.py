@@ -53,12 +53,12 @@ GRPOTrainer(model, copy_digits_reward, args=args, train_dataset=copy_digits_data
 """
 
 
-def dsgrpo_run(init: str, out: str, seed: int, steps: int, cap: float) -> list:
+def dsgrpo_run(init: str, out: str, seed: int, steps: int, cap: float, config: str = "examples/cpu_demo.yaml") -> list:
     start = time.time()
     cmd = [
         "bash",
         "launch_scripts/train.sh",
-        "examples/cpu_demo.yaml",
+        config,
         "--model",
         init,
         "--output_dir",

@@ -15,7 +15,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_every_example_config_loads_and_validates(path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     run, cfg = load_run_config(path, [])
-    assert {"model", "train_dataset"} <= set(run) and ("reward_funcs" in run or "environment_factory" in run)
+    hosted = "environment" in run  # an env host gives the rows and the reward (issue 66)
+    assert "model" in run and ("train_dataset" in run or hosted)
+    assert "reward_funcs" in run or "environment_factory" in run or hosted
+    if hosted:
+        from dsgrpo.envhost import env_host_rollout
+
+        rollout = env_host_rollout(run["environment"], **run.get("environment_host", {}))
+        assert rollout.environment == run["environment"] and rollout.env_host is None  # started by the trainer
     assert open(path).readline().startswith("#")  # each example starts by saying how to run it
     assert "launch_scripts/train.sh" in open(path).read()
     if "peft_config" in run:  # the mapping becomes the LoraConfig the trainer gets
@@ -34,6 +41,13 @@ def test_overrides_reach_run_keys_and_config_fields(tmp_path):
     bad.write_text("model: x\ntrain_dataset: task:copy_digits\n")
     with pytest.raises(ValueError, match="missing 'reward_funcs'"):
         load_run_config(str(bad), [])
+    hosted = tmp_path / "hosted.yaml"
+    hosted.write_text("model: x\nenvironment: verifiers:my_taskset\n")
+    run, _ = load_run_config(str(hosted), [])  # neither train_dataset nor reward_funcs: the host gives both
+    assert run["environment"] == "verifiers:my_taskset"
+    with pytest.raises(ValueError, match="missing 'model'"):
+        hosted.write_text("environment: verifiers:my_taskset\n")
+        load_run_config(str(hosted), [])
     with pytest.raises(ValueError, match="Did you mean 'max_steps'"):
         load_run_config(os.path.join(REPO, "examples", "cpu_demo.yaml"), ["--max_step", "3"])
 
