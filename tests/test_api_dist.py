@@ -534,3 +534,9 @@ def test_a_verifiers_environment_trains_through_the_env_host_in_its_own_venv(res
         # the reward is verifiers' (digits in the reply), it varies within groups, so the policy moves
         assert all(0 <= h["reward"] <= 1 for h in history) and any(h["grad_norm"] > 0 for h in history), history
         print(f"env host rank {rank}: {run['seconds']:.1f} s for 3 rounds, host up in {run['host_start_s']:.1f} s")
+        # the same environment with partial rollouts (episodes in the background loop) and the async trainer
+        for name, other in run["other"].items():
+            assert [h["step"] for h in other["history"]] == [1, 2], (name, other)
+            assert all(h["env/errors"] == 0 and 0 <= h["reward"] <= 1 for h in other["history"]), (name, other)
+            assert other["branch_checks"]["refused"] == 0 and other["branch_checks"]["matched"] >= 8, (name, other)
+        assert run["other"]["partial"]["source"] == "AgentPartialSource"

@@ -1092,16 +1092,41 @@ def _():
     trainer.train()
     seconds = time.time() - start
     recorded, matched = calls_the_engine_sampled(rollout.last_episodes, seen)
+    host = rollout.env_host
+    rollout.close()
+    # partial rollouts (episodes run in the background loop across rounds) and the async trainer, through the host
+    other = {}
+    for name, cls, settings in (
+        ("partial", GRPOTrainer, dict(partial_rollout=True, partial_rollout_adaptive=False, rollout_overprovision=1)),
+        ("async", AsyncGRPOTrainer, dict(max_staleness=1, async_chunk_groups=1)),
+    ):
+        hosted = env_host_rollout("verifiers:dsgrpo_vf_digits", python=rollout.host_options["python"], paths=[modules])
+        run = cls(
+            tiny_model("qwen2"),
+            agent_reward,
+            train_dataset=data,
+            rollout_func=hosted,
+            args=config(f"env_host_{name}", max_steps=2, max_completion_length=32, temperature=1.0, **settings),
+        )
+        KEEP.append(run)
+        run.train()
+        other[name] = {
+            "history": training_rows(run),
+            "branch_checks": hosted.branch_checks,
+            "source": type(run.source).__name__,
+        }
+        hosted.close()
     return {
+        "other": other,
         "history": training_rows(trainer),
         "rows": len(data),
         "columns": sorted(data.column_names),
         "host_start_s": host_start_s,
         "seconds": seconds,
-        "versions": rollout.env_host.versions,
+        "versions": host.versions,
         "trainer_has_verifiers": importlib.util.find_spec("verifiers") is not None,
         "branch_checks": rollout.branch_checks,
-        "restarts": rollout.env_host.restarts,
+        "restarts": host.restarts,
         "killed": bool(killed),
         "recorded": recorded,
         "matched_engine": matched,
