@@ -20,6 +20,7 @@ from recorder import (
     SHARDED_ZERO3,
     after_each_sync,
     calls_the_engine_sampled,
+    conformance,
     digit_fraction,
     recorder,
     spy_batches,
@@ -101,11 +102,13 @@ def _():
         ),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     batches = spy_batches(trainer)
     start = time.perf_counter()
     trainer.train()
     tok = trainer.tokenizer
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "rows": tool_rows(trainer, batches),
         "seconds": time.perf_counter() - start,
@@ -144,11 +147,13 @@ def _():
         ),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     batches = spy_batches(trainer)
     trainer.train()
     last = trainer.environments
     counts = batches[-1].rollout.tool_counts
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "rows": tool_rows(trainer, batches),
         "reward_names": trainer.reward_func_names,
@@ -183,10 +188,12 @@ def _():
         environment_factory={"textarena": TextArenaGame, "openenv": GuessNumber},
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     batches = spy_batches(trainer)
     trainer.train()
     last = trainer.environments
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "reward_names": trainer.reward_func_names,
         "prompts": [trainer.tokenizer.decode(ids) for b in batches for ids in b.rollout.prompt_ids],
@@ -271,9 +278,11 @@ def _():
         ),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     batches = spy_batches(trainer)
     trainer.train()
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "rows": tool_rows(trainer, batches),
         "rewards_saw_lists": sum(a for a, _ in saw_tool_messages),
@@ -305,9 +314,11 @@ def _():
         ),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     batches = spy_batches(trainer)
     trainer.train()
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "rows": tool_rows(trainer, batches),
         "seen": environments_seen,
@@ -373,9 +384,11 @@ def partial_environment_run(name, trainer_class, **settings):
         ),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     batches = spy_batches(trainer)
     trainer.train()
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "rows": tool_rows(trainer, batches),
         "seen": list(environments_seen),
@@ -462,9 +475,11 @@ def _():
         args=config("async_rollout_func", max_steps=3, max_completion_length=8),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     batches = spy_batches(trainer)
     trainer.train()
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "tags_seen": async_tags_seen,
         "trained_tags": [b.columns["tag"] for b in batches],
@@ -777,6 +792,7 @@ def agent_section():
         args=config("agents", max_completion_length=256, temperature=1.0),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     seen = spy_engine(trainer)
     restarts = spy_batches(trainer, lambda batch: [len(r) for r in batch.rollout.restarts or []])
     marked = spy_batches(  # how a split episode's completion reads in completions.jsonl, the report, text rewards
@@ -878,6 +894,7 @@ def agent_section():
         "max_model_len": endpoint.max_model_len,
     }
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "seconds": seconds,
         "rows": rows,
@@ -953,6 +970,7 @@ def _():
         args=config("agents_partial", max_steps=4, **settings),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     positions = []
 
     def trained_round(needed):  # the stream positions each round trained, then the slow agents go on
@@ -990,6 +1008,7 @@ def _():
     after_each_sync(resumed, resumed_round)
     resumed.train()
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "trained": trained,
         "source": type(trainer.source).__name__,
@@ -1026,10 +1045,12 @@ def _():
         args=config("agents_async", max_steps=3, max_completion_length=96, max_staleness=1, async_chunk_groups=1),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     seen = spy_engine(trainer)
     trainer.train()
     recorded, matched = calls_the_engine_sampled(rollout.last_episodes, seen)
     return {
+        "conformance": verdict(),
         "history": training_rows(trainer),
         "recorded": recorded,
         "matched_engine": matched,
@@ -1087,6 +1108,7 @@ def _():
         args=config("env_host", max_steps=3, max_completion_length=32, temperature=1.0),
     )
     KEEP.append(trainer)
+    verdict = conformance(trainer)  # issue 66: the same checks on every path
     seen = spy_engine(trainer)
     start = time.time()
     trainer.train()
@@ -1109,14 +1131,17 @@ def _():
             args=config(f"env_host_{name}", max_steps=2, max_completion_length=32, temperature=1.0, **settings),
         )
         KEEP.append(run)
+        run_verdict = conformance(run)
         run.train()
         other[name] = {
             "history": training_rows(run),
             "branch_checks": hosted.branch_checks,
             "source": type(run.source).__name__,
+            "conformance": run_verdict(),
         }
         hosted.close()
     return {
+        "conformance": verdict(),
         "other": other,
         "history": training_rows(trainer),
         "rows": len(data),
@@ -1133,6 +1158,26 @@ def _():
         "metrics": rollout.metrics,
         "generate_calls": sum(len(e.calls) for e in rollout.last_episodes),
     }
+
+
+# ------------------------------------------------------------------ 11. reasoning-gym's tasks (issue 66): made here,
+#                                                                     scored by the task's own scorer
+@check("reasoning_gym")
+def _():
+    from dsgrpo.rewards.builtins import reasoning_gym_reward
+    from dsgrpo.tasks import TASKS
+
+    trainer = GRPOTrainer(
+        tiny_model("qwen2"),
+        reasoning_gym_reward,
+        train_dataset=TASKS["reasoning_gym"]("letter_counting,gcd", size=32),
+        args=config("reasoning_gym", max_steps=1, max_completion_length=16),
+    )
+    KEEP.append(trainer)
+    verdict = conformance(trainer)
+    scored = spy_batches(trainer, lambda batch: [batch.columns["reasoning_gym_entry"][0]])
+    trainer.train()
+    return {"history": training_rows(trainer), "conformance": verdict(), "entries": len(scored)}
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:

@@ -206,3 +206,95 @@ def calls_the_engine_sampled(episodes, seen) -> tuple:
         for p, ids, lps in recorded
     )
     return len(recorded), matched
+
+
+def conformance(trainer):
+    """Issue 66's conformance checks, the same for every environment path: spies on the engine and on the batches the
+    trainer scores; the function returned gives, over every row that trained, how many sampled runs (maximal spans
+    of sampled tokens) are the engine's own output for their context (the prompt, the row's tokens before them) with
+    the engine's log-probs; how many environment tokens (inserted: tool results, user turns) there were and whether
+    every one has log-prob 0 and leaves the loss; and the rewards the rows got (None kept). Rows that an agent split
+    into chains are checked chain by chain, each after its own prompt."""
+    seen = spy_engine(trainer)
+    rows = spy_batches(
+        trainer,
+        lambda batch: [
+            {
+                "prompt": list(r.prompt_ids[i]),
+                "ids": list(r.completion_ids[i]),
+                "mask": list(r.tool_mask[i]) if r.tool_mask is not None else [1] * len(r.completion_ids[i]),
+                "logprobs": [float(x) for x in r.sampler_logprobs[i]],
+                "restarts": [[at, list(p)] for at, p in (r.restarts[i] if r.restarts else [])],
+            }
+            for r in [batch.rollout]
+            for i in range(len(r.completion_ids))
+        ],
+    )
+
+    def matches(context, ids, logprobs):
+        """The sampled run `ids` as engine outputs for its context, one after another (an agent's next call may
+        continue the last with nothing in between): the number of tokens the engine's outputs account for."""
+        done = 0
+        while done < len(ids):
+            best = 0
+            for out, lps in seen["rows"].get(tuple(context + ids[:done]), []):
+                n = 0
+                while (
+                    n < len(out)
+                    and done + n < len(ids)
+                    and out[n] == ids[done + n]
+                    and abs(lps[n] - logprobs[done + n]) <= 1e-5
+                ):
+                    n += 1
+                best = max(best, n)
+            if best == 0:
+                return done
+            done += best
+        return done
+
+    def verdict() -> dict:
+        runs = matched = inserted = inserted_ok = chains = 0
+        unmatched = []  # the first few runs the engine did not give, to say why a check failed
+        for row in rows:
+            pieces, starts = [], [0] + [at for at, _ in row["restarts"]] + [len(row["ids"])]
+            prompts = [row["prompt"]] + [p for _, p in row["restarts"]]
+            for k in range(len(starts) - 1):
+                pieces.append((prompts[k], starts[k], starts[k + 1]))
+            chains += len(pieces)
+            for prompt, begin, end in pieces:
+                i = begin
+                while i < end:
+                    j = i
+                    while j < end and row["mask"][j] == row["mask"][i]:
+                        j += 1
+                    if row["mask"][i]:
+                        runs += 1
+                        context = prompt + row["ids"][begin:i]
+                        found = matches(context, row["ids"][i:j], row["logprobs"][i:j])
+                        matched += found == j - i
+                        if found != j - i and len(unmatched) < 3:
+                            outputs = seen["rows"].get(tuple(context + row["ids"][i : i + found]), [])
+                            unmatched.append(
+                                {
+                                    "context_tail": context[-8:],
+                                    "at": found,
+                                    "run": row["ids"][i:j][:12],
+                                    "logprobs": row["logprobs"][i:j][:4],
+                                    "engine_outputs": [[o[:12], lp[:4]] for o, lp in outputs[:3]],
+                                }
+                            )
+                    else:
+                        inserted += j - i
+                        inserted_ok += sum(lp == 0.0 for lp in row["logprobs"][i:j])
+                    i = j
+        return {
+            "rows": len(rows),
+            "chains": chains,
+            "sampled_runs": runs,
+            "sampled_runs_from_engine": matched,
+            "environment_tokens": inserted,
+            "environment_tokens_logprob_0": inserted_ok,
+            "unmatched": unmatched,
+        }
+
+    return verdict
