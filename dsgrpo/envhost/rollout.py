@@ -134,14 +134,20 @@ class EnvHostRollout(AgentRollout):
         return self.env_host
 
     def serving(self, trainer):
+        """The endpoint (AgentRollout's), this rank's host, and the tokenizer files the ecosystem renders with:
+        every round and every background episode comes through here first."""
         endpoint = super().serving(trainer)
         self.started_host(os.path.join(trainer.args.output_dir, "env_host"))
+        self._tokenizer_path = _tokenizer_path(trainer)
         return endpoint
 
     async def play(self, base, row: dict, episode_id: str) -> Optional[float]:
-        tokenizer = self._tokenizer_path
         answer = await self.env_host.episode(
-            row, base_url=self.endpoint.url, episode_id=episode_id, model=self.model_name, tokenizer=tokenizer
+            row,
+            base_url=self.endpoint.url,
+            episode_id=episode_id,
+            model=self.model_name,
+            tokenizer=self._tokenizer_path,
         )
         self.branches[episode_id] = answer.get("branches")  # None: the ecosystem reports no token ids
         for name, value in (answer.get("metrics") or {}).items():
@@ -149,14 +155,6 @@ class EnvHostRollout(AgentRollout):
         if answer.get("error"):
             raise EnvironmentEpisodeError(answer["error"])
         return answer.get("reward")
-
-    def __call__(self, prompts, trainer, columns=None) -> dict:
-        self._tokenizer_path = _tokenizer_path(trainer)
-        return super().__call__(prompts, trainer, columns)
-
-    def start(self, trainer, row: dict) -> tuple:
-        self._tokenizer_path = _tokenizer_path(trainer)
-        return super().start(trainer, row)
 
     def checked(self, episode_id: str, episode, reward: Optional[float], how: str) -> tuple:
         branches = self.branches.pop(episode_id, None)
