@@ -5,6 +5,8 @@ most of them train on, and log-probs of one fixed token sequence as the policy a
 sync is checked)."""
 
 import os
+import pickle
+import time
 import traceback
 
 import torch
@@ -208,13 +210,50 @@ def calls_the_engine_sampled(episodes, seen) -> tuple:
     return len(recorded), matched
 
 
+def every_ranks_engine(trainer, rows: dict, wait_s: float = 120.0) -> tuple:
+    """This rank's engine record merged with every other rank's (the async trainer moves groups between ranks so
+    each trains the same number: a row may have been sampled by another rank's engine). Exchanged through files
+    beside the run (named by the run's output_dir, which every rank shares), not a collective, so a rank whose check
+    failed before asking leaves the others waiting `wait_s` at most. Returns (the merged record, the ranks whose
+    record never came)."""
+    import torch.distributed as td
+
+    if not (td.is_available() and td.is_initialized()) or td.get_world_size() == 1:
+        return rows, []
+    me, world = td.get_rank(), td.get_world_size()
+    run = os.path.abspath(trainer.args.output_dir)
+    folder, n = os.path.join(os.path.dirname(run), "engine-records"), os.path.basename(run)
+    os.makedirs(folder, exist_ok=True)
+    mine = os.path.join(folder, f"{n}-{me}.pkl")
+    with open(mine + ".tmp", "wb") as f:
+        pickle.dump(rows, f)
+    os.replace(mine + ".tmp", mine)
+    merged = {k: list(v) for k, v in rows.items()}
+    missing = []
+    for other in range(world):
+        if other == me:
+            continue
+        path, deadline = os.path.join(folder, f"{n}-{other}.pkl"), time.monotonic() + wait_s
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not os.path.exists(path):
+            missing.append(other)
+            continue
+        with open(path, "rb") as f:
+            for k, v in pickle.load(f).items():
+                merged.setdefault(k, []).extend(v)
+    return merged, missing
+
+
 def conformance(trainer):
     """Issue 66's conformance checks, the same for every environment path: spies on the engine and on the batches the
     trainer scores; the function returned gives, over every row that trained, how many sampled runs (maximal spans
-    of sampled tokens) are the engine's own output for their context (the prompt, the row's tokens before them) with
+    of sampled tokens) are an engine's own output for their context (the prompt, the row's tokens before them) with
     the engine's log-probs; how many environment tokens (inserted: tool results, user turns) there were and whether
     every one has log-prob 0 and leaves the loss; and the rewards the rows got (None kept). Rows that an agent split
-    into chains are checked chain by chain, each after its own prompt."""
+    into chains are checked chain by chain, each after its own prompt. Every rank's engine counts (the async
+    trainer trains groups another rank sampled); `sampled_runs_from_other_ranks` says how many runs only another
+    rank's engine gave."""
     seen = spy_engine(trainer)
     rows = spy_batches(
         trainer,
@@ -231,13 +270,13 @@ def conformance(trainer):
         ],
     )
 
-    def matches(context, ids, logprobs):
+    def matches(record, context, ids, logprobs):
         """The sampled run `ids` as engine outputs for its context, one after another (an agent's next call may
         continue the last with nothing in between): the number of tokens the engine's outputs account for."""
         done = 0
         while done < len(ids):
             best = 0
-            for out, lps in seen["rows"].get(tuple(context + ids[:done]), []):
+            for out, lps in record.get(tuple(context + ids[:done]), []):
                 n = 0
                 while (
                     n < len(out)
@@ -253,7 +292,8 @@ def conformance(trainer):
         return done
 
     def verdict() -> dict:
-        runs = matched = inserted = inserted_ok = chains = 0
+        everyone, missing = every_ranks_engine(trainer, seen["rows"])
+        runs = matched = elsewhere = inserted = inserted_ok = chains = 0
         unmatched = []  # the first few runs the engine did not give, to say why a check failed
         for row in rows:
             pieces, starts = [], [0] + [at for at, _ in row["restarts"]] + [len(row["ids"])]
@@ -270,10 +310,14 @@ def conformance(trainer):
                     if row["mask"][i]:
                         runs += 1
                         context = prompt + row["ids"][begin:i]
-                        found = matches(context, row["ids"][i:j], row["logprobs"][i:j])
+                        found = matches(everyone, context, row["ids"][i:j], row["logprobs"][i:j])
                         matched += found == j - i
+                        elsewhere += (
+                            found == j - i
+                            and matches(seen["rows"], context, row["ids"][i:j], row["logprobs"][i:j]) != j - i
+                        )
                         if found != j - i and len(unmatched) < 3:
-                            outputs = seen["rows"].get(tuple(context + row["ids"][i : i + found]), [])
+                            outputs = everyone.get(tuple(context + row["ids"][i : i + found]), [])
                             unmatched.append(
                                 {
                                     "context_tail": context[-8:],
@@ -292,6 +336,8 @@ def conformance(trainer):
             "chains": chains,
             "sampled_runs": runs,
             "sampled_runs_from_engine": matched,
+            "sampled_runs_from_other_ranks": elsewhere,
+            "ranks_without_record": missing,
             "environment_tokens": inserted,
             "environment_tokens_logprob_0": inserted_ok,
             "unmatched": unmatched,
