@@ -361,38 +361,95 @@ def textarena_dataset(games: str = "GuessTheNumber-v0"):
     return rows(games)
 
 
-def reasoning_gym_dataset(names: str = "basic_arithmetic", size: int = 512, seed: int = 0):
-    """`task:reasoning_gym:NAME[,NAME]`: reasoning-gym's procedurally generated tasks (made here, nothing
-    downloaded), as conversational prompts under reasoning-gym's own system prompt (the answer in <answer> tags),
-    with a `reasoning_gym_entry` column (the entry as JSON) that `reasoning_gym_reward` scores with the task's own
-    scorer. Several names draw `size` rows from them in turn."""
-    import json
+def _top_level(text: str, where: str) -> List[str]:
+    """`text` split at the commas outside any bracket ((), [], {}), pieces stripped, empty ones dropped."""
+    pieces, depth, piece = [], 0, ""
+    for ch in text + ",":
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"task:reasoning_gym: {where!r} closes a {ch!r} it never opened")
+        if ch == "," and depth == 0:
+            pieces.append(piece.strip())
+            piece = ""
+        else:
+            piece += ch
+    if depth:
+        raise ValueError(f"task:reasoning_gym: {where!r} opens a bracket and does not close it")
+    return [p for p in pieces if p]
 
+
+def reasoning_gym_specs(names: str) -> List[tuple]:
+    """`NAME[(key=value, ...)][,NAME...]` as [(name, {key: value})]: each task's own configuration (its
+    difficulty: `chain_sum(min_terms=2, max_terms=2)`), values read as YAML (2 -> int, true -> bool, [+, -] ->
+    a list)."""
+    import yaml
+
+    specs = []
+    for piece in _top_level(str(names), str(names)):
+        name, _, rest = piece.partition("(")
+        if rest and not rest.endswith(")"):
+            raise ValueError(f"task:reasoning_gym: {piece!r} has text after its ')'")
+        config = {}
+        for item in _top_level(rest[:-1], piece):
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip().isidentifier():
+                raise ValueError(
+                    f"task:reasoning_gym: {item!r} in {piece!r} is not key=value (e.g. chain_sum(min_terms=2, "
+                    "max_terms=2))"
+                )
+            config[key.strip()] = yaml.safe_load(value.strip())
+        specs.append((name.strip(), config))
+    return specs
+
+
+def reasoning_gym_sets(names: str, size: int, seed: int) -> list:
+    """reasoning-gym's datasets for `NAME[(config)][,NAME...]`, each made here (nothing downloaded)."""
     import reasoning_gym
-    from reasoning_gym.utils import SYSTEM_PROMPTS
-    from datasets import Dataset
 
-    chosen = [n.strip() for n in str(names).split(",") if n.strip()]
+    chosen = reasoning_gym_specs(names)
     if not chosen:
         raise ValueError("task:reasoning_gym:NAME[,NAME] names no task; e.g. task:reasoning_gym:basic_arithmetic")
     sets = []
-    for name in chosen:
+    for name, config in chosen:
         try:
-            sets.append(reasoning_gym.create_dataset(name, size=size, seed=seed))
-        except Exception as exc:  # its registry's own error: name the task and the fix
+            sets.append(reasoning_gym.create_dataset(name, size=size, seed=seed, **config))
+        except Exception as exc:  # its registry's or config's own error: name the task and the fix
             raise ValueError(
-                f"task:reasoning_gym: {name!r} is not a reasoning-gym task ({exc}); see reasoning_gym's "
-                "registered datasets (reasoning_gym.factory.DATASETS)"
+                f"task:reasoning_gym: {name!r} with {config or 'its defaults'} cannot be made ({type(exc).__name__}: "
+                f"{exc}); see reasoning_gym's registered datasets (reasoning_gym.factory.DATASETS) and the task's "
+                "config class for its keys"
             ) from None
+    return sets
+
+
+def reasoning_gym_prompt(entry: dict) -> list:
+    """A reasoning-gym entry as the policy is asked it: reasoning-gym's own system prompt (the answer in <answer>
+    tags), then the question."""
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    return [{"role": "system", "content": SYSTEM_PROMPTS["default"]}, {"role": "user", "content": entry["question"]}]
+
+
+def reasoning_gym_dataset(names: str = "basic_arithmetic", size: int = 512, seed: int = 0):
+    """`task:reasoning_gym:NAME[(key=value,...)][,NAME...]`: reasoning-gym's procedurally generated tasks (made
+    here, nothing downloaded), each with its own configuration when given (`chain_sum(min_terms=2, max_terms=2)`),
+    as conversational prompts under reasoning-gym's own system prompt, with a `reasoning_gym_entry` column (the
+    entry as JSON) that `reasoning_gym_reward` scores with the task's own scorer. Several names draw `size` rows
+    from them in turn."""
+    import json
+
+    from datasets import Dataset
+
+    sets = reasoning_gym_sets(names, size, seed)
     rows = []
     for i in range(size):
         entry = sets[i % len(sets)][i // len(sets) if len(sets) > 1 else i]
         rows.append(
             {
-                "prompt": [
-                    {"role": "system", "content": SYSTEM_PROMPTS["default"]},
-                    {"role": "user", "content": entry["question"]},
-                ],
+                "prompt": reasoning_gym_prompt(entry),
                 "answer": str(entry["answer"]),
                 "reasoning_gym_entry": json.dumps(entry, default=str),
             }

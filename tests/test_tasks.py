@@ -151,5 +151,33 @@ def test_reasoning_gym_tasks_are_made_here_and_scored_by_their_own_scorers():
     assert reward(right, entries) == [1.0] * 4
     wrong = ["<answer>seven</answer>", "<answer>-1</answer>", "no answer tags", ""]
     assert reward(wrong, entries) == [0.0] * 4
-    with pytest.raises(ValueError, match="'no_such_task' is not a reasoning-gym task"):
+    with pytest.raises(ValueError, match="'no_such_task' with its defaults cannot be made"):
         build_dataset("task:reasoning_gym:no_such_task", "train")
+
+
+def test_reasoning_gym_tasks_take_their_own_configuration():
+    """`NAME(key=value, ...)` configures a task (its difficulty), values read as YAML scalars; a bad key or an
+    unclosed bracket is refused by name before anything is made."""
+    from dsgrpo.cli import build_dataset
+    from dsgrpo.tasks import reasoning_gym_specs
+
+    assert reasoning_gym_specs("chain_sum(min_terms=2, max_terms=2), leg_counting,x(a=true,b=0.5,c=[+, -])") == [
+        ("chain_sum", {"min_terms": 2, "max_terms": 2}),
+        ("leg_counting", {}),
+        ("x", {"a": True, "b": 0.5, "c": ["+", "-"]}),
+    ]
+    rows = build_dataset("task:reasoning_gym:chain_sum(min_terms=2, max_terms=2, min_digits=1, max_digits=1)", "t")
+    entries = [json.loads(e) for e in rows["reasoning_gym_entry"]]
+    assert {e["metadata"]["num_terms"] for e in entries} == {2} and {e["metadata"]["num_digits"] for e in entries} == {
+        1
+    }
+    assert all(-9 <= int(a) <= 18 for a in rows["answer"])
+    for bad, says in (
+        ("chain_sum(min_terms=2", "opens a bracket and does not close it"),
+        ("chain_sum(2)", "'2' in 'chain_sum\\(2\\)' is not key=value"),
+        ("chain_sum)", "closes a '\\)' it never opened"),
+        ("chain_sum(min_terms=2)x", "has text after its '\\)'"),
+        ("chain_sum(no_such_key=1)", "'chain_sum' with \\{'no_such_key': 1\\} cannot be made"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            build_dataset(f"task:reasoning_gym:{bad}", "train")
