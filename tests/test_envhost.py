@@ -102,6 +102,30 @@ def test_a_host_that_dies_fails_its_episodes_and_is_started_again_within_its_res
         h.close()
 
 
+def test_an_episode_the_trainer_gives_up_on_is_cancelled_in_the_host():
+    """An episode that hangs in the environment and hits the trainer's timeout (or is discarded as stale) is
+    cancelled in the host too: it does not hold the host's loop for the rest of the run, and the host goes on."""
+    h = host()
+    try:
+
+        async def give_up():
+            await asyncio.wait_for(
+                h.episode({"task_index": 0, "sleep": 600}, base_url="u", episode_id="hung", model="m", tokenizer="t"),
+                0.5,
+            )
+
+        with pytest.raises(asyncio.TimeoutError):
+            asyncio.run(give_up())
+        deadline = time.time() + 10
+        while "episode hung cancelled" not in open(h.log_path).read() and time.time() < deadline:
+            time.sleep(0.1)
+        assert "episode hung cancelled (the trainer gave up on it)" in open(h.log_path).read()
+        assert h._pending == {}
+        assert episode(h, {"task_index": 4})["reward"] == 4.0  # the host goes on
+    finally:
+        h.close()
+
+
 def _call(prompt, ids, logprobs, extends):
     from dsgrpo.rollout.openai_endpoint import Call, Choice
 

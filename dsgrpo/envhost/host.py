@@ -8,6 +8,7 @@ of dsgrpo's and nothing beyond the standard library but the ecosystem it hosts. 
     {"op": "episode", "id": K, "row": {...}, "base_url": ..., "episode_id": ..., "model": ..., "tokenizer": ...}
                                                  -> {"op": "episode", "id": K, "reward", "metrics", "branches",
                                                      "error"}
+    {"op": "cancel", "id": K}                    -> (nothing: episode K is cancelled; the trainer gave up on it)
     {"op": "stop"}
 
 Episodes run concurrently on one event loop. An episode's model calls go to the trainer's endpoint (the base_url)
@@ -182,12 +183,15 @@ async def serve(spec: str, answers: Answers) -> None:
 
     threading.Thread(target=read, name="requests", daemon=True).start()
     adapter = adapter_for(spec)
-    running = set()
+    running: dict = {}  # request id -> its episode's task
 
     async def episode(request: dict) -> None:
         try:
             result = await adapter.episode(request)
             answers.send({"op": "episode", "id": request["id"], "error": None, **result})
+        except asyncio.CancelledError:
+            print(f"dsgrpo env host: episode {request.get('episode_id')} cancelled (the trainer gave up on it)")
+            raise
         except Exception as exc:  # noqa: BLE001 - an episode's failure is its answer, not the host's end
             message = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
@@ -211,9 +215,11 @@ async def serve(spec: str, answers: Answers) -> None:
                     answers.send({"op": "rows", "id": request["id"], "error": f"{type(exc).__name__}: {exc}"})
             elif op == "episode":
                 task = asyncio.ensure_future(episode(request))
-                running.add(task)
-                task.add_done_callback(running.discard)
-        for task in list(running):
+                running[request["id"]] = task
+                task.add_done_callback(lambda _, key=request["id"]: running.pop(key, None))
+            elif op == "cancel" and request.get("id") in running:
+                running[request["id"]].cancel()
+        for task in list(running.values()):
             task.cancel()
 
 

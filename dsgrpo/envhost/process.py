@@ -122,8 +122,8 @@ class EnvHost:
             elif "id" in message:
                 with self._lock:
                     _, future = self._pending.pop(message["id"], (None, None))
-                if future is not None and not future.done():
-                    future.set_result(message)
+                if future is not None:
+                    _settle(future, message)
         code = process.wait()
         if not hello.done():
             hello.set_exception(EnvHostError(f"the host exited with code {code}"))
@@ -131,8 +131,7 @@ class EnvHost:
             lost = [key for key, (owner, _) in self._pending.items() if owner is process]
             pending = [self._pending.pop(key)[1] for key in lost]
         for future in pending:
-            if not future.done():
-                future.set_exception(HostDied(f"the env host exited (code {code}) during the episode"))
+            _settle(future, HostDied(f"the env host exited (code {code}) during the episode"))
 
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -141,7 +140,8 @@ class EnvHost:
         self._process.stdin.write((json.dumps(message) + "\n").encode())
         self._process.stdin.flush()
 
-    def _request(self, message: dict) -> concurrent.futures.Future:
+    def _request(self, message: dict) -> tuple:
+        """(the request's id, the Future of its answer)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._closed:
@@ -160,7 +160,19 @@ class EnvHost:
                 self._send({**message, "id": key})
             except OSError:  # it died as we wrote: the reader fails the future
                 pass
-        return future
+        return key, future
+
+    def _abandon(self, key: int) -> None:
+        """The trainer no longer waits for request `key` (its episode timed out, or was discarded as stale): the
+        host cancels it, so an episode that hangs does not hold the host's loop, its connections and the
+        endpoint's episode for the rest of the run."""
+        with self._lock:
+            owner, _ = self._pending.pop(key, (None, None))
+            if owner is not None and owner is self._process and self.alive():
+                try:
+                    self._send({"op": "cancel", "id": key})
+                except OSError:
+                    pass
 
     def _kill(self) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -191,7 +203,7 @@ class EnvHost:
     # ---- the protocol
     def rows(self, limit: Optional[int] = None, timeout_s: float = 300.0) -> List[dict]:
         """The environment's own rows (its taskset), as dataset rows."""
-        answer = self._request({"op": "rows", "limit": limit}).result(timeout=timeout_s)
+        answer = self._request({"op": "rows", "limit": limit})[1].result(timeout=timeout_s)
         if answer.get("error"):
             raise EnvHostError(f"env host for {self.environment!r}: rows: {answer['error']}")
         return answer["rows"]
@@ -207,8 +219,23 @@ class EnvHost:
             "model": model,
             "tokenizer": tokenizer,
         }
-        future = await asyncio.to_thread(self._request, request)  # a restart takes seconds: not on the loop
-        return await asyncio.wrap_future(future)
+        key, future = await asyncio.to_thread(self._request, request)  # a restart takes seconds: not on the loop
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:  # the episode's timeout, or the round gave it up
+            self._abandon(key)
+            raise
+
+
+def _settle(future: concurrent.futures.Future, outcome) -> None:
+    """Give a request's Future its answer (or exception), unless the trainer gave it up (cancelled) first."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except concurrent.futures.InvalidStateError:
+        pass
 
 
 def python_of(environment: str, python: Optional[str], requirements: Optional[str]) -> str:
