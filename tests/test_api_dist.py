@@ -533,6 +533,8 @@ def test_a_verifiers_environment_trains_through_the_env_host_in_its_own_venv(res
         assert run["restarts"] == (1 if rank == 0 else 0) and run["killed"] == (rank == 0), run
         # the reward is verifiers' (digits in the reply), it varies within groups, so the policy moves
         assert all(0 <= h["reward"] <= 1 for h in history) and any(h["grad_norm"] > 0 for h in history), history
+        # verifiers' own metric (the taskset's @vf.metric reply_chars) reaches the log, a mean over the episodes
+        assert all(h["env_metrics/reply_chars"] > 0 for h in history) and run["metrics"]["reply_chars"] > 0, history
         print(f"env host rank {rank}: {run['seconds']:.1f} s for 3 rounds, host up in {run['host_start_s']:.1f} s")
         # the same environment with partial rollouts (episodes in the background loop) and the async trainer
         for name, other in run["other"].items():

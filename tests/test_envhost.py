@@ -54,7 +54,7 @@ def test_the_host_answers_rows_and_concurrent_episodes_and_what_the_environment_
         assert time.time() - start < 3.0  # 8 episodes of 0.5 s each ran at once, not one after another
         assert [a["reward"] for a in answers] == [float(i) for i in range(8)]
         assert [a["echo"][:4] for a in answers] == [["http://x/v1", f"e{i}", "m", "secret"] for i in range(8)]
-        assert answers[0]["metrics"] == {"seen": 1.0} and answers[0]["error"] is None
+        assert answers[2]["metrics"] == {"seen": 1.0, "index": 2.0} and answers[0]["error"] is None
         failed = episode(h, {"task_index": 0, "fail": True})
         assert failed["reward"] is None and failed["error"] == "ValueError: the environment broke"
         assert episode(h, {"task_index": 5})["reward"] == 5.0  # the host goes on after an episode failed
@@ -124,6 +124,20 @@ def test_an_episode_the_trainer_gives_up_on_is_cancelled_in_the_host():
         assert episode(h, {"task_index": 4})["reward"] == 4.0  # the host goes on
     finally:
         h.close()
+
+
+def test_the_ecosystems_own_metrics_are_means_over_the_episodes_since_the_last_log():
+    rollout = EnvHostRollout("python:toy_episodes:echo")
+    rollout.env_host, rollout.endpoint, rollout._tokenizer_path = host(), SimpleNamespace(url="u"), "t"
+    try:
+        for i in (1, 2, 6):
+            assert asyncio.run(rollout.play(None, {"task_index": i}, f"e{i}")) == float(i)
+        means = {"env_metrics/seen": 1.0, "env_metrics/index": 3.0}
+        assert rollout.round_metrics() == (means, {"env_metrics/seen": 3.0, "env_metrics/index": 3.0})
+        assert rollout.round_metrics() == ({}, {})  # a window: logged once
+        assert rollout.metrics == {"seen": 3.0, "index": 9.0}  # the run's total stays
+    finally:
+        rollout.env_host.close()
 
 
 def _call(prompt, ids, logprobs, extends):

@@ -17,6 +17,7 @@ train_dataset and reward_funcs may then be left out."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import List, Optional
 
 from .. import dist
@@ -107,6 +108,8 @@ class EnvHostRollout(AgentRollout):
         self.env_host: Optional[EnvHost] = None
         self.branches: dict = {}  # episode id -> the host's branches, until the episode is checked
         self.metrics: dict = {}  # the ecosystem's own metrics, summed over this rank's finished episodes
+        self._metric_window: dict = {}  # name -> [sum, episodes] since the trainer last logged them
+        self._metrics_lock = threading.Lock()  # episodes finish on the agents' loop; the trainer reads on its own
         self.branch_checks = {"matched": 0, "refused": 0}  # episodes whose host branches were held to the record
 
     @staticmethod
@@ -150,11 +153,24 @@ class EnvHostRollout(AgentRollout):
             tokenizer=self._tokenizer_path,
         )
         self.branches[episode_id] = answer.get("branches")  # None: the ecosystem reports no token ids
-        for name, value in (answer.get("metrics") or {}).items():
-            self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
+        with self._metrics_lock:
+            for name, value in (answer.get("metrics") or {}).items():
+                self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
+                window = self._metric_window.setdefault(name, [0.0, 0])
+                window[0] += float(value)
+                window[1] += 1
         if answer.get("error"):
             raise EnvironmentEpisodeError(answer["error"])
         return answer.get("reward")
+
+    def round_metrics(self) -> tuple:
+        """The ecosystem's own metrics for the trainer's log, `env_metrics/<name>`: each the mean over this rank's
+        episodes that reported it since the last call (with the async trainer or partial rollouts, the episodes
+        that finished in that time, trained or not), and its weight (those episodes) for the mean over ranks."""
+        with self._metrics_lock:
+            window, self._metric_window = self._metric_window, {}
+        means = {f"env_metrics/{name}": total / count for name, (total, count) in window.items()}
+        return means, {f"env_metrics/{name}": float(count) for name, (_, count) in window.items()}
 
     def checked(self, episode_id: str, episode, reward: Optional[float], how: str) -> tuple:
         branches = self.branches.pop(episode_id, None)

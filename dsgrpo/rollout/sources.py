@@ -200,12 +200,20 @@ class RolloutSource:
         return batch
 
     def _tool_metrics(self, batch: Batch) -> dict:
-        """tools/* over every rank's batch (a collective: every rank runs tools, or none does)."""
+        """tools/* over every rank's batch, and an environment's own metrics where its rollout_func reports them
+        (`round_metrics()`: the env host's env_metrics/*), as means over ranks (a collective: every rank runs
+        tools, or none does)."""
         sampler = self.setup.sampler
         if sampler is None or not sampler.uses_tools:
             return {}
         stats = ToolStats.of(batch.rollout)
-        return dist.reduce_metrics(stats.metrics(), stats.weights())
+        metrics, weights = stats.metrics(), stats.weights()
+        ecosystem = getattr(getattr(sampler, "rollout_func", None), "round_metrics", None)
+        if ecosystem is not None:
+            means, counts = ecosystem()
+            metrics.update(means)
+            weights.update(counts)
+        return dist.reduce_metrics(metrics, weights)
 
 
 def engine_version(generator: Optional[Generator]) -> int:

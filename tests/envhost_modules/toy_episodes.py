@@ -18,7 +18,7 @@ async def echo(base_url, episode_id, row, model, api_key):
         raise ValueError("the environment broke")
     return {
         "reward": float(row["task_index"]),
-        "metrics": {"seen": 1.0},
+        "metrics": {"seen": 1.0, "index": float(row["task_index"])},
         "branches": [],
         "echo": [base_url, episode_id, model, api_key, os.getpid()],
     }
