@@ -16,6 +16,7 @@ setup(
         "wandb": ["wandb"],
         "math": ["math-verify"],
         "peft": ["peft"],
+        "qlora": ["peft", "bitsandbytes>=0.50"],
     },
     entry_points={"console_scripts": ["dsgrpo=dsgrpo.cli:console_main"]},
     include_package_data=True,

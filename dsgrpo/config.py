@@ -1156,7 +1156,11 @@ class GRPOConfig(ConfigChecks):
         """from_pretrained keyword arguments of every model loaded by name (policy, reference, reward models).
         A dtype in model_init_kwargs is left out: the engines hold weights in the precision bf16/fp16 choose,
         which is what DeepSpeed trains in."""
-        kwargs = {k: v for k, v in (self.model_init_kwargs or {}).items() if k not in ("dtype", "torch_dtype")}
+        kwargs = {
+            k: v
+            for k, v in (self.model_init_kwargs or {}).items()
+            if k not in ("dtype", "torch_dtype", "quantization_config")  # the policy's alone (RunPlan.quantization)
+        }
         return {**kwargs, "trust_remote_code": self.trust_remote_code}
 
     def ignored_dtype(self, engine_dtype) -> Optional[str]:

@@ -8,7 +8,7 @@ import contextlib
 import os
 from typing import Any, Dict, Iterator, Optional
 
-from . import compat, dist
+from . import compat, dist, quantization
 from .engines import lora
 from .engines.export import save_hf_model
 from .engines.weights import mix_partitions
@@ -35,6 +35,11 @@ class Policy:
     def lora(self) -> bool:
         """A LoRA policy: only its adapter trains, and its reference is itself with the adapter switched off."""
         return self.adapter is not None
+
+    @property
+    def quantised(self) -> bool:
+        """QLoRA: its frozen base is a bitsandbytes 4- or 8-bit model."""
+        return bool(quantization.quantised_layers(self.module))
 
     def identity(self) -> dict:
         """What a checkpoint of this policy must match to be resumed (run_identity.py)."""
@@ -104,6 +109,8 @@ class Policy:
         """The engine's weights, optimizer and scheduler state: DeepSpeed's own files when the world size is the
         writing run's, its universal copy (converted once, collective) otherwise."""
         kwargs = dict(load_optimizer_states=True, load_lr_scheduler_states=True, load_module_strict=not self.lora)
+        if self.quantised:  # bitsandbytes' layers refuse their own saved extras (8-bit scales): the adapter alone
+            kwargs["custom_load_fn"] = _load_adapter
         if saved_world == self.world:
             loaded, _ = self.engine.load_checkpoint(path, tag=ENGINE_TAG, **kwargs)
         else:
@@ -124,3 +131,13 @@ class Policy:
         self.reference.load_checkpoint(
             path, tag=REFERENCE_TAG, load_optimizer_states=False, load_lr_scheduler_states=False
         )
+
+
+def _load_adapter(src: dict, dst) -> None:
+    """A quantised LoRA policy's module state from a checkpoint: its trainable parameters only (the frozen base is
+    reloaded from the model; the state also holds bitsandbytes' quantisation extras, which its layers refuse)."""
+    trainable = {n for n, p in dst.named_parameters() if p.requires_grad}
+    missing = sorted(trainable - set(src))
+    if missing:
+        raise CheckpointError(f"the checkpoint's module state lacks adapter weights {missing[:3]}")
+    dst.load_state_dict({k: v for k, v in src.items() if k in trainable}, strict=False)

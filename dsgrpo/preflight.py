@@ -45,6 +45,7 @@ class RunPlan:
     args: GRPOConfig
     rollout_func: Optional[Callable]
     peft_config: Any  # LoRA settings to wrap the model with, or None
+    quantization: Any  # the BitsAndBytesConfig the policy loads with (QLoRA), or None
     adapter: Optional[Dict[str, Any]]  # a LoRA policy's shape (recorded in checkpoints), or None: not LoRA
     rollout_source: type  # the source class, a variant when an option asks for one (rollout/choice.py)
     placement: Any  # which ranks train and which generate (split placement's groups made)
@@ -171,6 +172,7 @@ class _Preflight:
         self.world = self.placement.trainers
         args.validate(world_size=self.world)
         self.dtype = device.train_dtype(args.bf16, args.fp16)
+        self.quantization = quantization.bnb_config(*self.quantization_given, self.dtype)
         unused_dtype = args.ignored_dtype(self.dtype)
         if unused_dtype and dist.is_main():
             print(f"dsgrpo: warning: {unused_dtype}", file=sys.stderr, flush=True)
@@ -207,7 +209,11 @@ class _Preflight:
     # ---- the steps, in run()'s order
     def _model_kind(self, model, quantization_config, peft_config):
         """Quantization and LoRA: what the model is and how it will be wrapped. Returns the adapter's config."""
-        ignored = quantization.check(model, quantization_config, self.args.model_init_kwargs)
+        ignored = quantization.check(model, quantization_config, self.args.model_init_kwargs, peft_config)
+        # a model passed loaded is trained as it is (TRL ignores the setting then too)
+        self.quantization_given = (
+            (quantization_config, self.args.model_init_kwargs) if isinstance(model, str) else (None, None)
+        )
         if ignored:
             print(f"dsgrpo: warning: {ignored}", file=sys.stderr, flush=True)
         lora.check_lora_model(model, peft_config)

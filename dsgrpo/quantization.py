@@ -1,15 +1,26 @@
-"""TRL 1.16's `quantization_config` (a BitsAndBytesConfig or its dict: QLoRA's 4- or 8-bit base model under LoRA).
+"""TRL 1.16's `quantization_config` (a BitsAndBytesConfig or its dict): QLoRA, a LoRA adapter trained on a 4- or
+8-bit base model, on CUDA and on the CPU (bitsandbytes 0.50's CPU backend).
 
-What dsgrpo does with it today: refuse it before anything is loaded, naming why and what to do. bitsandbytes'
-quantised weights need CUDA, and the DeepSpeed path for them (a quantised frozen base under LoRA, dequantised
-merged weights for vLLM's sync, the memory planner counting the quantised base) is not built yet. A TRL user
-passing it gets this error at once instead of a TypeError, or a load that fails deep inside transformers."""
+- The policy alone loads quantised (the argument, or `model_init_kwargs["quantization_config"]`): reward models keep
+  their precision, and the reference is the policy with its adapter switched off (engines/lora.py), never a second
+  copy. A quantised base trains only through an adapter, so `peft_config` is required.
+- ZeRO-3 partitions the quantised weights as it does any frozen parameter: a 4-bit weight is a Params4bit holding
+  packed bytes (its quant state, absmax and code book, stays whole on every rank, a few bytes per 64 weights), an
+  8-bit one an Int8Params. Gathered, they are dequantised here (`dense_weight`) for vLLM and for exports: vLLM
+  samples with the weights the trainer computes with, so the sampler's log-probs differ by rounding, not by the
+  quantisation error.
+- The memory planner counts a quantised base at its packed size (plan.py)."""
 
 from __future__ import annotations
 
-from typing import Optional
+import sys
+from typing import Dict, Optional, Tuple
 
-from . import device
+import torch
+
+from . import compat
+
+BNB_VERSION = "0.50.2"  # the bitsandbytes both locks pin (its CPU backend runs 4- and 8-bit layers)
 
 
 def bits_of(config) -> str:
@@ -22,16 +33,21 @@ def bits_of(config) -> str:
     return "quantised"
 
 
-def check(model, quantization_config, model_init_kwargs: Optional[dict]) -> Optional[str]:
-    """Refuse a quantised base before any load. Returns a warning to print when the setting is ignored (a model
-    passed as an instance, as TRL ignores it then), else None."""
+def _given(quantization_config, model_init_kwargs: Optional[dict]):
     kwargs = model_init_kwargs if isinstance(model_init_kwargs, dict) else {}
     if quantization_config is not None and "quantization_config" in kwargs:
         raise ValueError(
             "quantization_config is set both as a GRPOTrainer argument and in args.model_init_kwargs: "
             "set it in one place (the trainer argument, as TRL prefers)."
         )
-    config = quantization_config if quantization_config is not None else kwargs.get("quantization_config")
+    return quantization_config if quantization_config is not None else kwargs.get("quantization_config")
+
+
+def check(model, quantization_config, model_init_kwargs: Optional[dict], peft_config=None) -> Optional[str]:
+    """Refuse what cannot train before anything is loaded: a quantised base without an adapter, a config that is
+    not bitsandbytes', bitsandbytes missing. Returns a warning to print when the setting is ignored (a model passed
+    as an instance, as TRL ignores it then), else None."""
+    config = _given(quantization_config, model_init_kwargs)
     loaded_quantised = getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
     if config is None and not loaded_quantised:
         return None
@@ -45,14 +61,97 @@ def check(model, quantization_config, model_init_kwargs: Optional[dict]) -> Opti
         if loaded_quantised
         else f"quantization_config ({bits_of(config)}, bitsandbytes)"
     )
-    if not device.on_gpu():
+    if config is not None and not loaded_quantised and bits_of(config) == "quantised":
         raise ValueError(
-            f"{what}: bitsandbytes' quantised weights need a CUDA device, and this machine trains on "
-            "the CPU (no CUDA device, or DS_ACCELERATOR=cpu). Drop quantization_config and train the "
-            "full-precision model (with peft_config for LoRA), or run on a CUDA machine."
+            f"{what}: dsgrpo loads a quantised policy with bitsandbytes only; set load_in_4bit=True (QLoRA's "
+            "nf4) or load_in_8bit=True."
         )
-    raise NotImplementedError(
-        f"{what}: a quantised base under DeepSpeed (QLoRA) is not supported by dsgrpo yet. "
-        "Drop quantization_config and train LoRA on the full-precision base (peft_config), "
-        "which ZeRO-3 shards across the ranks."
-    )
+    has_adapter = peft_config is not None or type(model).__name__.startswith("Peft")
+    if not has_adapter:
+        raise ValueError(
+            f"{what} without peft_config: a quantised base cannot be trained, only an adapter on it (QLoRA). "
+            "Pass peft_config (e.g. peft.LoraConfig(r=16, lora_alpha=32, target_modules='all-linear')), or drop "
+            "quantization_config to train the full-precision model."
+        )
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            f"{what} needs bitsandbytes: pip install bitsandbytes=={BNB_VERSION} (make setup installs it), or "
+            "pip install 'dsgrpo[qlora]'."
+        ) from None
+    return None
+
+
+def bnb_config(quantization_config, model_init_kwargs: Optional[dict], dtype: torch.dtype):
+    """The BitsAndBytesConfig the policy loads with (None: not quantised). A dict (a YAML run) becomes one, its
+    dtypes given by name; a 4-bit compute dtype the user left unset is the run's training dtype."""
+    config = _given(quantization_config, model_init_kwargs)
+    if config is None:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if isinstance(config, BitsAndBytesConfig):
+        return config
+    if not isinstance(config, dict):
+        raise TypeError(
+            f"quantization_config must be a transformers.BitsAndBytesConfig or a dict of its fields, not "
+            f"{type(config).__name__}."
+        )
+    fields = dict(config)
+    for key in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+        if isinstance(fields.get(key), str):
+            fields[key] = getattr(torch, fields[key].replace("torch.", ""))
+    fields.setdefault("bnb_4bit_compute_dtype", dtype)
+    try:
+        return BitsAndBytesConfig(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"quantization_config: {exc}. Give BitsAndBytesConfig's fields, e.g. "
+            "{load_in_4bit: true, bnb_4bit_quant_type: nf4, bnb_4bit_use_double_quant: true}."
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------- quantised weights
+def _kind(weight) -> Optional[str]:
+    bnb = sys.modules.get("bitsandbytes")  # a quantised weight exists only once bitsandbytes is imported
+    if bnb is None:
+        return None
+    if isinstance(weight, bnb.nn.Params4bit):
+        return "4-bit"
+    if isinstance(weight, bnb.nn.Int8Params):
+        return "8-bit"
+    return None
+
+
+def quantised_layers(model: torch.nn.Module) -> Dict[int, torch.nn.Module]:
+    """id(weight) -> its layer, for every bitsandbytes layer of `model` (empty for a model in full precision)."""
+    if "bitsandbytes" not in sys.modules:
+        return {}
+    return {
+        id(m.weight): m
+        for m in model.modules()
+        if isinstance(getattr(m, "weight", None), torch.nn.Parameter) and _kind(m.weight) is not None
+    }
+
+
+def prepare_loaded(model: torch.nn.Module) -> None:
+    """A policy just loaded quantised, made trainable: its 4-bit weights keep the layout training reads."""
+    compat.keep_4bit_training_layout(model)
+
+
+def dense_spec(layer, dtype: torch.dtype) -> Tuple[Tuple[int, ...], torch.dtype]:
+    """The shape and dtype a quantised layer's weight has in a checkpoint (its parameter holds packed bytes)."""
+    return (layer.out_features, layer.in_features), dtype
+
+
+def dense_weight(layer, dtype: torch.dtype) -> torch.Tensor:
+    """A quantised layer's weight as a full-precision [out, in] tensor: call while its weight is gathered (under
+    ZeRO-3 its `.data` then holds the whole packed weight)."""
+    import bitsandbytes.functional as F
+
+    weight = layer.weight
+    if _kind(weight) == "4-bit":
+        return F.dequantize_4bit(weight.data, weight.quant_state).to(dtype).reshape(layer.out_features, -1)
+    rows, scales = compat.int8_rows_and_scales(layer)  # 8-bit: int8 rows, one scale (absmax / 127) a row
+    return (rows.float() * scales.float().unsqueeze(1) / 127.0).to(dtype)

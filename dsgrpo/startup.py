@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from . import dist, layout, sequence_parallel
+from . import dist, layout, quantization, sequence_parallel
 from .algorithms import Truncation
 from .engines import ModelLoader, build_inference_engine, build_policy_engine, is_zero3
 from .engines import lora, routing
@@ -104,11 +104,14 @@ class TrainerSetup:
         """Policy (ZeRO-3 partitioned at load; LoRA-wrapped before DeepSpeed), frozen reference (none for a LoRA
         policy: its adapters are switched off instead), reward models. Returns the policy engine."""
         args = self.args
+        quantised = {"quantization_config": self.quantization} if self.quantization is not None else {}
         policy_model = (
-            ModelLoader(self.ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs)
+            ModelLoader(self.ds_config, self.dtype).load(self.model_path, **args.model_load_kwargs, **quantised)
             if isinstance(model, str)
             else model
         )
+        if self.quantization is not None or getattr(policy_model, "is_loaded_in_4bit", False):
+            quantization.prepare_loaded(policy_model)
         if self.peft_config is not None:
             policy_model = lora.wrap_with_lora(policy_model, self.peft_config, args.seed)
         elif self.lora_policy:

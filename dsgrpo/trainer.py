@@ -140,6 +140,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         args, state = self.args, self.state
         if self.resume_path:
             self._resume(self.resume_path)
+        elif self.policy.quantised:  # vLLM loaded the checkpoint; the policy computes with its quantised weights
+            self.source.sync_weights(self.policy.module, state.generation_round - 1)
         start, steps_before = time.perf_counter(), state.global_step
         self._started_at = (state.generation_round, state.global_step)
         self.control = self.callbacks.fire("on_train_begin", args, state, self.control)

@@ -4,6 +4,7 @@ non-finite stops with the step and the metrics named. Single process (a world of
 import json
 
 import pytest
+import torch
 from datasets import Dataset
 
 from dsgrpo import GRPOConfig, GRPOTrainer
@@ -192,10 +193,11 @@ def test_model_instance_without_a_tokenizer_is_refused(tmp_path):
     assert not (tmp_path / "out" / "initial_model").exists()
 
 
-def test_quantization_config_is_refused_on_cpu_before_any_load(tmp_path, capsys):
-    """TRL 1.16's quantization_config (QLoRA's 4-bit base): a clear error naming why and the fix, raised before a
-    model is read (the path does not even exist), in TRL's argument position; set twice is an error; with a model
-    passed already loaded it is ignored with a warning, as TRL ignores it."""
+def test_quantization_config_without_an_adapter_is_refused_before_any_load(tmp_path, capsys):
+    """TRL 1.16's quantization_config (QLoRA's 4-bit base), in TRL's argument position: without peft_config a
+    clear error naming why and the fix, raised before a model is read (the path does not even exist); set twice is
+    an error; a config that is not bitsandbytes' is refused; with a model passed already loaded it is ignored with a
+    warning, as TRL ignores it. (QLoRA itself trains in tests/test_qlora_dist.py.)"""
     import inspect
 
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
@@ -208,11 +210,11 @@ def test_quantization_config_is_refused_on_cpu_before_any_load(tmp_path, capsys)
     missing = str(tmp_path / "not_loaded")
     with pytest.raises(
         ValueError,
-        match=r"quantization_config \(4-bit, bitsandbytes\).*need a CUDA device.*"
-        r"Drop quantization_config",
+        match=r"quantization_config \(4-bit, bitsandbytes\) without peft_config: a quantised base cannot be "
+        r"trained.*Pass peft_config",
     ):
         GRPOTrainer(missing, reward, args=args(tmp_path), train_dataset=PROMPTS, quantization_config=four_bit)
-    with pytest.raises(ValueError, match=r"\(8-bit, bitsandbytes\)"):
+    with pytest.raises(ValueError, match=r"\(8-bit, bitsandbytes\) without peft_config"):
         GRPOTrainer(
             missing,
             reward,
@@ -229,8 +231,18 @@ def test_quantization_config_is_refused_on_cpu_before_any_load(tmp_path, capsys)
         )
     from dsgrpo import quantization
 
+    with pytest.raises(ValueError, match="bitsandbytes only; set load_in_4bit=True"):
+        quantization.check("some/model", {"quant_method": "gptq", "bits": 4}, None, peft_config={"r": 8})
     loaded = AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"))
     assert "ignored" in quantization.check(loaded, four_bit, None)
     loaded.is_loaded_in_4bit = True  # what transformers sets on a bitsandbytes-loaded model
-    with pytest.raises(ValueError, match="a model loaded in 4 bits"):
+    with pytest.raises(ValueError, match="a model loaded in 4 bits without peft_config"):
         quantization.check(loaded, None, None)
+    assert quantization.check(loaded, None, None, peft_config={"r": 8}) is None
+    # a YAML run's dict: dtypes by name; an unset compute dtype is the run's training dtype
+    made = quantization.bnb_config(None, {"quantization_config": {"load_in_4bit": True}}, torch.bfloat16)
+    assert made.load_in_4bit and made.bnb_4bit_compute_dtype == torch.bfloat16
+    made = quantization.bnb_config({"load_in_4bit": True, "bnb_4bit_compute_dtype": "float32"}, None, torch.bfloat16)
+    assert made.bnb_4bit_compute_dtype == torch.float32
+    with pytest.raises(ValueError, match="quantization_config: .*Give BitsAndBytesConfig's fields"):
+        quantization.bnb_config({"load_in_4bit": True, "load_in_8bit": True}, None, torch.float32)

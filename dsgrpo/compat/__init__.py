@@ -1,7 +1,7 @@
-"""Every touch of a private or version-specific symbol of DeepSpeed, vLLM, torch.distributed, transformers and
-peft, in one package (a module per library: deepspeed.py, vllm.py, torch.py for torch.distributed, transformers.py,
-peft.py), each with the versions it was written for and why. Callers use `compat.<name>`: every name is re-exported
-here.
+"""Every touch of a private or version-specific symbol of DeepSpeed, vLLM, torch.distributed, transformers, peft
+and bitsandbytes, in one package (a module per library: deepspeed.py, vllm.py, torch.py for torch.distributed,
+transformers.py, peft.py, bitsandbytes.py), each with the versions it was written for and why. Callers use
+`compat.<name>`: every name is re-exported here.
 
 These are the joints an upgrade breaks silently (a deadlock or wrong weights, not an error), so each one is
 listed in `PINS` and tests/test_compat.py asserts that every listed symbol still exists with the signature (or
@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 # The versions every pin below was written for and tested with (CPU: requirements/cpu-lock.txt and the Makefile).
-TESTED = {"torch": "2.13", "deepspeed": "0.19.8", "vllm": "0.32.0", "transformers": "5.19", "peft": "0.21.2"}
+TESTED = {
+    "torch": "2.13",
+    "deepspeed": "0.19.8",
+    "vllm": "0.32.0",
+    "transformers": "5.19",
+    "peft": "0.21.2",
+    "bitsandbytes": "0.50.2",
+}
 
 
 @dataclass(frozen=True)
@@ -546,6 +553,38 @@ PINS: Tuple[Pin, ...] = (
     ),
     Pin("peft.tuners.lora:LoraLayer.get_base_layer", "peft 0.21.2", "the base weight of a LoRA layer"),
     Pin("peft.tuners.lora:Linear", "peft 0.21.2", "LoRA on linear layers is the only kind merged"),
+    Pin(
+        "peft.tuners.lora.bnb:Linear4bit.get_delta_weight",
+        "peft 0.21.2, bitsandbytes 0.50.2",
+        "QLoRA: LoRA on a bitsandbytes 4-bit linear layer, merged like lora.Linear (not a subclass of it)",
+        params=("adapter",),
+    ),
+    Pin(
+        "peft.tuners.lora.bnb:Linear8bitLt.get_delta_weight",
+        "peft 0.21.2, bitsandbytes 0.50.2",
+        "QLoRA: LoRA on a bitsandbytes 8-bit linear layer, merged like lora.Linear",
+        params=("adapter",),
+    ),
+    # ---- bitsandbytes
+    Pin(
+        "bitsandbytes.nn.modules:Linear4bit.forward",
+        "bitsandbytes 0.50.2",
+        "an eval-mode no-grad forward on an AVX-512 BF16 CPU repacks the weight for an inference-only kernel unless "
+        "the layer's flag is cleared (keep_4bit_training_layout)",
+        source_has=("support_avx512bf16_for_cpu", "_convert_weight_packed_for_cpu"),
+    ),
+    Pin(
+        "bitsandbytes.functional:dequantize_4bit",
+        "bitsandbytes 0.50.2",
+        "a gathered 4-bit weight in full precision for vLLM and exports (quantization.dense_weight)",
+        params=("quant_state",),
+    ),
+    Pin(
+        "bitsandbytes.nn.modules:Linear8bitLt.forward",
+        "bitsandbytes 0.50.2",
+        "an 8-bit layer's row scales move from weight.SCB to state.SCB at its first forward (int8_rows_and_scales)",
+        source_has=("init_8bit_state",),
+    ),
 )
 
 
@@ -650,6 +689,7 @@ from .deepspeed import (  # noqa: E402, F401
     pin_grad_accumulators,
     save_engine_checkpoint,
 )
+from .bitsandbytes import int8_rows_and_scales, keep_4bit_training_layout  # noqa: E402, F401
 from .peft import lora_layer_types, lora_merged_weight, params_holding  # noqa: E402, F401
 from .torch import (  # noqa: E402, F401
     StoreWire,

@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 
 def lora_layer_types():
-    """(LoraLayer, lora.Linear) of the installed peft."""
+    """(LoraLayer, the LoRA linear layer classes) of the installed peft: lora.Linear, and with bitsandbytes its
+    4- and 8-bit layers (QLoRA), which are LoraLayers but not lora.Linear."""
     from peft.tuners.lora import Linear, LoraLayer
 
-    return LoraLayer, Linear
+    linear = (Linear,)
+    try:
+        from peft.tuners.lora.bnb import Linear4bit, Linear8bitLt
+
+        linear += (Linear4bit, Linear8bitLt)
+    except ImportError:  # no bitsandbytes: no quantised layers either
+        pass
+    return LoraLayer, linear
 
 
 @contextlib.contextmanager
@@ -28,6 +38,7 @@ def params_holding(params, tensors):
             p.data = d
 
 
-def lora_merged_weight(layer, weight, adapter: str):
-    """W + ΔW of one LoRA layer (call while its base weight and adapter are gathered)."""
-    return weight.data + layer.get_delta_weight(adapter).to(weight.dtype)
+def lora_merged_weight(layer, base: torch.Tensor, adapter: str):
+    """W + ΔW of one LoRA layer, W its base weight as a full-precision tensor (call while its adapter is
+    gathered)."""
+    return base + layer.get_delta_weight(adapter).to(base.dtype)

@@ -25,10 +25,17 @@ class Unit:
     name: str  # the name in a Hugging Face checkpoint of the model
     params: Tuple[torch.nn.Parameter, ...]  # gathered together
     combine: Optional[Callable[[], torch.Tensor]] = None  # builds the tensor while gathered; None: copy params[0]
+    # a quantised weight's (shape, dtype) as the checkpoint holds it (its parameter holds packed bytes); None: the
+    # parameter's own
+    dense: Optional[Tuple[Tuple[int, ...], torch.dtype]] = None
 
     @property
     def shape(self) -> Tuple[int, ...]:
-        return compat.full_shape(self.params[0])
+        return self.dense[0] if self.dense is not None else compat.full_shape(self.params[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.dense[1] if self.dense is not None else self.params[0].dtype
 
     def nbytes(self) -> int:
         return sum(_nbytes(p) for p in self.params)

@@ -16,7 +16,7 @@ from typing import Any, List
 
 import torch
 
-from .. import compat
+from .. import compat, quantization
 from ..errors import CheckpointError
 from .gather import Unit, full_parameters
 
@@ -114,10 +114,13 @@ def check_lora_layers(peft_model) -> None:
 
 def merged_units(peft_model) -> List[Unit]:
     """Checkpoint units of the merged model, in the base model's parameter order and names: a LoRA layer's
-    weight unit gathers its base weight and adapter together and yields W + ΔW; everything else is a copy."""
+    weight unit gathers its base weight and adapter together and yields W + ΔW; a quantised weight (QLoRA's
+    base) is dequantised on the way; everything else is a copy."""
     LoraLayer, _ = compat.lora_layer_types()
     base = peft_model.get_base_model()
     adapter = peft_model.active_adapters[0]
+    quantised = quantization.quantised_layers(base)
+    dtype = base.get_input_embeddings().weight.dtype  # the precision the model was loaded in
     layer_of = {}  # id(parameter) -> (layer name, layer) for every parameter inside a LoRA layer
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
@@ -125,18 +128,27 @@ def merged_units(peft_model) -> List[Unit]:
     units, done = [], set()
     for name, p in base.named_parameters():
         if id(p) not in layer_of:
-            units.append(Unit(name, (p,)))
+            if id(p) in quantised:  # a quantised layer no adapter targets
+                q = quantised[id(p)]
+                units.append(
+                    Unit(name, (p,), lambda q=q: quantization.dense_weight(q, dtype), quantization.dense_spec(q, dtype))
+                )
+            else:
+                units.append(Unit(name, (p,)))
             continue
         layer_name, layer = layer_of[id(p)]
         if layer_name in done:
             continue
         done.add(layer_name)
-        weight = layer.get_base_layer().weight
+        base_layer = layer.get_base_layer()
+        weight = base_layer.weight
+        q = quantised.get(id(weight))
         units.append(
             Unit(
                 f"{layer_name}.weight",
                 (weight, layer.lora_A[adapter].weight, layer.lora_B[adapter].weight),
-                combine=_merge(layer, weight, adapter),
+                combine=_merge(layer, weight, adapter, q, dtype),
+                dense=quantization.dense_spec(q, dtype) if q is not None else None,
             )
         )
         bias = layer.get_base_layer().bias
@@ -145,8 +157,10 @@ def merged_units(peft_model) -> List[Unit]:
     return units
 
 
-def _merge(layer, weight, adapter):
-    return lambda: compat.lora_merged_weight(layer, weight, adapter)
+def _merge(layer, weight, adapter, quantised, dtype):
+    if quantised is None:
+        return lambda: compat.lora_merged_weight(layer, weight.data, adapter)
+    return lambda: compat.lora_merged_weight(layer, quantization.dense_weight(quantised, dtype), adapter)
 
 
 def save_adapter(peft_model, output_dir: str, bucket_bytes: int, is_main: bool) -> None:

@@ -68,7 +68,7 @@ class Zero3WeightSource:
         for group in self.group_units:
             names = []
             for unit in group:
-                dtype = unit.params[0].dtype
+                dtype = unit.dtype
                 for name, shape in self.layout[unit.name]:
                     self._meta.append(ParamMeta(name, dtype, tuple(shape)))
                     names.append(name)
@@ -127,7 +127,7 @@ class Zero3WeightSource:
         names, tensors = [], []
         with torch.no_grad():
             for unit in units:
-                if unit.combine is not None:  # a LoRA layer: W + ΔW, computed from the gathered tensors
+                if unit.combine is not None:  # a LoRA layer (W + ΔW) or a quantised weight, from the gathered tensors
                     with compat.params_holding(unit.params, [gathered.tensors[id(p)] for p in unit.params]):
                         tensor = unit.combine()
                 else:
