@@ -40,6 +40,9 @@ RUN_KEYS = {
     "start_timeout_s: S, max_restarts: N, max_concurrent: N, timeout_s: S}.",
     "peft_config": "Train a LoRA adapter: peft.LoraConfig's fields, e.g. "
     "{r: 16, lora_alpha: 32, target_modules: all-linear}.",
+    "quantization_config": "QLoRA: load the policy 4- or 8-bit with bitsandbytes (needs peft_config): "
+    "BitsAndBytesConfig's fields, e.g. {load_in_4bit: true, bnb_4bit_quant_type: nf4, bnb_4bit_use_double_quant: "
+    "true}.",
 }
 TRAINERS = ("grpo", "async")
 
@@ -162,6 +165,7 @@ def train(argv: List[str]) -> int:
         train_dataset=train_dataset,
         eval_dataset=build_dataset(run.get("eval_dataset"), split),
         peft_config=run.get("peft_config"),
+        quantization_config=run.get("quantization_config"),
         environment_factory=environment_factory(run.get("environment_factory")),
         rollout_func=rollout,
     )
@@ -228,8 +232,18 @@ def plan(argv: List[str]) -> int:
         lora_params = planner.lora_parameter_count(model_config, lora_config)
     world = known.gpus_per_node * known.nodes
     asynchronous = values.get("trainer") == "async"
+    from .quantization import bytes_per_weight
+
+    quantised = values.get("quantization_config") or (args.model_init_kwargs or {}).get("quantization_config")
+    quantised_bytes = bytes_per_weight(quantised)
     ds_spec, ref_ds_spec, auto_choice = planner.choose_deepspeed(
-        args, model_config, hardware, world=world, lora_config=lora_config, asynchronous=asynchronous
+        args,
+        model_config,
+        hardware,
+        world=world,
+        lora_config=lora_config,
+        asynchronous=asynchronous,
+        quantised_bytes=quantised_bytes,
     )
     result = planner.plan(
         args,
@@ -239,6 +253,7 @@ def plan(argv: List[str]) -> int:
         ref_ds_config=load_deepspeed_config(ref_ds_spec, "ref_deepspeed", world),
         lora_params=lora_params,
         asynchronous=asynchronous,
+        quantised_bytes=quantised_bytes,
     )
     if auto_choice:
         result.notes.insert(0, auto_choice)

@@ -88,6 +88,7 @@ class ModelShape:
     intermediate: int  # per token: an MoE's routed experts' and shared expert's widths summed
     kv_dim: int  # key (= value) width: kv heads × head dim
     vocab: int
+    linear_params: int = 0  # weights of the linear layers but the output head: what bitsandbytes quantises
 
     @classmethod
     def from_config(cls, config, sequence_classification: bool = False) -> "ModelShape":
@@ -99,6 +100,8 @@ class ModelShape:
             model = auto.from_config(config)
         params = sum(p.numel() for p in model.parameters())
         largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
         text = getattr(config, "text_config", None) or config
         hidden = text.hidden_size
         heads = text.num_attention_heads
@@ -111,7 +114,9 @@ class ModelShape:
             )
         else:
             intermediate = getattr(text, "intermediate_size", 4 * hidden)
-        return cls(params, largest, text.num_hidden_layers, hidden, intermediate, kv_heads * head_dim, text.vocab_size)
+        return cls(
+            params, largest, text.num_hidden_layers, hidden, intermediate, kv_heads * head_dim, text.vocab_size, linear
+        )
 
     def activation_values_per_token(self, checkpointed: bool) -> float:
         if checkpointed:  # every layer's input, and one layer's activations while it is recomputed
@@ -216,10 +221,12 @@ def plan(
     asynchronous: bool = False,
     prompt_length: Optional[int] = None,
     checkpointing: Optional[bool] = None,
+    quantised_bytes: Optional[float] = None,
 ) -> Plan:
     """Per-device memory of a run. `prompt_length`: the longest prompt's tokens when the dataset is known (else
     max_prompt_length, else ASSUMED_PROMPT_LENGTH). `checkpointing`: the gradient checkpointing to plan for (None:
-    the config's, with 'auto' on when the run does not fit without it)."""
+    the config's, with 'auto' on when the run does not fit without it). `quantised_bytes`: a QLoRA policy's bytes
+    a quantised weight (quantization.bytes_per_weight), its linear layers' weights held at that size."""
     wanted = args.gradient_checkpointing if checkpointing is None else checkpointing
     common = dict(
         ref_ds_config=ref_ds_config,
@@ -227,6 +234,7 @@ def plan(
         lora_params=lora_params,
         asynchronous=asynchronous,
         prompt_length=prompt_length,
+        quantised_bytes=quantised_bytes,
     )
     if wanted == "auto":
         off = plan(args, policy, ds_config, hardware, checkpointing=False, **common)
@@ -247,11 +255,22 @@ def plan(
         asynchronous,
         prompt_length,
         bool(wanted),
+        quantised_bytes,
     )
 
 
 def _plan(
-    args, policy, ds_config, hw, ref_ds_config, reward_models, lora_params, asynchronous, prompt_length, checkpointed
+    args,
+    policy,
+    ds_config,
+    hw,
+    ref_ds_config,
+    reward_models,
+    lora_params,
+    asynchronous,
+    prompt_length,
+    checkpointed,
+    quantised_bytes=None,
 ) -> Plan:
     from .engines.forward import chunk_tokens_for
 
@@ -266,7 +285,8 @@ def _plan(
     # the policy: weights b, gradients b, and 12 bytes a trained parameter of fp32 master copy + AdamW m + v (DeepSpeed
     # keeps its fp32 partition as a copy of the weights even when they are fp32 already)
     optim_per = 12
-    weights = policy.params * b / (W if stage == 3 else 1)
+    quantised = policy.linear_params if quantised_bytes is not None else 0
+    weights = ((policy.params - quantised) * b + quantised * (quantised_bytes or 0)) / (W if stage == 3 else 1)
     grads = trained * b / (W if stage >= 2 else 1)
     optim = trained * optim_per / (W if stage >= 1 else 1)
     if offload_params and stage == 3:
@@ -298,6 +318,11 @@ def _plan(
     kv_needed = min(per_engine_seqs, VLLM_MAX_SEQS) * seq_len * policy.kv_bytes_per_token(b)
     colocated = args.use_vllm and args.vllm_mode == "colocate"
     notes: List[str] = []
+    if quantised:
+        notes.append(
+            f"QLoRA: {quantised:,} linear weights at {quantised_bytes:.3g} bytes each in the policy; vLLM holds "
+            "the dequantised model"
+        )
     if W == 1 and stage == 3 and not offload_params:
         notes.append(
             "ZeRO-3 in a world of one shards nothing and runs its gather hooks around every module: "
@@ -555,6 +580,7 @@ def choose_deepspeed(
     asynchronous: bool = False,
     prompt_length: Optional[int] = None,
     resumed: Optional[dict] = None,
+    quantised_bytes: Optional[float] = None,
 ):
     """(deepspeed, ref_deepspeed, why): the configs a run uses, "auto" resolved for `world` training ranks; `why` is
     a line saying what "auto" chose, or None when nothing was auto. `resumed`: what "auto" chose for the run that
@@ -582,6 +608,7 @@ def choose_deepspeed(
                 lora_params=lora_parameter_count(model_config, lora_config) if lora_config is not None else None,
                 asynchronous=asynchronous,
                 prompt_length=prompt_length,
+                quantised_bytes=quantised_bytes,
             )
         except Exception as exc:  # noqa: BLE001 - a model the planner cannot shape: shard, the safe choice
             chosen, why = SHARDED, f"no memory plan ({type(exc).__name__})"
@@ -616,6 +643,7 @@ def check_at_start(
     world: int,
     local_world: int,
     prompt_length: Optional[int],
+    quantised_bytes: Optional[float] = None,
 ) -> Optional[Plan]:
     """The trainer's start-up plan (every rank computes the same, rank 0 prints it). Resolves gradient_checkpointing
     'auto' in `args`; raises MemoryPlanError with memory_check='error' when it does not fit."""
@@ -636,6 +664,7 @@ def check_at_start(
             lora_params=lora_params,
             asynchronous=asynchronous,
             prompt_length=prompt_length,
+            quantised_bytes=quantised_bytes,
         )
     except Exception as exc:  # noqa: BLE001 - an architecture the planner cannot instantiate must not stop training
         if args.gradient_checkpointing == "auto":

@@ -427,6 +427,7 @@ class _Preflight:
             asynchronous=self.rollout_source.generates_while_training,
             prompt_length=self.train_prompts.longest_prompt(),
             resumed=deepspeed_auto_of(self.resume_path) if self.resume_path else None,
+            quantised_bytes=quantization.bytes_per_weight(self.quantization),
         )
         self.deepspeed_auto = {
             k: v
@@ -462,6 +463,7 @@ class _Preflight:
             world=dist.world_size(dist.EVERYONE),
             local_world=dist.local_world_size(),
             prompt_length=self.train_prompts.longest_prompt(),
+            quantised_bytes=quantization.bytes_per_weight(self.quantization),
         )
         device.choose_heap_trimming(plan.peak_bytes_per_device / plan.hardware.device_bytes if plan else None)
         if args.sync_ref_model and lora_policy:

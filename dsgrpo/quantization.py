@@ -112,6 +112,21 @@ def bnb_config(quantization_config, model_init_kwargs: Optional[dict], dtype: to
         ) from None
 
 
+def bytes_per_weight(config) -> Optional[float]:
+    """What one quantised weight costs (the memory planner): 4-bit, half a byte and its block's absmax (fp32 a block
+    of 64, or with double quantisation 8 bits a block plus fp32 a block of 256 blocks); 8-bit, a byte (and a
+    row's scale, negligible). None: not quantised."""
+    if config is None:
+        return None
+    bits = bits_of(config)
+    if bits == "8-bit":
+        return 1.0
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    block = 64
+    absmax = (1 + 4 / 256) / block if get("bnb_4bit_use_double_quant", False) else 4 / block
+    return 0.5 + absmax
+
+
 # ---------------------------------------------------------------------------------------------- quantised weights
 def _kind(weight) -> Optional[str]:
     bnb = sys.modules.get("bitsandbytes")  # a quantised weight exists only once bitsandbytes is imported

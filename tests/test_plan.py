@@ -46,6 +46,44 @@ def test_parameter_counts_from_the_config_alone_match_the_published_sizes(name, 
     assert abs(shape(name).params / 1e9 - billions) / billions < 0.003
 
 
+def test_a_qlora_base_is_planned_at_its_quantised_size():
+    """Issue 67: a 4-bit base is half a byte a linear weight plus its blocks' absmax (nf4 with double quantisation:
+    0.516 B), an 8-bit one a byte; the embeddings, norms and output head keep the run's precision; only the
+    adapter has gradients and AdamW state; vLLM holds the dequantised model."""
+    from dsgrpo.quantization import bytes_per_weight
+
+    s = shape("qwen2.5-7b")
+    assert 0.85 < s.linear_params / s.params < 0.87  # Qwen2.5-7B: 6.53 B of 7.62 B in the decoder's linears
+    four = bytes_per_weight({"load_in_4bit": True, "bnb_4bit_use_double_quant": True})
+    assert abs(four - (0.5 + (1 + 4 / 256) / 64)) < 1e-12 and bytes_per_weight({"load_in_4bit": True}) == 0.5625
+    assert bytes_per_weight({"load_in_8bit": True}) == 1.0 and bytes_per_weight(None) is None
+    args = grpo(world=1, per_device_train_batch_size=8, max_prompt_length=512, max_completion_length=512)
+    lora = lora_parameter_count(read_model_config(os.path.join(SHAPES, "qwen2.5-7b.json")), _all_linear())
+    ds, hw = load_deepspeed_config("zero2.json"), Hardware(1, 1, 80 * GiB, gpu=True)
+    full = plan(args, s, ds, hw, lora_params=lora)
+    for bytes_each in (four, 1.0):
+        q = plan(args, s, ds, hw, lora_params=lora, quantised_bytes=bytes_each)
+        want = (s.params - s.linear_params) * 2 + s.linear_params * bytes_each
+        assert q.parts["policy/parameters"] == int(want) < full.parts["policy/parameters"]
+        assert q.parts["policy/optimizer_state"] == full.parts["policy/optimizer_state"] == int(lora * 12)
+        assert q.parts["vllm/weights"] == full.parts["vllm/weights"]  # vLLM samples the dequantised model
+        assert any("QLoRA" in n for n in q.notes)
+    tiny = ModelShape.from_config(read_model_config(tiny_model("qwen2")))
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model("qwen2"))
+    linear = sum(
+        m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"
+    )
+    assert tiny.linear_params == linear > 0
+
+
+def _all_linear():
+    from peft import LoraConfig
+
+    return LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")
+
+
 def test_zero3_state_is_sixteen_bytes_a_parameter_over_the_world():
     p = plan(
         grpo(per_device_train_batch_size=8, max_prompt_length=512, max_completion_length=512),
