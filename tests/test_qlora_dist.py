@@ -60,7 +60,9 @@ def test_checkpoint_resumes_exactly_and_the_adapter_loads_in_peft(results, name)
         assert r["resume_adapter_diff"] == 0.0 and r["resume_frozen_identical"], r
         assert r["resumed_steps"] == [1, 2, 3]
     main = part(results, name)[0]
-    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(main["saved_files"])
+    assert {"adapter_config.json", "adapter_model.safetensors", "merged"} <= set(main["saved_files"])
     assert "model.safetensors" not in main["saved_files"]
+    # save_merged_model: the dequantised base with the adapter merged, a plain model that is the trained policy
+    assert max_diff(main["reloaded_merged"], main["final_policy"]) <= 1e-4
     # the adapter on the full-precision base: the trained policy up to the base's quantisation error
     assert max_diff(main["reloaded_on_full_precision"], main["final_policy"]) < 0.2

@@ -80,7 +80,7 @@ def qlora_run(name: str, quantization, deepspeed) -> dict:
         train_dataset=prompts,
         peft_config=lora_config(),
         quantization_config=quantization,
-        args=config(name, deepspeed=deepspeed, save_steps=2),
+        args=config(name, deepspeed=deepspeed, save_steps=2, save_merged_model=True),
     )
     KEEP.append(trainer)
     module = trainer.policy.module
@@ -112,6 +112,8 @@ def qlora_run(name: str, quantization, deepspeed) -> dict:
         out["reloaded_on_full_precision"] = policy_logps(
             PeftModel.from_pretrained(base, trainer.args.output_dir).eval()
         )
+        merged = os.path.join(trainer.args.output_dir, "merged")  # the dequantised base + the adapter, merged
+        out["reloaded_merged"] = policy_logps(AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval())
         out["saved_files"] = sorted(os.listdir(trainer.args.output_dir))
     resumed = GRPOTrainer(
         tiny_model("qwen2"),
