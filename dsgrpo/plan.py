@@ -286,7 +286,13 @@ def _plan(
     # keeps its fp32 partition as a copy of the weights even when they are fp32 already)
     optim_per = 12
     quantised = policy.linear_params if quantised_bytes is not None else 0
-    weights = ((policy.params - quantised) * b + quantised * (quantised_bytes or 0)) / (W if stage == 3 else 1)
+    # bitsandbytes' 8-bit layer keeps its int8 rows in its matmul state from the first forward on (the gathered
+    # weight, whole, on every rank): ZeRO-3 partitions a 4-bit base, not an 8-bit one
+    int8_whole = quantised_bytes is not None and quantised_bytes >= 1.0
+    share = W if stage == 3 else 1
+    weights = (policy.params - quantised) * b / share + quantised * (quantised_bytes or 0) / (
+        1 if int8_whole else share
+    )
     grads = trained * b / (W if stage >= 2 else 1)
     optim = trained * optim_per / (W if stage >= 1 else 1)
     if offload_params and stage == 3:
@@ -322,6 +328,7 @@ def _plan(
         notes.append(
             f"QLoRA: {quantised:,} linear weights at {quantised_bytes:.3g} bytes each in the policy; vLLM holds "
             "the dequantised model"
+            + ("; an 8-bit base stays whole on every rank (bitsandbytes keeps its rows)" if int8_whole else "")
         )
     if W == 1 and stage == 3 and not offload_params:
         notes.append(

@@ -65,6 +65,17 @@ def test_a_qlora_base_is_planned_at_its_quantised_size():
         q = plan(args, s, ds, hw, lora_params=lora, quantised_bytes=bytes_each)
         want = (s.params - s.linear_params) * 2 + s.linear_params * bytes_each
         assert q.parts["policy/parameters"] == int(want) < full.parts["policy/parameters"]
+        # ZeRO-3 over 8 ranks partitions a 4-bit base; bitsandbytes keeps an 8-bit one's rows whole on each rank
+        sharded = plan(
+            grpo(per_device_train_batch_size=8),
+            s,
+            load_deepspeed_config("zero3.json"),
+            H100x8,
+            lora_params=lora,
+            quantised_bytes=bytes_each,
+        )
+        per_rank = (s.params - s.linear_params) * 2 / 8 + s.linear_params * bytes_each / (8 if bytes_each < 1 else 1)
+        assert sharded.parts["policy/parameters"] == int(per_rank)
         assert q.parts["policy/optimizer_state"] == full.parts["policy/optimizer_state"] == int(lora * 12)
         assert q.parts["vllm/weights"] == full.parts["vllm/weights"]  # vLLM samples the dequantised model
         assert any("QLoRA" in n for n in q.notes)

@@ -66,3 +66,10 @@ def test_checkpoint_resumes_exactly_and_the_adapter_loads_in_peft(results, name)
     assert max_diff(main["reloaded_merged"], main["final_policy"]) <= 1e-4
     # the adapter on the full-precision base: the trained policy up to the base's quantisation error
     assert max_diff(main["reloaded_on_full_precision"], main["final_policy"]) < 0.2
+
+
+def test_a_model_passed_loaded_in_4_bits_trains_and_vllm_starts_from_its_dequantised_weights(results):
+    for r in part(results, "qlora_instance"):
+        assert not r["initial_config_quantised"]  # initial_model is a plain checkpoint vLLM loads
+        assert max_diff(r["at_start"]["vllm"], r["at_start"]["policy"]) <= 1e-4
+        assert [h["step"] for h in r["history"]] == [1] and 0 <= r["history"][0]["reward"] <= 1

@@ -119,8 +119,7 @@ def merged_units(peft_model) -> List[Unit]:
     LoraLayer, _ = compat.lora_layer_types()
     base = peft_model.get_base_model()
     adapter = peft_model.active_adapters[0]
-    quantised = quantization.quantised_layers(base)
-    dtype = base.get_input_embeddings().weight.dtype  # the precision the model was loaded in
+    quantised, dtype = quantization.quantised_layers(base), _loaded_dtype(base)
     layer_of = {}  # id(parameter) -> (layer name, layer) for every parameter inside a LoRA layer
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
@@ -128,13 +127,7 @@ def merged_units(peft_model) -> List[Unit]:
     units, done = [], set()
     for name, p in base.named_parameters():
         if id(p) not in layer_of:
-            if id(p) in quantised:  # a quantised layer no adapter targets
-                q = quantised[id(p)]
-                units.append(
-                    Unit(name, (p,), lambda q=q: quantization.dense_weight(q, dtype), quantization.dense_spec(q, dtype))
-                )
-            else:
-                units.append(Unit(name, (p,)))
+            units.append(_plain_unit(name, p, quantised, dtype))
             continue
         layer_name, layer = layer_of[id(p)]
         if layer_name in done:
@@ -155,6 +148,28 @@ def merged_units(peft_model) -> List[Unit]:
         if bias is not None:
             units.append(Unit(f"{layer_name}.bias", (bias,)))
     return units
+
+
+def model_units(model) -> List[Unit]:
+    """Checkpoint units of a model without an adapter: its parameters, a quantised weight dequantised."""
+    quantised, dtype = quantization.quantised_layers(model), _loaded_dtype(model)
+    return [_plain_unit(name, p, quantised, dtype) for name, p in model.named_parameters()]
+
+
+def _loaded_dtype(model) -> torch.dtype:
+    """The precision the model was loaded in: its input embedding's (never quantised), else its first floating
+    parameter's."""
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embedding is not None and getattr(embedding, "weight", None) is not None:
+        return embedding.weight.dtype
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _plain_unit(name: str, p, quantised: dict, dtype) -> Unit:
+    q = quantised.get(id(p))
+    if q is None:
+        return Unit(name, (p,))
+    return Unit(name, (p,), lambda: quantization.dense_weight(q, dtype), quantization.dense_spec(q, dtype))
 
 
 def _merge(layer, weight, adapter, quantised, dtype):

@@ -14,13 +14,13 @@ from typing import Dict, Iterator, List, Tuple
 import torch
 
 from .. import compat
-from .gather import Unit, full_tensors, plain_units
-from .lora import is_peft_model, merged_units
+from .gather import Unit, full_tensors
+from .lora import is_peft_model, merged_units, model_units
 
 
 def checkpoint_units(module: torch.nn.Module) -> List[Unit]:
     """The units of a Hugging Face checkpoint of `module`: its parameters, or a LoRA policy's merged layers."""
-    return merged_units(module) if is_peft_model(module) else plain_units(module.named_parameters())
+    return merged_units(module) if is_peft_model(module) else model_units(module)
 
 
 def base_model(module: torch.nn.Module) -> torch.nn.Module:

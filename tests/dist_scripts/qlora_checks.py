@@ -150,6 +150,36 @@ def _():
     return qlora_run("qlora_8bit_zero2", {"load_in_8bit": True}, ZERO2)
 
 
+# ------------------------------------------------------------------ 3. a model passed already loaded in 4 bits
+@check("qlora_instance")
+def _():
+    """TRL's other form: the user loads the model quantised and passes it. The initial model vLLM loads is saved
+    dequantised, so vLLM samples the quantised policy from its first token (before any sync)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model("qwen2"),
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"),
+        dtype=torch.float32,
+    )
+    trainer = GRPOTrainer(
+        model,
+        digit_fraction,
+        train_dataset=prompts,
+        peft_config=lora_config(),
+        args=config("qlora_instance", deepspeed=SHARDED_ZERO3, max_steps=1),
+    )
+    KEEP.append(trainer)
+    at_start = {"vllm": vllm_logps(trainer), "policy": policy_logps(trainer.policy.engine)}
+    trainer.train()
+    initial = os.path.join(trainer.args.output_dir, "initial_model")
+    return {
+        "at_start": at_start,
+        "history": training_rows(trainer),
+        "initial_config_quantised": "quantization_config" in json.load(open(os.path.join(initial, "config.json"))),
+    }
+
+
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
     json.dump(results, fh)
 dist.barrier("results written")
