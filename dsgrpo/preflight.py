@@ -46,6 +46,7 @@ class RunPlan:
     rollout_func: Optional[Callable]
     peft_config: Any  # LoRA settings to wrap the model with, or None
     quantization: Any  # the BitsAndBytesConfig the policy loads with (QLoRA), or None
+    quantised: bool  # the policy's base is quantised (loaded so, or passed loaded in 4/8 bits): vLLM needs it first
     adapter: Optional[Dict[str, Any]]  # a LoRA policy's shape (recorded in checkpoints), or None: not LoRA
     rollout_source: type  # the source class, a variant when an option asks for one (rollout/choice.py)
     placement: Any  # which ranks train and which generate (split placement's groups made)
@@ -173,6 +174,7 @@ class _Preflight:
         args.validate(world_size=self.world)
         self.dtype = device.train_dtype(args.bf16, args.fp16)
         self.quantization = quantization.bnb_config(*self.quantization_given, self.dtype)
+        self.quantised = self.quantization is not None or self.loaded_quantised
         unused_dtype = args.ignored_dtype(self.dtype)
         if unused_dtype and dist.is_main():
             print(f"dsgrpo: warning: {unused_dtype}", file=sys.stderr, flush=True)
@@ -211,6 +213,9 @@ class _Preflight:
         """Quantization and LoRA: what the model is and how it will be wrapped. Returns the adapter's config."""
         ignored = quantization.check(model, quantization_config, self.args.model_init_kwargs, peft_config)
         # a model passed loaded is trained as it is (TRL ignores the setting then too)
+        self.loaded_quantised = bool(
+            getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
+        )
         self.quantization_given = (
             (quantization_config, self.args.model_init_kwargs) if isinstance(model, str) else (None, None)
         )

@@ -110,7 +110,7 @@ class TrainerSetup:
             if isinstance(model, str)
             else model
         )
-        if self.quantization is not None or getattr(policy_model, "is_loaded_in_4bit", False):
+        if self.quantised:
             quantization.prepare_loaded(policy_model)
         if self.peft_config is not None:
             policy_model = lora.wrap_with_lora(policy_model, self.peft_config, args.seed)

@@ -123,7 +123,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
                 resumed = (
                     checkpoint.generator_state(self.resume_path, dist.rank(dist.EVERYONE)) if self.resume_path else None
                 )
-                if self.generating_rank.run(resumed):
+                if self.generating_rank.run(resumed, initial_weights=self.quantised):
                     raise SystemExit(checkpoint.PREEMPTED_EXIT_CODE)
                 return self.state
             try:
@@ -140,7 +140,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         args, state = self.args, self.state
         if self.resume_path:
             self._resume(self.resume_path)
-        elif self.policy.quantised:  # vLLM loaded the checkpoint; the policy computes with its quantised weights
+        elif self.quantised:  # vLLM loaded the checkpoint; the policy computes with its quantised weights
             self.source.sync_weights(self.policy.module, state.generation_round - 1)
         start, steps_before = time.perf_counter(), state.global_step
         self._started_at = (state.generation_round, state.global_step)

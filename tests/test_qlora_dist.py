@@ -16,7 +16,15 @@ RUNS = ("qlora_4bit_zero3", "qlora_8bit_zero2")
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("qlora_checks")
-    torchrun("tests/dist_scripts/qlora_checks.py", str(out), timeout=600)
+    checks = "qlora_4bit_zero3,qlora_8bit_zero2,qlora_instance"
+    torchrun("tests/dist_scripts/qlora_checks.py", str(out), checks, timeout=600)
+    return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def split_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qlora_split")  # split placement gives ranks roles for the process's life
+    torchrun("tests/dist_scripts/qlora_checks.py", str(out), "qlora_split", timeout=600)
     return [json.load(open(out / f"result-{r}.json")) for r in range(2)]
 
 
@@ -73,3 +81,15 @@ def test_a_model_passed_loaded_in_4_bits_trains_and_vllm_starts_from_its_dequant
         assert not r["initial_config_quantised"]  # initial_model is a plain checkpoint vLLM loads
         assert max_diff(r["at_start"]["vllm"], r["at_start"]["policy"]) <= 1e-4
         assert [h["step"] for h in r["history"]] == [1] and 0 <= r["history"][0]["reward"] <= 1
+
+
+def test_split_placement_generators_start_from_the_dequantised_base(split_results):
+    trainer, generator = part(split_results, "qlora_split")
+    assert trainer["trains"] and not generator["trains"]
+    assert [h["step"] for h in trainer["history"]] == [1, 2, 3]
+    sent, loaded = trainer["by_version"], generator["by_version"]
+    assert "0" in sent and "0" in loaded  # the weights before the first round, sent because the base is quantised
+    assert max_diff(loaded["before"], sent["0"]) > 1e-3  # vLLM's checkpoint was the full-precision one
+    for v in sorted(set(sent) & set(loaded), key=int):
+        assert max_diff(sent[v], loaded[v]) <= 1e-4, v
+    assert len(set(sent) & set(loaded)) >= 2

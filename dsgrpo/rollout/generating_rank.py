@@ -24,14 +24,18 @@ class GeneratingRank:
     def worker(self):
         return self.exchange.worker
 
-    def run(self, resumed: Optional[Tuple[dict, int]] = None) -> bool:
-        """Until the trainers stop. `resumed`: (this rank's saved state, the round to continue from). Returns True
-        when the trainers stopped for a preemption (the caller exits as they do)."""
+    def run(self, resumed: Optional[Tuple[dict, int]] = None, initial_weights: bool = False) -> bool:
+        """Until the trainers stop. `resumed`: (this rank's saved state, the round to continue from);
+        `initial_weights`: the trainers send weights before the first round even when not resuming (a quantised
+        policy's, which the checkpoint vLLM loaded is not). Returns True when the trainers stopped for a preemption
+        (the caller exits as they do)."""
         rnd = 0
         if resumed is not None:
             state, rnd = resumed
             self.exchange.load_state_dict(state)
             self.receive_weights(rnd)  # the trainers send the resumed weights before the first round
+        elif initial_weights:
+            self.receive_weights(0)
         self.exchange.start_worker(rnd)
         try:
             while True:

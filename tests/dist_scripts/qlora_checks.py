@@ -180,9 +180,55 @@ def _():
     }
 
 
-with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
+# ------------------------------------------------------------------ 4. split placement (a launch of its own): rank 1
+#                                                                    generates, rank 0 trains the 4-bit base
+@check("qlora_split")
+def _():
+    """The generating rank holds no policy: it learns from the plan that the base is quantised and takes the
+    dequantised weights before its first round, as after a resume."""
+    from dsgrpo import AsyncGRPOTrainer
+
+    trainer = AsyncGRPOTrainer(
+        tiny_model("qwen2"),
+        digit_fraction,
+        train_dataset=prompts,
+        peft_config=lora_config(),
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"),
+        args=config("qlora_split", async_placement="split", per_device_train_batch_size=16, max_staleness=1),
+    )
+    KEEP.append(trainer)
+    by_version = {}
+    if trainer.trains:  # the policy's log-probs as each version is sent (version = round index + 1)
+        original = trainer.source.sync_weights
+
+        def sync(policy_module, round_index, needed=True):
+            original(policy_module, round_index, needed)
+            if needed:
+                by_version[round_index + 1] = policy_logps(trainer.policy.engine)
+
+        trainer.source.sync_weights = sync
+    else:  # vLLM's once it has loaded each version
+        rank = trainer.generating_rank
+        receive = rank.receive_weights
+
+        def received(version):
+            receive(version)
+            with rank.worker.paused():
+                by_version[version] = vllm_logps(trainer)
+
+        rank.receive_weights = received
+        by_version["before"] = vllm_logps(trainer)
+    trainer.train()
+    return {
+        "trains": trainer.trains,
+        "by_version": by_version,
+        "history": training_rows(trainer) if trainer.trains else None,
+    }
+
+
+with open(os.path.join(OUT, f"result-{dist.rank(dist.EVERYONE)}.json"), "w") as fh:
     json.dump(results, fh)
-dist.barrier("results written")
+dist.barrier("results written", group=dist.EVERYONE)  # split placement leaves rank 0 a training group of one
 
 from dsgrpo.process_exit import leave  # noqa: E402
 
