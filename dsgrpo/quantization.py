@@ -92,7 +92,7 @@ def bnb_config(quantization_config, model_init_kwargs: Optional[dict], dtype: to
     from transformers import BitsAndBytesConfig
 
     if isinstance(config, BitsAndBytesConfig):
-        return config
+        return _checked_storage(config, dtype)
     if not isinstance(config, dict):
         raise TypeError(
             f"quantization_config must be a transformers.BitsAndBytesConfig or a dict of its fields, not "
@@ -104,12 +104,27 @@ def bnb_config(quantization_config, model_init_kwargs: Optional[dict], dtype: to
             fields[key] = getattr(torch, fields[key].replace("torch.", ""))
     fields.setdefault("bnb_4bit_compute_dtype", dtype)
     try:
-        return BitsAndBytesConfig(**fields)
+        made = BitsAndBytesConfig(**fields)
     except (TypeError, ValueError) as exc:
         raise ValueError(
             f"quantization_config: {exc}. Give BitsAndBytesConfig's fields, e.g. "
             "{load_in_4bit: true, bnb_4bit_quant_type: nf4, bnb_4bit_use_double_quant: true}."
         ) from None
+    return _checked_storage(made, dtype)
+
+
+def _checked_storage(config, dtype: torch.dtype):
+    """A 4-bit weight's packed bytes held in a floating dtype other than the engine's would be converted, value by
+    value, when DeepSpeed casts the model to its precision: refused, naming the two choices that are safe."""
+    storage = getattr(config, "bnb_4bit_quant_storage", torch.uint8)
+    if config.load_in_4bit and storage.is_floating_point and storage != dtype:
+        name = str(dtype).replace("torch.", "")
+        raise ValueError(
+            f"quantization_config.bnb_4bit_quant_storage={str(storage).replace('torch.', '')} but the engines hold "
+            f"the model in {name}: DeepSpeed's cast to {name} would convert the packed 4-bit bytes as numbers. Set "
+            f"bnb_4bit_quant_storage to {name} (what ZeRO-3 QLoRA recipes use) or leave it uint8."
+        )
+    return config
 
 
 def bytes_per_weight(config) -> Optional[float]:

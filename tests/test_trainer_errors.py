@@ -244,5 +244,9 @@ def test_quantization_config_without_an_adapter_is_refused_before_any_load(tmp_p
     assert made.load_in_4bit and made.bnb_4bit_compute_dtype == torch.bfloat16
     made = quantization.bnb_config({"load_in_4bit": True, "bnb_4bit_compute_dtype": "float32"}, None, torch.bfloat16)
     assert made.bnb_4bit_compute_dtype == torch.float32
+    stored = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_storage=torch.float32)
+    with pytest.raises(ValueError, match="bnb_4bit_quant_storage=float32 but the engines hold the model in bfloat16"):
+        quantization.bnb_config(stored, None, torch.bfloat16)
+    assert quantization.bnb_config(stored, None, torch.float32) is stored
     with pytest.raises(ValueError, match="quantization_config: .*Give BitsAndBytesConfig's fields"):
         quantization.bnb_config({"load_in_4bit": True, "load_in_8bit": True}, None, torch.float32)

@@ -153,13 +153,16 @@ def _():
 # ------------------------------------------------------------------ 3. a model passed already loaded in 4 bits
 @check("qlora_instance")
 def _():
-    """TRL's other form: the user loads the model quantised and passes it. The initial model vLLM loads is saved
-    dequantised, so vLLM samples the quantised policy from its first token (before any sync)."""
+    """TRL's other form: the user loads the model quantised (fp4, its bytes stored as fp32) and passes it. The
+    initial model vLLM loads is saved dequantised, so vLLM samples the quantised policy from its first token
+    (before any sync)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         tiny_model("qwen2"),
-        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"),
+        quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_quant_storage=torch.float32
+        ),
         dtype=torch.float32,
     )
     trainer = GRPOTrainer(
