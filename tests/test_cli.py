@@ -50,6 +50,14 @@ def test_overrides_reach_run_keys_and_config_fields(tmp_path):
         load_run_config(str(hosted), [])
     with pytest.raises(ValueError, match="Did you mean 'max_steps'"):
         load_run_config(os.path.join(REPO, "examples", "cpu_demo.yaml"), ["--max_step", "3"])
+    qlora = tmp_path / "qlora.yaml"  # QLoRA from YAML: a run key, the trainer's argument (TRL's position)
+    qlora.write_text(
+        "model: x\ntrain_dataset: task:copy_digits\nreward_funcs: [accuracy_reward]\n"
+        "peft_config: {r: 8}\nquantization_config: {load_in_4bit: true, bnb_4bit_quant_type: nf4}\n"
+    )
+    run, cfg = load_run_config(str(qlora), [])
+    assert run["quantization_config"] == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    assert "quantization_config" not in cfg.model_load_kwargs  # the policy's alone, never a reward model's
 
 
 def test_reward_sources_and_tasks_from_yaml():
