@@ -55,9 +55,14 @@ def test_overrides_reach_run_keys_and_config_fields(tmp_path):
         "model: x\ntrain_dataset: task:copy_digits\nreward_funcs: [accuracy_reward]\n"
         "peft_config: {r: 8}\nquantization_config: {load_in_4bit: true, bnb_4bit_quant_type: nf4}\n"
     )
-    run, cfg = load_run_config(str(qlora), [])
+    run, _ = load_run_config(str(qlora), [])
     assert run["quantization_config"] == {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
-    assert "quantization_config" not in cfg.model_load_kwargs  # the policy's alone, never a reward model's
+    _, cfg = load_run_config(
+        str(qlora), ["--model_init_kwargs", "{quantization_config: {load_in_8bit: true}, attn_implementation: eager}"]
+    )
+    assert cfg.model_init_kwargs["quantization_config"] == {"load_in_8bit": True}
+    kwargs = cfg.model_load_kwargs  # what every model loads with: the quantisation is the policy's alone
+    assert kwargs["attn_implementation"] == "eager" and "quantization_config" not in kwargs
 
 
 def test_reward_sources_and_tasks_from_yaml():
