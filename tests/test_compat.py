@@ -300,3 +300,20 @@ def test_a_background_thread_generates_once_it_takes_the_main_threads_openmp_cou
     assert isinstance(out["main"], list) and len(out["main"]) == 4
     assert "thread_num" in out["unset"], out  # the failure this guards against, still there without the call
     assert isinstance(out["set"], list) and len(out["set"]) == 4, out
+
+
+def test_the_watcher_imports_no_torch():
+    """The rank watcher (watcher.py) imports compat for the store's wire protocol and must start in a fraction of a
+    second beside every rank: compat's modules import their libraries inside the functions that need them. (A
+    top-level `import torch` in a compat module once made every watcher load torch and the stopped-rank tests
+    miss their bound.)"""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "deepspeed", "vllm", "transformers", "peft", "bitsandbytes")
+    code = (
+        "import sys, dsgrpo.watcher, dsgrpo.compat, dsgrpo.process_exit; "
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import torch
+# (nothing heavy at import: the rank watcher imports compat, and must start in a fraction of a second)
 
 
-def keep_4bit_training_layout(model: torch.nn.Module) -> int:
+def keep_4bit_training_layout(model) -> int:
     """Stop every 4-bit layer of `model` repacking its weight for bitsandbytes' CPU inference kernel: on a CPU with
     AVX-512 BF16, Linear4bit's first forward in eval mode without gradients replaces `weight.data` with another
     layout and routes every later forward, training ones too, through a kernel with no backward (and under

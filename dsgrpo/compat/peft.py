@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 
 def lora_layer_types():
     """(LoraLayer, the LoRA linear layer classes) of the installed peft: lora.Linear, and with bitsandbytes its
@@ -38,7 +36,7 @@ def params_holding(params, tensors):
             p.data = d
 
 
-def lora_merged_weight(layer, base: torch.Tensor, adapter: str):
+def lora_merged_weight(layer, base, adapter: str):
     """W + ΔW of one LoRA layer, W its base weight as a full-precision tensor (call while its adapter is
     gathered)."""
     return base + layer.get_delta_weight(adapter).to(base.dtype)
