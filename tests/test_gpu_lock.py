@@ -25,6 +25,7 @@ def test_the_lock_pins_the_tested_versions_and_what_deepspeed_needs():
         "vllm": "0.32.0",
         "transformers": "5.19.0",
         "peft": "0.21.2",
+        "bitsandbytes": "0.50.2",
     }
     assert gpu_lock.deepspeed_requirements_missing(pins) == []
     # gpu.in's own pins are the lock's: regenerate with `make lock-gpu` after changing either
