@@ -232,10 +232,9 @@ def plan(argv: List[str]) -> int:
         lora_params = planner.lora_parameter_count(model_config, lora_config)
     world = known.gpus_per_node * known.nodes
     asynchronous = values.get("trainer") == "async"
-    from .quantization import bytes_per_weight
+    from .quantization import bytes_per_weight, given
 
-    quantised = values.get("quantization_config") or (args.model_init_kwargs or {}).get("quantization_config")
-    quantised_bytes = bytes_per_weight(quantised)
+    quantised_bytes = bytes_per_weight(given(values.get("quantization_config"), args.model_init_kwargs))
     ds_spec, ref_ds_spec, auto_choice = planner.choose_deepspeed(
         args,
         model_config,

@@ -33,7 +33,9 @@ def bits_of(config) -> str:
     return "quantised"
 
 
-def _given(quantization_config, model_init_kwargs: Optional[dict]):
+def given(quantization_config, model_init_kwargs: Optional[dict]):
+    """The quantization_config a run sets: the trainer argument (or YAML key), else model_init_kwargs' (both at
+    once is an error, as in TRL)."""
     kwargs = model_init_kwargs if isinstance(model_init_kwargs, dict) else {}
     if quantization_config is not None and "quantization_config" in kwargs:
         raise ValueError(
@@ -47,7 +49,7 @@ def check(model, quantization_config, model_init_kwargs: Optional[dict], peft_co
     """Refuse what cannot train before anything is loaded: a quantised base without an adapter, a config that is
     not bitsandbytes', bitsandbytes missing. Returns a warning to print when the setting is ignored (a model passed
     as an instance, as TRL ignores it then), else None."""
-    config = _given(quantization_config, model_init_kwargs)
+    config = given(quantization_config, model_init_kwargs)
     loaded_quantised = getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
     if config is None and not loaded_quantised:
         return None
@@ -86,7 +88,7 @@ def check(model, quantization_config, model_init_kwargs: Optional[dict], peft_co
 def bnb_config(quantization_config, model_init_kwargs: Optional[dict], dtype: torch.dtype):
     """The BitsAndBytesConfig the policy loads with (None: not quantised). A dict (a YAML run) becomes one, its
     dtypes given by name; a 4-bit compute dtype the user left unset is the run's training dtype."""
-    config = _given(quantization_config, model_init_kwargs)
+    config = given(quantization_config, model_init_kwargs)
     if config is None:
         return None
     from transformers import BitsAndBytesConfig
