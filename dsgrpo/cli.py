@@ -292,7 +292,9 @@ def run_reporting_errors(command: Callable[[List[str]], int], argv: List[str]) -
     try:
         return command(argv)
     except RankLostError as exc:  # a peer is gone: say who, then leave at once (shutdown could wait on it)
-        print(f"dsgrpo: error: {exc}", file=sys.stderr, flush=True)
+        from .process_exit import say_line
+
+        say_line(f"dsgrpo: error: {exc}")
         sys.stdout.flush()
         os._exit(RANK_LOST_EXIT_CODE)
     except INPUT_ERRORS + _start_errors() as exc:

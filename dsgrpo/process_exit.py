@@ -32,6 +32,20 @@ def exit_code():
     return _exit_code[0] if _exit_code else None
 
 
+def say_line(text: str, fd: int = 2) -> None:
+    """Write `text` and its newline in one write. Ranks share the launcher's stderr pipe, and print() writes the text
+    and its newline separately: another rank's line could land between them (a test's marker line, then unreadable,
+    failed CI). One write of up to PIPE_BUF (4096) bytes is never split on a pipe; a flush first keeps order with
+    what the stream already holds."""
+    stream = sys.stderr if fd == 2 else sys.stdout if fd == 1 else None
+    if stream is not None:
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os.write(fd, (text.rstrip("\n") + "\n").encode("utf-8", "backslashreplace"))
+
+
 def leave(code: int = 0) -> NoReturn:
     _exit_code.append(code)
     # CPython's own first exit step (private; 3.11-3.13): threading's exit hooks first, which tell idle

@@ -112,3 +112,39 @@ def test_leave_passes_over_dead_weak_proxies(tmp_path):
         tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_say_line_keeps_two_processes_lines_whole_on_one_pipe(tmp_path):
+    """Ranks share the launcher's stderr: a marker line a test reads must arrive whole, never with another rank's
+    text between its words and its newline (print writes them apart; that broke a CI run)."""
+    child = tmp_path / "child.py"
+    child.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from dsgrpo.process_exit import say_line
+            who = sys.argv[1]
+            sys.stderr.write("pending ")   # unflushed text goes first, on the same line
+            for i in range(3000):
+                say_line(f"{who} line {i} " + "x" * 60)
+            """
+        )
+    )
+    proc = run(
+        f"""
+        import subprocess, sys
+        kids = [subprocess.Popen([sys.executable, {str(child)!r}, who]) for who in ("A", "B")]
+        sys.exit(max(k.wait() for k in kids))
+        """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 6000
+    import re
+
+    whole = re.compile(r"^(pending )?[AB] line \d+ x{60}$")
+    assert [line for line in lines if not whole.match(line)] == []
+    for who in "AB":
+        numbers = [int(line.split()[-2]) for line in lines if line.removeprefix("pending ").startswith(who)]
+        assert numbers == list(range(3000))

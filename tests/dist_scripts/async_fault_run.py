@@ -20,6 +20,7 @@ import time
 from datasets import Dataset
 
 from dsgrpo import AsyncGRPOTrainer, GRPOConfig, dist
+from dsgrpo.process_exit import say_line
 from dsgrpo.testing import tiny_model
 from dsgrpo.watchdog import RankLostError
 from recorder import SHARDED_ZERO3, digit_fraction
@@ -43,9 +44,7 @@ def fault_due() -> bool:
 def reward(prompts, completions, **kwargs):
     calls["n"] += 1
     if FAULT and dist.rank(dist.EVERYONE) == int(target) and fault_due():
-        print(
-            f"FAULT rank {target} {kind} at reward call {calls['n']} t={time.time():.3f}", file=sys.stderr, flush=True
-        )
+        say_line(f"FAULT rank {target} {kind} at reward call {calls['n']} t={time.time():.3f}")
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise ZeroDivisionError("the rollout worker dies mid-chunk, on purpose")
@@ -106,7 +105,7 @@ except RuntimeError as exc:
 if trainer.trains:
     with open(os.path.join(OUT, f"attempts-{dist.rank(dist.EVERYONE)}.jsonl"), "a") as fh:
         fh.write(json.dumps({"fault": FAULT, "resumed_from": trainer.resume_path, "rounds": rounds, **ended}) + "\n")
-print(f"ENDED rank {dist.rank(dist.EVERYONE)}: {ended['how']}", file=sys.stderr, flush=True)
+say_line(f"ENDED rank {dist.rank(dist.EVERYONE)}: {ended['how']}")
 if ended["how"] != "finished":
     os._exit(3)
 

@@ -25,6 +25,7 @@ from datasets import Dataset
 
 from dsgrpo import GRPOConfig, GRPOTrainer, dist
 from dsgrpo.engines import completion_logprobs
+from dsgrpo.process_exit import say_line
 from dsgrpo.rollout import Rollout
 from dsgrpo.testing import tiny_model
 from dsgrpo.watchdog import RANK_LOST_EXIT_CODE, RankLostError
@@ -42,11 +43,7 @@ target, _, how = target.partition(":")
 def die():
     if target and int(target) != dist.rank():
         return
-    print(
-        f"FAULT rank {dist.rank()} {'stops' if how == 'stop' else 'dies'} at {FAULT} t={time.time():.3f}",
-        file=sys.stderr,
-        flush=True,
-    )
+    say_line(f"FAULT rank {dist.rank()} {'stops' if how == 'stop' else 'dies'} at {FAULT} t={time.time():.3f}")
     os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
 
 
@@ -134,7 +131,7 @@ resumed_from = trainer.resume_path
 try:
     trainer.train()
 except RankLostError as exc:  # a peer was killed or stopped: what the survivor says, and when
-    print(f"SURVIVOR rank {dist.rank()} t={time.time():.3f}: {exc}", file=sys.stderr, flush=True)
+    say_line(f"SURVIVOR rank {dist.rank()} t={time.time():.3f}: {exc}")
     os._exit(RANK_LOST_EXIT_CODE)
 
 r = Rollout([[1, 5, 9, 12]], [[30, 31, 32, 33, 34]], [[0.0] * 5], [True])

@@ -20,6 +20,7 @@ import torch
 from datasets import Dataset
 
 from dsgrpo import GRPOConfig, GRPOTrainer, dist
+from dsgrpo.process_exit import say_line
 from dsgrpo.testing import tiny_model
 from dsgrpo.watchdog import RANK_LOST_EXIT_CODE, RankLostError
 
@@ -52,7 +53,7 @@ def stop(step: int) -> None:
         while watchdog._heartbeat[0].read()[0].phase != WAITS_IN[PHASE] and time.time() < deadline:
             time.sleep(0.2)
         time.sleep(0.5)  # (its collective entered)
-        print(f"FAULT rank 1 stops in {PHASE} t={time.time():.3f}", file=sys.stderr, flush=True)
+        say_line(f"FAULT rank 1 stops in {PHASE} t={time.time():.3f}")
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -112,9 +113,9 @@ elif PHASE == "checkpoint":
 try:
     trainer.train()
 except RankLostError as exc:  # the collective timed out first (what `dsgrpo train` does with it)
-    print(f"dsgrpo: error: {exc}", file=sys.stderr, flush=True)
+    say_line(f"dsgrpo: error: {exc}")
     os._exit(RANK_LOST_EXIT_CODE)
-print(f"rank {dist.rank()} finished: the stop did not end the job", file=sys.stderr, flush=True)
+say_line(f"rank {dist.rank()} finished: the stop did not end the job")
 from dsgrpo.process_exit import leave  # noqa: E402
 
 leave(0)
