@@ -357,3 +357,70 @@ def test_partial_rollouts_carry_an_episode_across_rounds_with_its_environment_al
     assert instance.guesses == [3, 5] and stale.restart_stale(version=1, max_staleness=1)[0] == 0
     assert stale.restart_stale(version=5, max_staleness=1)[0] == 1 and instance.guesses == []
     assert stale.live[(0, 0)][1] is instance and stale.groups[0].members[0].tokens == []
+
+
+class FlakyEnv(GuessEnv):
+    """reset() raises for target 3 and hangs for target 4; get_reward() raises for target 6."""
+
+    def reset(self, target, **row):
+        if target == 3:
+            raise ConnectionError("the game server went away")
+        if target == 4:
+            import time
+
+            time.sleep(3)
+        return super().reset(target, **row)
+
+    def get_reward(self) -> float:
+        if self.target == 6:
+            raise KeyError("score")
+        return super().get_reward()
+
+
+def test_an_environment_that_raises_or_hangs_is_counted_and_scores_none_and_the_round_goes_on(tok, capsys):
+    """TRL ends the run when reset() or get_reward() raises; here, as for tools and agents, the episode scores None
+    from its environment, env/errors (raised) or env/timeouts (outlived tool_timeout_s) counts it, the first failure
+    is said once, and the other episodes of the round are untouched. A hung instance leaves the pool."""
+    envs = Environments(FlakyEnv, [], timeout_s=0.5)
+    # "Play C." answers without a call: what is counted is the environment's start alone
+    rows = [{"prompt": [{"role": "user", "content": "Play C."}], "target": t} for t in (5, 3, 4, 6)]
+    prompts = prompt_source(tok, rows)
+    sampler = EnvironmentSampler(
+        ScriptedGenerator(tok, script), SamplingConfig(max_tokens=200), tok, envs, max_iterations=None
+    )
+    rollout = sampler.sample(prompts, [0, 1, 2, 3], [1, 1, 1, 1], seeds=None)
+    instances = rollout.columns["environments"]
+    counts = [dict(zip(COUNTS, row)) for row in rollout.tool_counts]
+    assert [(c["errors"], c["timeouts"]) for c in counts] == [(0, 0), (1, 0), (0, 1), (0, 0)]
+    # the failed episodes ran from the row's prompt (no observation), the others with reset's string
+    assert "Guess a number" in tok.decode(rollout.prompt_ids[0])
+    assert "Guess a number" not in tok.decode(rollout.prompt_ids[1])
+    assert envs.reward_sources[0](environments=instances) == [0.0, None, None, None]
+    said = capsys.readouterr().out
+    assert said.count("dsgrpo: warning:") == 1 and "ConnectionError: the game server went away" in said
+    assert "env/errors" in said
+    metrics = ToolStats.of(rollout).metrics()
+    assert metrics["env/errors"] == pytest.approx(1 / 4) and metrics["env/timeouts"] == pytest.approx(1 / 4)
+    assert instances[2] not in envs.pool[None] and instances[0] in envs.pool[None]
+    # the next round: the instance whose reset raised is reset again and scores as any other
+    again = sampler.sample(prompts, [0, 3], [1, 1], seeds=None)
+    assert [c[COUNTS.index("errors")] for c in again.tool_counts] == [0, 0]
+    assert envs.reward_sources[0](environments=again.columns["environments"]) == [0.0, None]
+
+
+def test_partial_rollouts_count_an_environment_that_did_not_start(tok):
+    from dsgrpo.rollout.partial import InFlight, run_round
+
+    rows = [{"prompt": [{"role": "user", "content": "Play C."}], "target": t} for t in (5, 3)]
+    prompts = prompt_source(tok, rows)
+    envs = Environments(FlakyEnv, [], timeout_s=0.5)
+    sampler = EnvironmentSampler(
+        ScriptedGenerator(tok, script), SamplingConfig(max_tokens=200), tok, envs, max_iterations=None
+    )
+    flight = InFlight(1, 200, turns=sampler.turns(prompts))
+    for position in range(2):
+        flight.add(position, prompt_index=position, first_seed=position)
+    run_round(SteppedEngine(tok, script), flight, None, SamplingConfig(max_tokens=200), need=2, version=0)
+    rollout = flight.rollout(flight.take(2), None)
+    assert [c[COUNTS.index("errors")] for c in rollout.tool_counts] == [0, 1]
+    assert envs.reward_sources[0](environments=rollout.columns["environments"]) == [0.0, None]

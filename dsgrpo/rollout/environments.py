@@ -10,7 +10,9 @@ grows to the most instances a round needs: "construct once, reset often"); then,
 
 The trained sequence is what the policy sampled plus the tool turns' tokens (masked out of the loss), exactly as
 for `tools`: nothing is re-tokenised from text. A method that raises or hangs (`tool_timeout_s`) becomes an
-error message to the model, never a crashed run. Reward functions receive the instances as `environments=`.
+error message to the model, never a crashed run; a reset() that raises or hangs, or a get_reward() that raises, is
+the episode's error (env/errors, env/timeouts; its environment scores None) where TRL's run would end. Reward
+functions receive the instances as `environments=`.
 
 Nothing here imports vLLM or DeepSpeed."""
 
@@ -20,7 +22,7 @@ import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .base import Generator, SamplingConfig, round_seed
-from .tools import SegmentTurns, ToolRunner, run_tool_turns, tool_schemas
+from .tools import COUNTS, SegmentTurns, ToolRunner, call_within, run_tool_turns, tool_schemas
 
 # methods of an environment that are not tools: TRL's contract
 NOT_TOOLS = ("reset", "get_reward")
@@ -67,6 +69,10 @@ class Environments:
         self.factories = factories
         self.standalone = list(standalone_tools or [])
         self.timeout_s = timeout_s
+        # id(instance) -> how its latest reset() failed ("raised", "timeout"): its episode runs from the row's prompt,
+        # scores None from its environment and counts in env/errors or env/timeouts; the run goes on
+        self.failed: Dict[int, str] = {}
+        self.warned = False
         self.pool: Dict[Optional[str], list] = {}
         self.tools: Dict[Optional[str], List[Callable]] = {}  # each environment's own tools (probe's bound methods)
         self.schemas: Dict[Optional[str], List[dict]] = {}  # what the model is shown: standalone tools + its own
@@ -98,7 +104,7 @@ class Environments:
             if cls in seen or not callable(getattr(pool[0], "get_reward", None)):
                 continue
             seen.add(cls)
-            sources.append(_environment_reward(cls))
+            sources.append(_environment_reward(cls, self))
         return sources
 
     def all_tools(self) -> List[Callable]:
@@ -154,15 +160,53 @@ class Environments:
             out.append(pool[k])
         return out
 
+    def reset(self, instance, row: dict) -> Optional[str]:
+        """`instance.reset(**row)`'s observation, within timeout_s (tool_timeout_s). One that raises or hangs does
+        not end the run: the episode runs from the row's prompt (observation None) and scores None from its
+        environment (`self.failed`), warned once. A hung instance leaves the pool (its thread may still hold it)."""
+        value, kind, _ = call_within(instance.reset, row, self.timeout_s, f"reset-{type(instance).__name__}")
+        if kind == "ok":
+            self.failed.pop(id(instance), None)
+            return value
+        self.failed[id(instance)] = kind
+        if kind == "timeout":
+            for pool in self.pool.values():
+                pool[:] = [other for other in pool if other is not instance]
+        what = (
+            f"raised {type(value).__name__}: {value}"
+            if kind == "raised"
+            else f"did not return within tool_timeout_s={self.timeout_s:g} s"
+        )
+        self.warn(
+            f"an environment's reset() {what} (its episode runs from the row's prompt and scores None from "
+            f"{type(instance).__name__}; counted in env/{'errors' if kind == 'raised' else 'timeouts'})"
+        )
+        return None
+
+    def warn(self, what: str) -> None:
+        """Say the first failure of the run (the metrics count the rest)."""
+        if not self.warned:
+            self.warned = True
+            print(f"dsgrpo: warning: {what}", flush=True)
+
     def runner(self, name: Optional[str], instance) -> ToolRunner:
         return ToolRunner(self.standalone + tool_methods(instance), self.timeout_s, schemas=self.schemas[name])
 
 
-def _environment_reward(cls) -> Callable:
+def _environment_reward(cls, envs: Environments) -> Callable:
+    def score(instance) -> Optional[float]:
+        if type(instance) is not cls or id(instance) in envs.failed:
+            return None  # another class's rollout, or one whose reset() failed
+        try:
+            return float(instance.get_reward())
+        except Exception as exc:  # noqa: BLE001 - an environment's failure ends its episode, not the run
+            envs.warn(f"{cls.__name__}.get_reward() raised {type(exc).__name__}: {exc} (the rollout scores None)")
+            return None
+
     def reward(environments=None, **kwargs):
         if environments is None:
             raise ValueError(f"the {cls.__name__} reward scores environments: call it with environments=[...].")
-        return [float(e.get_reward()) if type(e) is cls else None for e in environments]
+        return [score(e) for e in environments]
 
     reward.__name__ = cls.__name__
     return reward
@@ -214,6 +258,7 @@ class EnvironmentSampler:
         for row, name, instance in zip(rows, names, instances):
             prompt_ids.append(start_episode(envs, self.tokenizer, prompts, row, name, instance))
             runners.append(envs.runner(name, instance))
+        failed = [envs.failed.get(id(instance)) for instance in instances]  # read now: a later reset may clear it
         # each rollout has a prompt of its own (reset may differ per instance): one sample per prompt, seeded from
         # its group's seed and its place in the group (round 0 of round_seed; tool turns use rounds 1, 2, ...)
         row_seeds = None if seeds is None else [round_seed(s, 0, k) for s, n in zip(seeds, counts) for k in range(n)]
@@ -230,6 +275,9 @@ class EnvironmentSampler:
             call_format=self.call_format,
             lockstep=self.lockstep,
         )
+        for counts, kind in zip(rollout.tool_counts, failed):
+            if kind is not None:  # an episode whose reset() failed: env/errors or env/timeouts
+                counts[COUNTS.index("errors" if kind == "raised" else "timeouts")] += 1
         rollout.columns = {"environments": instances}
         envs.last = instances
         return rollout
@@ -259,6 +307,9 @@ class EnvironmentTurns(SegmentTurns):
             instance,
         )
 
+    def start_failure(self, instance) -> Optional[str]:
+        return self.environments.failed.get(id(instance))
+
     def handed(self, instances):
         self.environments.last = instances
 
@@ -281,7 +332,7 @@ def start_episode(envs: Environments, tokenizer, prompts, row: dict, name, insta
     """Reset `instance` with its row and return the episode's prompt ids: the row's messages (reset's string
     appended) rendered with its environment's tools."""
     # the `environment` column routes the row; it is not the environment's business (TRL's contract)
-    observation = instance.reset(**{k: v for k, v in row.items() if not (envs.multi and k == ENVIRONMENT_COLUMN)})
+    observation = envs.reset(instance, {k: v for k, v in row.items() if not (envs.multi and k == ENVIRONMENT_COLUMN)})
     messages = _with_observation(row["prompt"], observation)
     text = tokenizer.apply_chat_template(
         messages, tools=envs.schemas[name], tokenize=False, add_generation_prompt=True, **template_kwargs(prompts)

@@ -155,6 +155,9 @@ class InFlight:
         if self.turns is not None:
             prompt, runner, instance = self.turns.open(group.prompt_index, instance)
             c.prompt = list(prompt)
+            failed = self.turns.start_failure(instance)
+            if failed is not None:  # its environment did not start: env/errors or env/timeouts, the episode runs on
+                c.counts[failed] = c.counts.get(failed, 0) + 1
             self.live[(group.position, c.member)] = (runner, instance)
 
     def prompt_of(self, position: int, member: int, prompt_ids) -> List[int]:

@@ -154,26 +154,38 @@ class ToolRunner:
                 "unknown",
                 0.0,
             )
-        outcome: Dict[str, Any] = {}
-
-        def target():
-            try:
-                value = fn(**call.arguments)
-                outcome["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value
-            except BaseException as e:  # noqa: BLE001 - anything a tool raises is reported to the model
-                outcome["error"] = e
-
-        start = time.perf_counter()
-        thread = threading.Thread(target=target, name=f"tool-{call.name}", daemon=True)
-        thread.start()
-        thread.join(self.timeout_s)
-        seconds = time.perf_counter() - start
-        if thread.is_alive():
+        value, kind, seconds = call_within(fn, call.arguments, self.timeout_s, f"tool-{call.name}")
+        if kind == "timeout":
             return f"Error: tool {call.name!r} timed out after {self.timeout_s:g} s.", "timeout", seconds
-        if "error" in outcome:
-            e = outcome["error"]
-            return f"Error: tool {call.name!r} raised {type(e).__name__}: {e}", "raised", seconds
-        return _result_text(outcome["value"]), "ok", seconds
+        if kind == "raised":
+            return f"Error: tool {call.name!r} raised {type(value).__name__}: {value}", "raised", seconds
+        return _result_text(value), "ok", seconds
+
+
+def call_within(fn: Callable, kwargs: dict, timeout_s: float, name: str) -> Tuple[Any, str, float]:
+    """(its value or the exception it raised, how it ended: "ok", "raised" or "timeout", seconds) of `fn(**kwargs)`
+    run in a daemon thread for at most `timeout_s` (an `async def` is awaited). A thread still running when the
+    time is up is abandoned: Python cannot kill it, so it keeps what it holds until it returns or the process
+    exits, but the caller goes on."""
+    outcome: Dict[str, Any] = {}
+
+    def target():
+        try:
+            value = fn(**kwargs)
+            outcome["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value
+        except BaseException as e:  # noqa: BLE001 - anything the call raises is the caller's to report
+            outcome["error"] = e
+
+    start = time.perf_counter()
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    seconds = time.perf_counter() - start
+    if thread.is_alive():
+        return None, "timeout", seconds
+    if "error" in outcome:
+        return outcome["error"], "raised", seconds
+    return outcome["value"], "ok", seconds
 
 
 def _result_text(value: Any) -> str:
@@ -389,6 +401,10 @@ class SegmentTurns:
         """(prompt ids, the runner its calls go to, its environment or None) of a new episode of dataset row
         `index`; `instance`: an environment to reset again (an episode sampled again from the start)."""
         return list(self.prompts.prompt_ids[index]), self.runner, None
+
+    def start_failure(self, instance: Any) -> Optional[str]:
+        """How opening the episode of `instance` failed ("raised", "timeout": counted as its errors), or None."""
+        return None
 
     def after_segment(self, episode: Episode, runner: "ToolRunner", limit: int) -> bool:
         """A sampled segment ended (its own stop or max tokens, not a round's cut). True when the episode goes on:
