@@ -258,3 +258,35 @@ def test_a_streamed_answer_reassembles_to_the_whole_one_in_openais_own_client():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_agent_that_raises_or_hangs_scores_none_and_says_how_and_the_others_go_on(capsys):
+    """The episode's own outcome, what env/errors and env/timeouts count (the endpoint on a real engine:
+    test_api_dist.py): a raise is an error, a hang past timeout_s a timeout, each None, the rest scored, said once."""
+    import asyncio
+    import time
+
+    import openai
+
+    def agent(client, row):  # a sync agent: run in a thread, as a user's blocking loop is
+        assert client.default_headers["X-Episode-Id"] == row["id"]
+        if row["how"] == "raise":
+            raise ConnectionError("the tool server went away")
+        if row["how"] == "hang":
+            time.sleep(3)
+        return row["reward"]
+
+    rollout = AgentRollout(agent, timeout_s=0.5)
+    base = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x", max_retries=0)
+    rows = [{"id": f"e{i}", "how": how, "reward": 0.25 * i} for i, how in enumerate(["ok", "raise", "hang", "ok"])]
+
+    async def all_episodes():
+        gate, start = asyncio.Semaphore(4), time.monotonic()
+        out = await asyncio.gather(*(rollout._episode(base, gate, row, row["id"]) for row in rows))
+        return out, time.monotonic() - start
+
+    outcomes, seconds = asyncio.run(all_episodes())  # (asyncio.run then waits for the hung thread itself)
+    assert outcomes == [(0.0, "ok"), (None, "error"), (None, "timeout"), (0.75, "ok")]
+    assert seconds < 2.5  # the hung one was given up at timeout_s, not awaited
+    said = capsys.readouterr().out
+    assert said.count("dsgrpo: warning:") == 1 and "ConnectionError: the tool server went away" in said

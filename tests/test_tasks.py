@@ -153,6 +153,10 @@ def test_reasoning_gym_tasks_are_made_here_and_scored_by_their_own_scorers():
     assert reward(wrong, entries) == [0.0] * 4
     with pytest.raises(ValueError, match="'no_such_task' with its defaults cannot be made"):
         build_dataset("task:reasoning_gym:no_such_task", "train")
+    # answers reasoning-gym's own scorers raise on (found by feeding every task's scorer odd answers): a wrong answer
+    factors = build_dataset("task:reasoning_gym:prime_factorization,coin_flip", "train")
+    odd = [[{"role": "assistant", "content": "<answer>[[[[</answer>"}], "<answer>1e999999</answer>"]
+    assert reward(odd, factors["reasoning_gym_entry"][:2]) == [0.0, 0.0]
 
 
 def test_reasoning_gym_tasks_take_their_own_configuration():

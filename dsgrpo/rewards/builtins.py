@@ -27,7 +27,9 @@ def gold_answer(solution: str) -> str:
 @BUILTIN_REWARDS.register("reasoning_gym_reward")
 def reasoning_gym_reward(completions, reasoning_gym_entry, **kwargs) -> List[Optional[float]]:
     """reasoning-gym's own score of the completion's <answer> (task:reasoning_gym rows carry their entry as JSON):
-    its task's scorer, partial credit where the task gives it; 0.0 without an answer."""
+    its task's scorer, partial credit where the task gives it; 0.0 without an answer, and 0.0 for an answer its
+    scorer cannot read: some scorers raise on what a policy can write (prime_factorization on "[[[[", coin_flip on
+    "1e999999"), and a completion must not end the run."""
     import json
 
     from reasoning_gym import get_score_answer_fn
@@ -38,7 +40,10 @@ def reasoning_gym_reward(completions, reasoning_gym_entry, **kwargs) -> List[Opt
         entry = json.loads(raw)
         answer = extract_answer(completion_text(completion))
         score = get_score_answer_fn(entry["metadata"]["source_dataset"])
-        out.append(0.0 if answer is None else float(score(answer, entry)))
+        try:
+            out.append(0.0 if answer is None else float(score(answer, entry)))
+        except Exception:  # noqa: BLE001 - reasoning-gym's scorer failed on this answer: it is not a right one
+            out.append(0.0)
     return out
 
 
