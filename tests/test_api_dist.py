@@ -536,12 +536,18 @@ def test_a_verifiers_environment_trains_through_the_env_host_in_its_own_venv(res
         # verifiers' own metric (the taskset's @vf.metric reply_chars) reaches the log, a mean over the episodes
         assert all(h["env_metrics/reply_chars"] > 0 for h in history) and run["metrics"]["reply_chars"] > 0, history
         print(f"env host rank {rank}: {run['seconds']:.1f} s for 3 rounds, host up in {run['host_start_s']:.1f} s")
-        # the same environment with partial rollouts (episodes in the background loop) and the async trainer
+        # the same environment with partial rollouts (episodes in the background loop), the async trainer, and
+        # verifiers' own chat harness (`null`, a program per episode) in place of the host's loop: 1 step of 4
+        assert sorted(run["other"]) == ["async", "null_harness", "partial"], run["other"].keys()
         for name, other in run["other"].items():
-            assert [h["step"] for h in other["history"]] == [1, 2], (name, other)
+            steps, episodes = ([1], 4) if name == "null_harness" else ([1, 2], 8)
+            assert [h["step"] for h in other["history"]] == steps, (name, other)
             assert all(h["env/errors"] == 0 and 0 <= h["reward"] <= 1 for h in other["history"]), (name, other)
-            assert other["branch_checks"]["refused"] == 0 and other["branch_checks"]["matched"] >= 8, (name, other)
+            assert other["branch_checks"]["refused"] == 0, (name, other)
+            assert other["branch_checks"]["matched"] >= episodes, (name, other)
         assert run["other"]["partial"]["source"] == "AgentPartialSource"
+        null_s = run["other"]["null_harness"]["seconds"]
+        print(f"env host rank {rank}: verifiers' null harness, 4 episodes in {null_s:.1f} s")
 
 
 # issue 66's conformance suite: the same checks on every environment path's trained rows (recorder.conformance)
@@ -554,6 +560,7 @@ CONFORMANCE_PATHS = {  # check name (and sub-run) -> (the path, whether its epis
     ("env_host", None): ("env host, verifiers v1", False),
     ("env_host", "partial"): ("env host, verifiers v1, partial rollouts", False),
     ("env_host", "async"): ("env host, verifiers v1, AsyncGRPOTrainer", False),
+    ("env_host", "null_harness"): ("env host, verifiers v1, verifiers' own chat harness (null)", False),
     ("reasoning_gym", None): ("task:reasoning_gym", False),
 }
 # AsyncGRPOTrainer moves groups between ranks so each trains the same number (pool.plan_batch): a rank may train

@@ -1116,24 +1116,39 @@ def _():
     recorded, matched = calls_the_engine_sampled(rollout.last_episodes, seen)
     host = rollout.env_host
     rollout.close()
-    # partial rollouts (episodes run in the background loop across rounds) and the async trainer, through the host
+    # partial rollouts (episodes run in the background loop across rounds), the async trainer, and verifiers' own
+    # chat harness (`null`: a program per episode, where the default runs the same loop inside the host)
     other = {}
-    for name, cls, settings in (
-        ("partial", GRPOTrainer, dict(partial_rollout=True, partial_rollout_adaptive=False, rollout_overprovision=1)),
-        ("async", AsyncGRPOTrainer, dict(max_staleness=1, async_chunk_groups=1)),
+    for name, cls, settings, steps, harness in (
+        (
+            "partial",
+            GRPOTrainer,
+            dict(partial_rollout=True, partial_rollout_adaptive=False, rollout_overprovision=1),
+            2,
+            "dsgrpo_chat",
+        ),
+        ("async", AsyncGRPOTrainer, dict(max_staleness=1, async_chunk_groups=1), 2, "dsgrpo_chat"),
+        ("null_harness", GRPOTrainer, dict(per_device_train_batch_size=4), 1, "null"),
     ):
-        hosted = env_host_rollout("verifiers:dsgrpo_vf_digits", python=rollout.host_options["python"], paths=[modules])
+        hosted = env_host_rollout(
+            "verifiers:dsgrpo_vf_digits",
+            python=rollout.host_options["python"],
+            paths=[modules],
+            env={"DSGRPO_VERIFIERS_HARNESS": harness},
+        )
         run = cls(
             tiny_model("qwen2"),
             agent_reward,
             train_dataset=data,
             rollout_func=hosted,
-            args=config(f"env_host_{name}", max_steps=2, max_completion_length=32, temperature=1.0, **settings),
+            args=config(f"env_host_{name}", max_steps=steps, max_completion_length=32, temperature=1.0, **settings),
         )
         KEEP.append(run)
         run_verdict = conformance(run)
+        start = time.time()
         run.train()
         other[name] = {
+            "seconds": time.time() - start,
             "history": training_rows(run),
             "branch_checks": hosted.branch_checks,
             "source": type(run.source).__name__,
