@@ -185,3 +185,56 @@ def test_reasoning_gym_tasks_take_their_own_configuration():
     ):
         with pytest.raises(ValueError, match=says):
             build_dataset(f"task:reasoning_gym:{bad}", "train")
+
+
+def test_reasoning_gym_system_prompt_option_and_the_examples_warm_up_rows():
+    """`system_prompt=NAME|none` among the tasks picks reasoning-gym's system prompt (the example asks the question
+    alone); an unknown option or prompt is refused by name. The example's warm-up answers in <answer> tags, right
+    a fifth of the time and one too high otherwise, on the example's own task (its dataset and YAML agree)."""
+    import random
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from dsgrpo import tasks
+    from dsgrpo.cli import build_dataset
+    from dsgrpo.testing import tiny_tokenizer
+
+    spec = "chain_sum(min_terms=2, max_terms=2, min_digits=1, max_digits=1), system_prompt=none"
+    assert tasks.reasoning_gym_options(spec) == (
+        "chain_sum(min_terms=2, max_terms=2, min_digits=1, max_digits=1)",
+        {"system_prompt": "none"},
+    )
+    bare = build_dataset(f"task:reasoning_gym:{spec}", "train")
+    assert [m["role"] for m in bare[0]["prompt"]] == ["user"]
+    direct = build_dataset("task:reasoning_gym:chain_sum,system_prompt=direct", "train")
+    assert direct[0]["prompt"][0]["content"].startswith("Answer the question directly.")
+    for bad, says in (
+        ("chain_sum,system_prompt=nope", "system_prompt='nope' is not one of reasoning-gym's"),
+        ("chain_sum,min_terms=2", "'min_terms=2' is not a task nor an option of the dataset"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            build_dataset(f"task:reasoning_gym:{bad}", "train")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    example = yaml.safe_load(open(os.path.join(repo, "examples", "cpu_reasoning_gym.yaml")))
+    assert example["train_dataset"] == f"task:reasoning_gym:{tasks.REASONING_GYM_TASK}"
+    assert tasks.one_more("-4", "7") == "-3" and tasks.one_more("abc", "xyz") == "xyz"
+
+    made = []
+    original = tasks.supervised_warmup
+    tasks.supervised_warmup = lambda model_path, out_dir, example, recipe: made.append((example, recipe))
+    try:
+        tasks.reasoning_gym_warmup("unused", "unused")
+    finally:
+        tasks.supervised_warmup = original
+    (example_fn, recipe), tok = made[0], AutoTokenizer.from_pretrained(tiny_tokenizer())
+    assert recipe == tasks.REASONING_GYM_WARMUP
+    rng, right, n = random.Random(0), 0, 400
+    for _ in range(n):
+        ids, labels = example_fn(tok, rng)
+        text = tok.decode(ids)
+        question = text.split("problem: ")[1].split(" =")[0]
+        answer = int(tok.decode([i for i, y in zip(ids, labels) if y != -100]).split("<answer>")[1].split("<")[0])
+        assert "<|im_start|>system" not in text and answer - eval(question) in (0, 1)
+        right += answer == eval(question)
+    assert 0.12 < right / n < 0.28
