@@ -579,6 +579,14 @@ class GRPOConfig(ConfigChecks):
             "it is answered with an error message and counted in env/timeouts."
         ),
     )
+    environment_reset_timeout_s: float = field(
+        default=300.0,
+        metadata=_help(
+            "With `environment_factory`: seconds an environment's reset() may run (a world may take a while to start; "
+            "TRL waits forever); past it the episode runs from the row's prompt, scores None from its environment and "
+            "counts in env/timeouts, and the instance is dropped."
+        ),
+    )
     tool_call_format: str = field(
         default="auto",
         metadata=_help(

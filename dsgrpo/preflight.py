@@ -342,7 +342,7 @@ class _Preflight:
         """Environments are probed now (reset, tools' schemas); those that own a reward add a source of weight 1."""
         args = self.args
         self.environment_set = (
-            Environments(environment_factory, tools or [], args.tool_timeout_s)
+            Environments(environment_factory, tools or [], args.tool_timeout_s, args.environment_reset_timeout_s)
             if environment_factory is not None
             else None
         )

@@ -379,9 +379,9 @@ class FlakyEnv(GuessEnv):
 
 def test_an_environment_that_raises_or_hangs_is_counted_and_scores_none_and_the_round_goes_on(tok, capsys):
     """TRL ends the run when reset() or get_reward() raises; here, as for tools and agents, the episode scores None
-    from its environment, env/errors (raised) or env/timeouts (outlived tool_timeout_s) counts it, the first failure
-    is said once, and the other episodes of the round are untouched. A hung instance leaves the pool."""
-    envs = Environments(FlakyEnv, [], timeout_s=0.5)
+    from its environment, env/errors (raised) or env/timeouts (outlived environment_reset_timeout_s) counts it, the
+    first failure is said once, and the other episodes of the round are untouched. A hung instance leaves the pool."""
+    envs = Environments(FlakyEnv, [], timeout_s=5, reset_timeout_s=0.5)
     # "Play C." answers without a call: what is counted is the environment's start alone
     rows = [{"prompt": [{"role": "user", "content": "Play C."}], "target": t} for t in (5, 3, 4, 6)]
     prompts = prompt_source(tok, rows)
@@ -413,7 +413,7 @@ def test_partial_rollouts_count_an_environment_that_did_not_start(tok):
 
     rows = [{"prompt": [{"role": "user", "content": "Play C."}], "target": t} for t in (5, 3)]
     prompts = prompt_source(tok, rows)
-    envs = Environments(FlakyEnv, [], timeout_s=0.5)
+    envs = Environments(FlakyEnv, [], timeout_s=5, reset_timeout_s=0.5)
     sampler = EnvironmentSampler(
         ScriptedGenerator(tok, script), SamplingConfig(max_tokens=200), tok, envs, max_iterations=None
     )

@@ -47,7 +47,9 @@ class Environments:
     """The environments of a run: one probe instance of each (its `reset` and tools checked before any compute; it
     seeds the pool), the tools each shows the model, and the reward sources of those that own a reward."""
 
-    def __init__(self, factory: Any, standalone_tools: Sequence[Callable], timeout_s: float):
+    def __init__(
+        self, factory: Any, standalone_tools: Sequence[Callable], timeout_s: float, reset_timeout_s: float = 300.0
+    ):
         self.multi = isinstance(factory, dict)
         factories = dict(factory) if self.multi else {None: factory}
         if not factories:
@@ -69,6 +71,12 @@ class Environments:
         self.factories = factories
         self.standalone = list(standalone_tools or [])
         self.timeout_s = timeout_s
+        if not (isinstance(reset_timeout_s, (int, float)) and reset_timeout_s > 0):
+            raise ValueError(
+                f"environment_reset_timeout_s={reset_timeout_s!r}: an environment's reset() needs a positive number "
+                "of seconds."
+            )
+        self.reset_timeout_s = reset_timeout_s
         # id(instance) -> how its latest reset() failed ("raised", "timeout"): its episode runs from the row's prompt,
         # scores None from its environment and counts in env/errors or env/timeouts; the run goes on
         self.failed: Dict[int, str] = {}
@@ -161,10 +169,10 @@ class Environments:
         return out
 
     def reset(self, instance, row: dict) -> Optional[str]:
-        """`instance.reset(**row)`'s observation, within timeout_s (tool_timeout_s). One that raises or hangs does
+        """`instance.reset(**row)`'s observation, within reset_timeout_s. One that raises or hangs does
         not end the run: the episode runs from the row's prompt (observation None) and scores None from its
         environment (`self.failed`), warned once. A hung instance leaves the pool (its thread may still hold it)."""
-        value, kind, _ = call_within(instance.reset, row, self.timeout_s, f"reset-{type(instance).__name__}")
+        value, kind, _ = call_within(instance.reset, row, self.reset_timeout_s, f"reset-{type(instance).__name__}")
         if kind == "ok":
             self.failed.pop(id(instance), None)
             return value
@@ -175,7 +183,7 @@ class Environments:
         what = (
             f"raised {type(value).__name__}: {value}"
             if kind == "raised"
-            else f"did not return within tool_timeout_s={self.timeout_s:g} s"
+            else f"did not return within environment_reset_timeout_s={self.reset_timeout_s:g} s"
         )
         self.warn(
             f"an environment's reset() {what} (its episode runs from the row's prompt and scores None from "
