@@ -26,6 +26,7 @@ from .hub import make_pusher
 from .logging import set_log_levels
 from .plan import Hardware, check_at_start as check_memory_at_start, choose_deepspeed
 from .rewards import RewardStack
+from .timing import startup_mark
 from .rollout import SamplingConfig, connect_generator
 from .rollout.agents import AgentRollout
 from .rollout.choice import choose_source
@@ -156,7 +157,9 @@ class _Preflight:
         self._check_rollout_func(tools, environment_factory)
         self._check_supported(args)
         check_data_source(train_dataset, environment_factory, args)
+        startup_mark("argument checks")
         self._start_process(step)
+        startup_mark("process group")
         if (
             args.partial_rollout
             and isinstance(self.rollout_func, AgentRollout)

@@ -22,6 +22,7 @@ from .rollout.batch import BatchBuilder
 from .rollout.generating_rank import GeneratingRank
 from .rollout.samplers import make_sampler
 from .rollout.sources import RolloutSetup
+from .timing import startup_mark
 from .update import PolicyUpdate
 
 
@@ -48,6 +49,7 @@ class TrainerSetup:
             total_steps=self.state.max_steps,
             weight_sync=self.weight_sync,
         )
+        startup_mark("generation engine")
         self.sampler = make_sampler(
             self.generator,
             self.sampling,
@@ -110,6 +112,7 @@ class TrainerSetup:
             if isinstance(model, str)
             else model
         )
+        startup_mark("policy load")
         if self.quantised:
             quantization.prepare_loaded(policy_model)
         if self.peft_config is not None:
@@ -122,6 +125,7 @@ class TrainerSetup:
         engine = build_policy_engine(
             policy_model, args, self.ds_config, optimizers[0], optimizers[1], self.state.max_steps
         )
+        startup_mark("DeepSpeed (policy)")
         self.zero3 = is_zero3(self.ds_config)
         reference = None
         if self.ref_ds_config:
@@ -130,6 +134,7 @@ class TrainerSetup:
             )
             prepare_model(reference_model, args)
             reference = build_inference_engine(reference_model, self.ref_ds_config)
+            startup_mark("reference")
         self.policy = Policy(
             engine, reference, adapter=self.adapter, tokenizer=self.tokenizer, args=args, world=self.world
         )
@@ -138,6 +143,7 @@ class TrainerSetup:
             if each is not None:
                 routing.attach(each, replace=args.routing_replay == "rollout")
         self.rewards.load_models(args=args, ds_spec=self.frozen_ds_spec, dtype=self.dtype, world_size=self.world)
+        startup_mark("reward models")
         if args.use_vllm and args.vllm_mode == "colocate":  # a server checks its own (ServerGenerator.attach)
             check_against_checkpoint(self.policy.module, self.model_path, self.tied)
         self.callbacks.context.update(

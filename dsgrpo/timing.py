@@ -166,3 +166,56 @@ def step_breakdown(times: Dict[str, float], tokens: int, devices: int, step_s: f
         if out[f"perf/{stage}_s"] > 0:
             out[f"perf/tokens_per_s_per_gpu/{stage}"] = tokens / (out[f"perf/{stage}_s"] * devices)
     return out
+
+
+def process_started_at() -> float:
+    """The unix time this process started (psutil reads /proc on Linux); now where it cannot be read."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - no psutil, or a platform without the figure: the clock starts now
+        return time.time()
+
+
+class StartupClock:
+    """Where the time from launch to the trainer's first step goes, part by part (issue 69): `mark(part)` ends the
+    part that ran since the previous mark. The first trainer of a process counts from the process's start (its
+    interpreter, imports and whatever the script did first); a later one from its own construction."""
+
+    _first = True
+    current: Optional["StartupClock"] = None  # the trainer being built (startup_mark marks it)
+
+    def __init__(self):
+        started = process_started_at() if StartupClock._first else time.time()
+        StartupClock._first = False
+        self.started = self.last = started
+        self.parts: Dict[str, float] = {}
+        StartupClock.current = self
+
+    def finish(self, part: str) -> Dict[str, float]:
+        """Mark the last part; the parts and their total, in seconds."""
+        self.mark(part)
+        if StartupClock.current is self:
+            StartupClock.current = None
+        return dict(self.parts, total=self.total())
+
+    def mark(self, part: str) -> None:
+        now = time.time()
+        self.parts[part] = self.parts.get(part, 0.0) + (now - self.last)
+        self.last = now
+
+    def total(self) -> float:
+        return self.last - self.started
+
+    def line(self) -> str:
+        """`start-up 9.3 s: python, imports and the script 4.1, process group 0.2, ...` (parts under 0.05 s left
+        out)."""
+        shown = ", ".join(f"{part} {seconds:.1f}" for part, seconds in self.parts.items() if seconds >= 0.05)
+        return f"start-up {self.total():.1f} s: {shown}"
+
+
+def startup_mark(part: str) -> None:
+    """End `part` of the start-up of the trainer being built, if one is (modules below the trainer mark theirs)."""
+    if StartupClock.current is not None:
+        StartupClock.current.mark(part)

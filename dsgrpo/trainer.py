@@ -32,7 +32,7 @@ from .preflight import preflight
 from .rollout.batch import Batch
 from .rollout.sources import GenerationSource
 from .startup import TrainerSetup
-from .timing import PhaseTimer, phase, step_breakdown
+from .timing import PhaseTimer, StartupClock, phase, step_breakdown
 from .trl_surface import TRLSurface, generation_batch_rows
 from .update import NonFiniteError, learning_alarm
 
@@ -71,6 +71,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         rollout_func=None,
         environment_factory=None,
     ):
+        clock = StartupClock()  # launch to the first step, part by part: printed once built
+        clock.mark("python, imports and the script")
         # --- every check and derived setting first (preflight.py): each error is raised before a model loads ----
         plan = preflight(
             model,
@@ -88,6 +90,7 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
             rollout_source=self.rollout_source,
             step=lambda: self.state.global_step if hasattr(self, "state") else 0,
         )
+        clock.mark("tokenizer, data, plan")
         for name, value in plan.items():
             setattr(self, name, value)
         self.state = plan.trainer_state()
@@ -95,6 +98,9 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         self._started_at = (0, 0)  # (generation round, optimizer step) where train() starts; set again on resume
         # --- the models, the generator and the rollout source (startup.py) ---------------------------------------
         self._build(model, optimizers, plan.model_config)
+        self.startup_seconds = clock.finish("sampler, source, update")
+        if dist.is_main():
+            print(f"dsgrpo: {clock.line()}", flush=True)
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
         self._last_evaluation = None  # (step, metrics) of the newest evaluation
         self._since_log: List[Dict[str, float]] = []  # rounds since the last logging step (the summary row's)

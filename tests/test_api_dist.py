@@ -590,3 +590,17 @@ def test_every_environment_path_trains_the_engines_own_samples_and_masks_the_env
             f"({v['sampled_runs_from_other_ranks']}) | "
             f"{v['environment_tokens_logprob_0']}/{v['environment_tokens']}"
         )
+
+
+def test_reasoning_gym_rows_train_and_the_start_up_is_timed_part_by_part(results):
+    """task:reasoning_gym's rows train on both ranks, scored by reasoning-gym; the trainer's start-up breakdown
+    (issue 69) names its parts, each a share of the total (this is not the launch's first trainer: it counts from
+    its own construction)."""
+    for run in part(results, "reasoning_gym"):
+        assert run["entries"] >= 1 and [h["step"] for h in run["history"]] == [1]
+        assert all(0 <= h["reward"] <= 1 for h in run["history"])
+        seconds = run["startup_seconds"]
+        for name in ("process group", "policy load", "DeepSpeed (policy)", "generation engine"):
+            assert 0 <= seconds[name] < seconds["total"], (name, seconds)
+        assert abs(sum(v for k, v in seconds.items() if k != "total") - seconds["total"]) < 1e-3, seconds
+        assert seconds["generation engine"] > 0.1, seconds  # vLLM's engine is built here

@@ -1192,7 +1192,12 @@ def _():
     verdict = conformance(trainer)
     scored = spy_batches(trainer, lambda batch: [batch.columns["reasoning_gym_entry"][0]])
     trainer.train()
-    return {"history": training_rows(trainer), "conformance": verdict(), "entries": len(scored)}
+    return {
+        "history": training_rows(trainer),
+        "conformance": verdict(),
+        "entries": len(scored),
+        "startup_seconds": trainer.startup_seconds,
+    }
 
 
 with open(os.path.join(OUT, f"result-{dist.rank()}.json"), "w") as fh:
