@@ -29,6 +29,7 @@ from .metrics import completion_rows, round_metrics
 from . import evaluation
 from .preemption import Preemption
 from .preflight import preflight
+from .process_exit import say_line
 from .rollout.batch import Batch
 from .rollout.sources import GenerationSource
 from .startup import TrainerSetup
@@ -99,8 +100,8 @@ class GRPOTrainer(TrainerSetup, TRLSurface):
         # --- the models, the generator and the rollout source (startup.py) ---------------------------------------
         self._build(model, optimizers, plan.model_config)
         self.startup_seconds = clock.finish("sampler, source, update")
-        if dist.is_main():
-            print(f"dsgrpo: {clock.line()}", flush=True)
+        if dist.is_main():  # one write: another rank's line cannot land inside it (process_exit.say_line)
+            say_line(f"dsgrpo: {clock.line()}", fd=1)
         self._save_pending = False  # a due checkpoint waiting for an optimizer-step boundary
         self._last_evaluation = None  # (step, metrics) of the newest evaluation
         self._since_log: List[Dict[str, float]] = []  # rounds since the last logging step (the summary row's)
