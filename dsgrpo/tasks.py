@@ -496,9 +496,9 @@ def reasoning_gym_dataset(names: str = "basic_arithmetic", size: int = 512, seed
 
 # the reasoning-gym example's warm-up (examples/cpu_reasoning_gym.yaml): one-digit sums and differences, asked
 # without a system prompt (the tiny model learns them in minutes from the question alone; under reasoning-gym's
-# 30-token `direct` prompt it did not within 2,000 steps), right 1 time in 5, else one more than the answer. At lr
-# 3e-3 the model learnt the sums for one order of the rows and never for another; at 1e-3 it learns them whole
-# (answered right only: greedy 100/100 after 1,500 steps)
+# 30-token `direct` prompt it did not within 2,000 steps at lr 3e-3; not tried at 1e-3), right 1 time in 5, else one
+# more than the answer. At lr 3e-3 the model learnt the sums for one order of the rows and never for another; at
+# 1e-3 it learns them whole (answered right only: greedy 100/100 after 1,500 steps)
 REASONING_GYM_TASK = "chain_sum(min_terms=2, max_terms=2, min_digits=1, max_digits=1), system_prompt=none"
 REASONING_GYM_WARMUP = {
     "task": "reasoning_gym",
